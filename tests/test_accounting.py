@@ -1,0 +1,93 @@
+"""The accounting layer against dp_accounting's independent routines and closed forms."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting import dp_event
+
+from dpprecond.accounting import (
+    PrivacyBudgetExceededError,
+    PrivacyLedger,
+    calibrate_noise,
+    compose,
+    epsilon_of,
+    gaussian,
+    gaussian_gdp_epsilon,
+)
+
+
+@pytest.mark.parametrize("z", [0.5, 1.0, 4.0])
+def test_single_gaussian_matches_exact_gaussian_mechanism(z: float) -> None:
+    delta = 1e-5
+    exact = dp_accounting.get_epsilon_gaussian(z, delta)  # Balle and Wang (2018), tight
+    assert epsilon_of(gaussian(z), delta, "pld") == pytest.approx(exact, rel=2e-3)
+    # RDP is an upper bound; at these deltas it is loose by at most ~40%.
+    assert exact <= epsilon_of(gaussian(z), delta, "rdp") <= 1.4 * exact + 0.05
+
+
+@pytest.mark.parametrize("z", [0.7, 2.0])
+def test_gdp_closed_form_equals_exact_gaussian(z: float) -> None:
+    # One Gaussian release with multiplier z is exactly (1/z)-GDP.
+    assert gaussian_gdp_epsilon(1 / z, 1e-5) == pytest.approx(
+        dp_accounting.get_epsilon_gaussian(z, 1e-5), rel=1e-6)
+
+
+def test_composition_matches_gdp() -> None:
+    z, t, delta = 8.0, 50, 1e-5
+    event = dp_event.SelfComposedDpEvent(gaussian(z), t)
+    assert epsilon_of(event, delta, "pld") == pytest.approx(
+        gaussian_gdp_epsilon(math.sqrt(t) / z, delta), rel=5e-3)
+    # A list of events is their composition.
+    assert epsilon_of([gaussian(z)] * 3, delta) == pytest.approx(
+        epsilon_of(dp_event.SelfComposedDpEvent(gaussian(z), 3), delta))
+
+
+@pytest.mark.parametrize(("eps", "acc"), [(0.5, "rdp"), (1.0, "rdp"), (4.0, "pld")])
+def test_calibrate_noise_hits_target_and_is_minimal(eps: float, acc: str) -> None:
+    delta = 1e-6
+    def make(s: float) -> dp_event.DpEvent:
+        return dp_event.SelfComposedDpEvent(gaussian(s), 10)
+    s = calibrate_noise(make, eps, delta, acc)
+    got = epsilon_of(make(s), delta, acc)
+    assert got <= eps
+    assert got == pytest.approx(eps, rel=1e-3)
+    assert epsilon_of(make(s * 0.99), delta, acc) > eps
+
+
+def test_trivial_events() -> None:
+    assert epsilon_of(gaussian(math.inf), 1e-5) == 0.0
+    assert math.isinf(epsilon_of(gaussian(0.0), 1e-5))
+    assert isinstance(compose([]), dp_event.NoOpDpEvent)
+    assert compose([gaussian(1.0)]) == gaussian(1.0)
+
+
+def test_ledger_records_and_enforces_budget() -> None:
+    ledger = PrivacyLedger(delta=1e-5, budget=3.0)
+    assert ledger.epsilon == 0.0
+    e1 = ledger.spend(gaussian(3.0))
+    assert e1 == pytest.approx(epsilon_of(gaussian(3.0), 1e-5))
+    e2 = ledger.spend(gaussian(3.0))
+    assert e2 > e1
+    with pytest.raises(PrivacyBudgetExceededError, match="budget=3"):
+        ledger.spend(gaussian(0.5))
+    assert len(ledger.events) == 2 and ledger.epsilon == pytest.approx(e2)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"delta": 0.0}, r"delta in the open interval \(0, 1\), got delta=0.0"),
+    ({"delta": 1.5}, "delta=1.5"),
+    ({"delta": 1e-5, "budget": -1.0}, "budget > 0, got budget=-1.0"),
+])
+def test_ledger_bad_input(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PrivacyLedger(**kwargs)
+
+
+def test_calibrate_bad_input() -> None:
+    with pytest.raises(ValueError, match="epsilon > 0, got epsilon=0"):
+        calibrate_noise(gaussian, 0, 1e-5)
+    with pytest.raises(ValueError, match="delta=2"):
+        calibrate_noise(gaussian, 1.0, 2)
