@@ -53,11 +53,13 @@ _SIDE = 32
 _CHANNELS = 3
 _N_CLASSES = 10
 
-# Globals a pickled numpy uint8 array (Python 2 cPickle or Python 3) refers to. Nothing else
+# Globals a pickled numpy array or scalar (Python 2 cPickle or Python 3) refers to. Nothing else
 # is resolvable, so a malicious pickle cannot import os.system and friends.
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("_codecs", "encode"),

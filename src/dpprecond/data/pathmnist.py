@@ -120,10 +120,10 @@ def load_pathmnist(path: str | os.PathLike | None = None, *, merge_val: bool = F
         archive = np.load(file, allow_pickle=False)
     except (zipfile.BadZipFile, ValueError, OSError) as exc:
         raise ValueError(f"{file} is not a readable .npz archive: {exc}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ValueError(f"{file} holds a single array, not the MedMNIST .npz archive "
+                         f"with keys {', '.join(PATHMNIST_KEYS)}.")
     with archive:
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError(f"{file} holds a single array, not the MedMNIST .npz archive "
-                             f"with keys {', '.join(PATHMNIST_KEYS)}.")
         needed = PATHMNIST_KEYS if merge_val else tuple(k for k in PATHMNIST_KEYS
                                                         if not k.startswith("val_"))
         missing = [k for k in needed if k not in archive.files]
