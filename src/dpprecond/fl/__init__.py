@@ -1,0 +1,41 @@
+"""Record-level differentially private federated learning with DP-FedSOFIM.
+
+The layout follows the architecture:
+
+- :mod:`dpprecond.fl.client`: what a client sends (clipping, its own Gaussian noise);
+- :mod:`dpprecond.fl.accounting`: those releases as DpEvents, noise calibration;
+- :mod:`dpprecond.fl.server`: server optimizers as (init, update) transforms, including the
+  DP-FedSOFIM rank-one Fisher preconditioner (:func:`~dpprecond.fl.server.sofim`);
+- :mod:`dpprecond.fl.models`: linear softmax head (closed-form per-example gradients) and a
+  ``torch.func`` wrapper for any ``nn.Module``;
+- :mod:`dpprecond.fl.partition`: IID and Dirichlet client splits;
+- :mod:`dpprecond.fl.simulator`: the vectorized round loop and :func:`run_federated`.
+"""
+
+from dpprecond.fl.accounting import calibrate_noise_multiplier, round_event, training_event
+from dpprecond.fl.models import LinearSoftmax, TorchModel
+from dpprecond.fl.partition import dirichlet_partition, iid_partition, make_partition
+from dpprecond.fl.server import adam, chain, make_optimizer, sgd, sofim, yogi
+from dpprecond.fl.simulator import ClientData, FLConfig, FLResult, run_federated, simulate
+
+__all__ = [
+    "ClientData",
+    "FLConfig",
+    "FLResult",
+    "LinearSoftmax",
+    "TorchModel",
+    "adam",
+    "calibrate_noise_multiplier",
+    "chain",
+    "dirichlet_partition",
+    "iid_partition",
+    "make_optimizer",
+    "make_partition",
+    "round_event",
+    "run_federated",
+    "sgd",
+    "simulate",
+    "sofim",
+    "training_event",
+    "yogi",
+]

@@ -1,0 +1,270 @@
+"""Models for federated training, exposed through one small protocol.
+
+The simulator needs only two model operations: the *per-client sums of clipped per-example
+gradients* at the current parameters, and an evaluation (loss, accuracy). Parameters are
+always one flat float vector of length ``n_params``, so that the server optimizers of
+:mod:`dpprecond.fl.server` are model-agnostic.
+
+- :class:`LinearSoftmax`: a linear softmax head with bias (the model of the DP-FedSOFIM
+  paper). The per-example gradient of the cross-entropy is the outer product
+  ``x~ (softmax - onehot)^T`` with ``x~ = [x, 1]``, so its norm is
+  ``||x~|| * ||softmax - onehot||``: clipping needs no per-example backward pass and the
+  clipped sums of all clients cost two dense matrix products.
+- :class:`TorchModel`: any ``torch.nn.Module`` classifier, per-example gradients from
+  ``torch.func`` (``vmap(grad(...))``). Needs the optional extra ``dpprecond[torch]``.
+
+Data handed to the models is *client-contiguous*: the rows of client ``i`` are
+``X[bounds[i]:bounds[i + 1]]`` (see :class:`dpprecond.fl.simulator.ClientData`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["FLModel", "LinearSoftmax", "TorchModel", "clip_factors"]
+
+
+@runtime_checkable
+class FLModel(Protocol):
+    """What the simulator needs from a model (flat parameter vector of length n_params)."""
+
+    n_params: int
+
+    def init_params(self, rng: np.random.Generator) -> np.ndarray:
+        """Initial parameters, shape (n_params,)."""
+        ...
+
+    def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                          bounds: np.ndarray, clip_norm: float) -> np.ndarray:
+        """Per-client sums of per-example gradients clipped to ``clip_norm``, (K, n_params).
+
+        ``params`` is (n_params,) shared by all clients or (K, n_params), one per client.
+        """
+        ...
+
+    def per_example_grads(self, params: np.ndarray, X: np.ndarray,
+                          y: np.ndarray) -> np.ndarray:
+        """Unclipped per-example gradients, (n, n_params) (for tests and small data)."""
+        ...
+
+    def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """Mean cross-entropy loss and accuracy of ``params`` on (X, y)."""
+        ...
+
+
+def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
+    """``min(1, clip_norm / norm)`` elementwise (1 where the norm is 0; all 1 if C = inf)."""
+    if np.isinf(clip_norm):
+        return np.ones_like(norms)
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
+
+
+def _softmax_residuals(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``softmax(logits) - onehot(y)`` (in place on ``logits``) and per-row losses."""
+    logits -= logits.max(axis=1, keepdims=True)
+    np.exp(logits, out=logits)
+    total = logits.sum(axis=1, keepdims=True)
+    logits /= total
+    rows = np.arange(len(y))
+    losses = -np.log(np.maximum(logits[rows, y], 1e-300))
+    logits[rows, y] -= 1.0
+    return logits, losses
+
+
+class LinearSoftmax:
+    """Linear softmax classifier with bias, with closed-form per-example gradients.
+
+    Parameters are the flattened ``(n_features + 1, n_classes)`` matrix ``W`` whose last row
+    is the bias; ``n_params = (n_features + 1) * n_classes``.
+
+    Parameters
+    ----------
+    n_features : int
+        Input dimension d.
+    n_classes : int
+        Number of classes k.
+    """
+
+    def __init__(self, n_features: int, n_classes: int) -> None:
+        from dpprecond._validation import check_int
+
+        self.n_features = check_int("n_features", n_features, low=1)
+        self.n_classes = check_int("n_classes", n_classes, low=2)
+        self.n_params = (self.n_features + 1) * self.n_classes
+
+    def __repr__(self) -> str:
+        return f"LinearSoftmax(n_features={self.n_features}, n_classes={self.n_classes})"
+
+    def _unflatten(self, params: np.ndarray) -> np.ndarray:
+        return params.reshape(self.n_features + 1, self.n_classes)
+
+    def init_params(self, rng: np.random.Generator) -> np.ndarray:
+        """Zeros (the convex problem needs no random start; ``rng`` is unused)."""
+        del rng
+        return np.zeros(self.n_params)
+
+    def logits(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """``X W[:d] + b``, shape (n, n_classes)."""
+        W = self._unflatten(params)
+        return X @ W[:-1] + W[-1]
+
+    def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                          bounds: np.ndarray, clip_norm: float) -> np.ndarray:
+        """Per-client sums of clipped per-example gradients, shape (K, n_params).
+
+        Cost: one forward product ``X W`` (all clients at once when ``params`` is shared)
+        and one product ``X_i^T R_i`` per client on contiguous row blocks, whose total is
+        one ``X^T R``; the per-example norms come from ``||x~|| ||r||`` in O(n (d + k)).
+        """
+        n_clients = len(bounds) - 1
+        k = self.n_classes
+        if params.ndim == 1:
+            R, _ = _softmax_residuals(self.logits(params, X), y)
+        else:
+            R = np.empty((X.shape[0], k), dtype=np.result_type(X, params))
+            for i in range(n_clients):
+                lo, hi = bounds[i], bounds[i + 1]
+                R[lo:hi] = self.logits(params[i], X[lo:hi])
+            R, _ = _softmax_residuals(R, y)
+        if not np.isinf(clip_norm):
+            x_norms = np.sqrt(np.einsum("ij,ij->i", X, X) + 1.0)
+            r_norms = np.sqrt(np.einsum("ij,ij->i", R, R))
+            R *= clip_factors(x_norms * r_norms, clip_norm)[:, None]
+        out = np.empty((n_clients, self.n_features + 1, k), dtype=R.dtype)
+        for i in range(n_clients):  # contiguous blocks: together one X^T R product
+            lo, hi = bounds[i], bounds[i + 1]
+            out[i, :-1] = X[lo:hi].T @ R[lo:hi]
+            out[i, -1] = R[lo:hi].sum(axis=0)
+        return out.reshape(n_clients, self.n_params)
+
+    def per_example_grads(self, params: np.ndarray, X: np.ndarray,
+                          y: np.ndarray) -> np.ndarray:
+        """Closed-form per-example gradients ``x~_j r_j^T`` flattened, shape (n, n_params)."""
+        R, _ = _softmax_residuals(self.logits(params, X), y)
+        Xt = np.hstack([X, np.ones((X.shape[0], 1), dtype=X.dtype)])
+        return np.einsum("ni,nj->nij", Xt, R).reshape(X.shape[0], self.n_params)
+
+    def per_example_grad_norms(self, params: np.ndarray, X: np.ndarray,
+                               y: np.ndarray) -> np.ndarray:
+        """``||x~_j|| * ||softmax_j - onehot_j||`` without forming any gradient, shape (n,)."""
+        R, _ = _softmax_residuals(self.logits(params, X), y)
+        return np.sqrt((np.einsum("ij,ij->i", X, X) + 1.0) * np.einsum("ij,ij->i", R, R))
+
+    def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy on (X, y)."""
+        logits = self.logits(params, X)
+        acc = float(np.mean(np.argmax(logits, axis=1) == y))
+        _, losses = _softmax_residuals(logits, y)
+        return float(losses.mean()), acc
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("TorchModel needs PyTorch: pip install 'dpprecond[torch]'") from exc
+    return torch
+
+
+class TorchModel:
+    """Any ``torch.nn.Module`` classifier, with per-example gradients from ``torch.func``.
+
+    The module maps a float batch (n, n_features) to logits (n, n_classes); the loss is the
+    cross-entropy. Parameters travel as one flat numpy vector (the order of
+    ``module.named_parameters()``); the module's own tensors are never modified.
+    Per-example gradients are computed by ``vmap(grad(loss))`` in chunks of
+    ``chunk_size`` examples, so memory stays at ``chunk_size * n_params`` floats.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The network (its current parameters are the initial parameters).
+    chunk_size : int, default=1024
+        Examples per vectorized per-example-gradient call.
+    """
+
+    def __init__(self, module: Any, chunk_size: int = 1024) -> None:
+        torch = _import_torch()
+        from dpprecond._validation import check_int
+
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Expected a torch.nn.Module, got {type(module).__name__}.")
+        self.module = module
+        self.chunk_size = check_int("chunk_size", chunk_size, low=1)
+        self._names = [n for n, _ in module.named_parameters()]
+        self._shapes = [tuple(p.shape) for _, p in module.named_parameters()]
+        self._sizes = [int(np.prod(s)) for s in self._shapes]
+        self._dtype = next(module.parameters()).dtype
+        self.n_params = int(sum(self._sizes))
+        self._torch = torch
+
+    def __repr__(self) -> str:
+        return f"TorchModel({type(self.module).__name__}, n_params={self.n_params})"
+
+    def _to_dict(self, flat: np.ndarray) -> dict[str, Any]:
+        t = self._torch.as_tensor(np.ascontiguousarray(flat), dtype=self._dtype)
+        parts = self._torch.split(t, self._sizes)
+        return {n: p.reshape(s) for n, p, s in zip(self._names, parts, self._shapes, strict=True)}
+
+    def init_params(self, rng: np.random.Generator) -> np.ndarray:
+        """The module's current parameters, flattened (``rng`` is unused)."""
+        del rng
+        with self._torch.no_grad():
+            return np.concatenate([p.detach().cpu().double().numpy().ravel()
+                                   for p in self.module.parameters()])
+
+    def _per_example(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        from torch.func import functional_call, grad, vmap
+
+        pdict = self._to_dict(params)
+
+        def loss_one(p: dict[str, Any], x: Any, t: Any) -> Any:
+            out = functional_call(self.module, p, (x.unsqueeze(0),))
+            return torch.nn.functional.cross_entropy(out, t.unsqueeze(0))
+
+        per_ex = vmap(grad(loss_one), in_dims=(None, 0, 0))
+        chunks = []
+        for lo in range(0, X.shape[0], self.chunk_size):
+            xb = torch.as_tensor(X[lo:lo + self.chunk_size], dtype=self._dtype)
+            yb = torch.as_tensor(y[lo:lo + self.chunk_size], dtype=torch.long)
+            g = per_ex(pdict, xb, yb)
+            chunks.append(torch.cat([g[n].reshape(xb.shape[0], -1) for n in self._names],
+                                    dim=1).detach().double().numpy())
+        if not chunks:
+            return np.zeros((0, self.n_params))
+        return np.concatenate(chunks, axis=0)
+
+    def per_example_grads(self, params: np.ndarray, X: np.ndarray,
+                          y: np.ndarray) -> np.ndarray:
+        """Per-example gradients from ``torch.func``, shape (n, n_params)."""
+        return self._per_example(params, X, y)
+
+    def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                          bounds: np.ndarray, clip_norm: float) -> np.ndarray:
+        """Per-client sums of clipped per-example gradients, shape (K, n_params)."""
+        n_clients = len(bounds) - 1
+        out = np.zeros((n_clients, self.n_params))
+        for i in range(n_clients):  # one vmap call per client block (chunked inside)
+            lo, hi = bounds[i], bounds[i + 1]
+            p = params if params.ndim == 1 else params[i]
+            G = self._per_example(p, X[lo:hi], y[lo:hi])
+            G *= clip_factors(np.linalg.norm(G, axis=1), clip_norm)[:, None]
+            out[i] = G.sum(axis=0)
+        return out
+
+    def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy on (X, y)."""
+        torch = self._torch
+        from torch.func import functional_call
+
+        with torch.no_grad():
+            out = functional_call(self.module, self._to_dict(params),
+                                  (torch.as_tensor(X, dtype=self._dtype),))
+            t = torch.as_tensor(y, dtype=torch.long)
+            loss = float(torch.nn.functional.cross_entropy(out, t))
+            acc = float((out.argmax(dim=1) == t).double().mean())
+        return loss, acc
