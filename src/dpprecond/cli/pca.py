@@ -23,7 +23,8 @@ __all__ = ["load_pca_matrix", "register", "run", "run_pca_table"]
 PRIVATE_METHODS = ("select", "fixed", "analyze_gauss", "power")
 
 
-def load_pca_matrix(data: str, data_path: str | None = None) -> tuple[np.ndarray, float | None, str]:
+def load_pca_matrix(data: str,
+                    data_path: str | None = None) -> tuple[np.ndarray, float | None, str]:
     """The matrix to decompose, the public row-norm bound of its domain, and a description.
 
     Named image datasets have pixels in [0, 1], so ``sqrt(d)`` bounds every row norm
@@ -55,12 +56,11 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
     from dpprecond.pca.metrics import captured_variance_ratio, sin_theta, sin_theta_frobenius
     from dpprecond.pca.preprocess import preprocess
 
+    # The non-private answer: exact top-k of the same rows, centered at the exact mean.
+    ref_center = None if center is None else X.mean(axis=0)
     ref = fit_private_pca(X, k, method="exact", epsilon=None, delta=delta, row_norm=row_norm,
-                          center=None if center is None else "private", rng=seed,
-                          add_noise=False) if center else \
-        fit_private_pca(X, k, method="exact", epsilon=None, delta=delta, row_norm=row_norm)
-    A = preprocess(X, row_norm).A if center is None else preprocess(
-        X, row_norm, center=ref.mean).A
+                          center=ref_center)
+    A = preprocess(X, row_norm, center=ref_center).A
     V = ref.components
     records = [{"method": "exact", "epsilon_target": None, "epsilon": math.inf,
                 "delta": delta, "sin_theta": 0.0, "sin_theta_frobenius": 0.0,

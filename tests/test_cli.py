@@ -1,0 +1,56 @@
+"""The command line as a user runs it: tables, JSON, and clear errors on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpprecond.cli import main
+
+
+def test_pca_digits_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r.json"
+    rc = main(["pca", "--data", "digits", "-k", "3", "--method", "analyze_gauss",
+               "--method", "select", "--epsilon", "2", "--seed", "1", "--json", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "analyze_gauss" in text and "select" in text and "eps spent" in text
+    payload = json.loads(out.read_text())
+    methods = [r["method"] for r in payload["results"]]
+    assert methods == ["exact", "analyze_gauss", "select"]
+    for r in payload["results"][1:]:
+        assert 0 < r["epsilon"] <= 2.0 + 1e-9
+        assert 0.0 <= r["sin_theta"] <= 1.0 + 1e-12
+
+
+def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    m = np.random.default_rng(0).normal(size=(200, 4))
+    path = tmp_path / "m.csv"
+    np.savetxt(path, m, delimiter=",")
+    assert main(["pca", "--data", str(path), "-k", "2", "--method", "analyze_gauss"]) == 2
+    assert "--row-norm is required" in capsys.readouterr().err
+    assert main(["pca", "--data", str(path), "-k", "2", "--method", "analyze_gauss",
+                 "--row-norm", "4", "--epsilon", "1"]) == 0
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["pca", "--data", "missing.npy", "--row-norm", "1"], "missing.npy"),
+    (["pca", "--epsilon", "0"], "epsilon > 0, got epsilon=0"),
+    (["pca", "--delta", "1"], "delta in the open interval (0, 1), got delta=1.0"),
+    (["pca", "-k", "0"], "n_components"),
+    (["pca", "--data", "mnist"], "Unknown --data 'mnist'"),
+    (["pca", "--row-norm", "-1"], "row_norm > 0, got row_norm=-1.0"),
+])
+def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,
+                                         capsys: pytest.CaptureFixture) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture) -> None:
+    assert main([]) == 2
+    assert "pca" in capsys.readouterr().out
