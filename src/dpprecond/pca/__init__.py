@@ -1,0 +1,45 @@
+"""Coherence-adaptive private top-k PCA and its baselines.
+
+Layout (functional core, thin shells):
+
+- :mod:`~dpprecond.pca.preprocess`: row scaling by the public ``row_norm`` and centering;
+- :mod:`~dpprecond.pca.noise`: Gaussian (symmetric) matrix noise;
+- :mod:`~dpprecond.pca.core`: Algorithms 1-3 (private init, preconditioned clipped block
+  power iteration, private selection of (R, T));
+- :mod:`~dpprecond.pca.baselines`: Analyze Gauss, DP power method, exact top-k;
+- :mod:`~dpprecond.pca.budget`: (epsilon, delta, split) -> noise multipliers and DpEvent;
+- :mod:`~dpprecond.pca.metrics`: sin-theta, captured variance, coherence, eigengap;
+- :mod:`~dpprecond.pca.api`: :func:`fit_private_pca` (what the CLI calls);
+- :mod:`~dpprecond.pca.estimator`: the scikit-learn style :class:`PrivatePCA`.
+"""
+
+from dpprecond.pca.api import METHODS, PCAResult, fit_private_pca
+from dpprecond.pca.metrics import (
+    captured_variance_ratio,
+    coherence,
+    eigengap,
+    rank_k_coherence,
+    sin_theta,
+    sin_theta_frobenius,
+)
+
+__all__ = [
+    "METHODS",
+    "PCAResult",
+    "PrivatePCA",
+    "captured_variance_ratio",
+    "coherence",
+    "eigengap",
+    "fit_private_pca",
+    "rank_k_coherence",
+    "sin_theta",
+    "sin_theta_frobenius",
+]
+
+
+def __getattr__(name: str):  # the estimator imports scikit-learn: load it on demand
+    if name == "PrivatePCA":
+        from dpprecond.pca.estimator import PrivatePCA
+
+        return PrivatePCA
+    raise AttributeError(f"module 'dpprecond.pca' has no attribute {name!r}")

@@ -1,0 +1,230 @@
+"""From (epsilon, delta) and the budget split to noise multipliers and a DpEvent.
+
+This module only turns hyperparameters into noise multipliers and ``dp_accounting``
+events; every epsilon comes from :mod:`dpprecond.accounting` (Renyi accountant by default,
+the only one of ``dp_accounting`` 0.6 that supports ``RepeatAndSelectDpEvent``).
+
+The split is expressed in *precision shares*: a Gaussian release with noise multiplier
+``z`` has Renyi divergence ``alpha / (2 z^2)`` at every order ``alpha``, so Gaussians
+compose additively in ``1/z^2``. With one scale factor ``c`` a release that gets share
+``s`` of the budget has ``z = c / sqrt(s)``, and the shares of a plan sum to one. The
+scale ``c`` is the only calibrated quantity: :func:`dpprecond.accounting.calibrate_noise`
+finds the smallest ``c`` whose event meets ``(epsilon, delta)``.
+
+Splits (choices, documented parameters with these defaults):
+
+- ``mean_share`` (only with ``center="private"``, default 0.1): the private mean;
+  the PCA gets the rest.
+- ``init_share`` (default 1/4): Algorithm 1's release ``A^T A + W`` inside the PCA part;
+  the remaining ``1 - init_share`` is one run's budget ``rho_run`` (noise multiplier
+  ``z_run``).
+- ``score_share`` (default 0.1, selection only): the noisy score of a trial with T >= 1.
+  A trial with T = 0 spends all of ``rho_run`` on its score.
+- ``h_share`` (default 1/2): the fraction of one iteration's budget given to ``H``; ``Z``
+  gets the rest. One run's iteration budget is split evenly over its ``T`` iterations,
+  so a trial with fewer iterations uses less noise per iteration.
+
+Events (spec, accounting section):
+
+- fixed (R, T): ``Composed([Gaussian(z0), SelfComposed(Composed([Gaussian(zH),
+  Gaussian(zZ)]), T)])``;
+- selection: ``Composed([Gaussian(z0), RepeatAndSelect(Gaussian(z_run), mean_trials,
+  shape=1)])``. The inner Gaussian has exactly the Renyi divergence of any one trial
+  (iterations plus score), because the precisions of a trial sum to ``1/z_run^2``;
+- Analyze Gauss: ``Gaussian(z)``; DP power method: ``SelfComposed(Gaussian(z_p), T)``
+  (plus ``Gaussian(z0)`` when it starts from Algorithm 1);
+- with a private mean, ``Gaussian(z_mean)`` is composed in front.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dp_accounting import dp_event
+
+from dpprecond.accounting import AccountantName, calibrate_noise, compose, epsilon_of, gaussian
+
+__all__ = [
+    "BudgetPlan",
+    "plan_analyze_gauss",
+    "plan_epsilon",
+    "plan_fixed",
+    "plan_power",
+    "plan_select",
+    "trial_multipliers",
+]
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Noise multipliers of one fit and the event describing all its releases.
+
+    Attributes
+    ----------
+    scale : float
+        The calibrated common scale factor ``c`` (``0`` when noise is off).
+    noise_multipliers : dict
+        Named noise multipliers (``z_mean``, ``z0``, ``z_run``, ``zH``, ``zZ``, ``z_power``
+        as applicable); each is ``c / sqrt(share)``.
+    event : dp_accounting.DpEvent
+        The event of the full plan.
+    init_event : dp_accounting.DpEvent
+        The event of the releases made before the selection (private mean and Algorithm 1);
+        what an early exit spends.
+    """
+
+    scale: float
+    noise_multipliers: dict[str, float]
+    event: dp_event.DpEvent
+    init_event: dp_event.DpEvent = field(default_factory=dp_event.NoOpDpEvent)
+
+
+def _mean_events(z_mean: float | None) -> list[dp_event.DpEvent]:
+    return [] if z_mean is None else [gaussian(z_mean)]
+
+
+def _calibrate(build: Any, epsilon: float | None, delta: float,
+               accountant: AccountantName) -> BudgetPlan:
+    """Calibrate ``build(c) -> BudgetPlan``; ``epsilon=None`` turns noise off (c = 0)."""
+    if epsilon is None:
+        off = dp_event.NonPrivateDpEvent()
+        return replace(build(0.0), event=off, init_event=off)
+    c = calibrate_noise(lambda s: build(s).event, epsilon, delta, accountant)
+    return build(c)
+
+
+def _z(c: float, share: float) -> float:
+    return c / math.sqrt(share)
+
+
+def trial_multipliers(z_run: float, n_iter: int, *, score_share: float | None,
+                      h_share: float) -> dict[str, float]:
+    """Noise multipliers of one run of Algorithm 2 with total budget ``1/z_run^2``.
+
+    Parameters
+    ----------
+    z_run : float
+        Noise multiplier of the whole run (``0``: noise off).
+    n_iter : int
+        Number of iterations ``T`` (``0``: only the score, if any).
+    score_share : float or None
+        Share of the run for the noisy selection score (``None``: no score, as in the fixed
+        method). With ``n_iter == 0`` the score gets the whole run.
+    h_share : float
+        Share of one iteration's budget given to ``H`` (``Z`` gets the rest).
+
+    Returns
+    -------
+    dict with keys ``zH``, ``zZ`` (per iteration) and ``z_score`` (``inf`` when absent).
+    """
+    out = {"zH": math.inf, "zZ": math.inf, "z_score": math.inf}
+    if score_share is not None:
+        out["z_score"] = z_run if n_iter == 0 else _z(z_run, score_share)
+    if n_iter > 0:
+        it_share = 1.0 - (score_share or 0.0)
+        out["zH"] = z_run * math.sqrt(n_iter / (it_share * h_share))
+        out["zZ"] = z_run * math.sqrt(n_iter / (it_share * (1.0 - h_share)))
+    return out
+
+
+def plan_fixed(epsilon: float | None, delta: float, *, n_iter: int, init_share: float = 0.25,
+               h_share: float = 0.5, mean_share: float | None = None,
+               accountant: AccountantName = "rdp") -> BudgetPlan:
+    """Budget of Algorithm 1 followed by Algorithm 2 with a fixed number of iterations."""
+    pca = 1.0 - (mean_share or 0.0)
+
+    def build(c: float) -> BudgetPlan:
+        z_mean = None if mean_share is None else _z(c, mean_share)
+        z0 = _z(c, pca * init_share) if n_iter > 0 else _z(c, pca)
+        z_run = _z(c, pca * (1.0 - init_share))
+        zs = trial_multipliers(z_run, n_iter, score_share=None, h_share=h_share)
+        head = [*_mean_events(z_mean), gaussian(z0)]
+        events = list(head)
+        if n_iter > 0:
+            it = dp_event.ComposedDpEvent([gaussian(zs["zH"]), gaussian(zs["zZ"])])
+            events.append(dp_event.SelfComposedDpEvent(it, n_iter))
+        z = {"z0": z0, "z_run": z_run if n_iter > 0 else math.inf,
+             "zH": zs["zH"], "zZ": zs["zZ"]}
+        if z_mean is not None:
+            z["z_mean"] = z_mean
+        return BudgetPlan(c, z, compose(events), compose(head))
+
+    return _calibrate(build, epsilon, delta, accountant)
+
+
+def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
+                init_share: float = 0.25, mean_share: float | None = None,
+                accountant: AccountantName = "rdp") -> BudgetPlan:
+    """Budget of Algorithm 1 followed by Algorithm 3 (repeat-and-select, geometric trials).
+
+    ``noise_multipliers`` holds ``z0`` and ``z_run``; a trial's own multipliers follow from
+    :func:`trial_multipliers` once its ``T`` is drawn.
+    """
+
+    def build(c: float) -> BudgetPlan:
+        pca = 1.0 - (mean_share or 0.0)
+        z_mean = None if mean_share is None else _z(c, mean_share)
+        z0 = _z(c, pca * init_share)
+        z_run = _z(c, pca * (1.0 - init_share))
+        head = [*_mean_events(z_mean), gaussian(z0)]
+        inner = gaussian(z_run)
+        if isinstance(inner, dp_event.GaussianDpEvent):
+            tail: dp_event.DpEvent = dp_event.RepeatAndSelectDpEvent(inner, mean_trials, 1)
+        else:  # noise off: the whole fit is non-private
+            tail = inner
+        z = {"z0": z0, "z_run": z_run}
+        if z_mean is not None:
+            z["z_mean"] = z_mean
+        return BudgetPlan(c, z, compose([*head, tail]), compose(head))
+
+    return _calibrate(build, epsilon, delta, accountant)
+
+
+def plan_analyze_gauss(epsilon: float | None, delta: float, *, mean_share: float | None = None,
+                       accountant: AccountantName = "rdp") -> BudgetPlan:
+    """Budget of Analyze Gauss: one Gaussian release of the upper triangle of ``A^T A``."""
+
+    def build(c: float) -> BudgetPlan:
+        z_mean = None if mean_share is None else _z(c, mean_share)
+        z0 = _z(c, 1.0 - (mean_share or 0.0))
+        head = _mean_events(z_mean)
+        z = {"z0": z0}
+        if z_mean is not None:
+            z["z_mean"] = z_mean
+        return BudgetPlan(c, z, compose([*head, gaussian(z0)]), compose(head))
+
+    return _calibrate(build, epsilon, delta, accountant)
+
+
+def plan_power(epsilon: float | None, delta: float, *, n_iter: int, private_init: bool = False,
+               init_share: float = 0.25, mean_share: float | None = None,
+               accountant: AccountantName = "rdp") -> BudgetPlan:
+    """Budget of the DP power method: the iteration budget split evenly over ``n_iter``."""
+
+    def build(c: float) -> BudgetPlan:
+        pca = 1.0 - (mean_share or 0.0)
+        z_mean = None if mean_share is None else _z(c, mean_share)
+        it_share = pca * (1.0 - init_share) if private_init else pca
+        z_power = c * math.sqrt(n_iter / it_share)
+        head = _mean_events(z_mean)
+        z = {"z_power": z_power}
+        if private_init:
+            z["z0"] = _z(c, pca * init_share)
+            head.append(gaussian(z["z0"]))
+        if z_mean is not None:
+            z["z_mean"] = z_mean
+        tail = dp_event.SelfComposedDpEvent(gaussian(z_power), n_iter)
+        if c == 0:
+            tail = gaussian(0.0)
+        return BudgetPlan(c, z, compose([*head, tail]), compose(head))
+
+    return _calibrate(build, epsilon, delta, accountant)
+
+
+def plan_epsilon(plan: BudgetPlan, delta: float, accountant: AccountantName = "rdp") -> float:
+    """Epsilon of a plan's event at ``delta`` (``inf`` when noise is off)."""
+    if plan.scale == 0:
+        return math.inf
+    return epsilon_of(plan.event, delta, accountant)

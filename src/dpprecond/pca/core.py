@@ -1,0 +1,412 @@
+"""The private PCA kernels: Algorithms 1-3 of the spec.
+
+Privacy unit: one row of ``A`` (replace-one adjacency); every row of ``A`` has l2 norm at
+most 1 (see :mod:`dpprecond.pca.preprocess`). The functions here are pure functions of
+arrays, noise multipliers and an explicit ``numpy.random.Generator``: they *release* noisy
+statistics with the sensitivities below and return what they released; the cost of those
+releases is described by :mod:`dpprecond.pca.budget` and computed by
+:mod:`dpprecond.accounting`.
+
+Sensitivities (replace-one, rows of norm <= 1; each is pinned by a test):
+
+========================================  ===========================
+release                                   l2 sensitivity
+========================================  ===========================
+upper triangle of ``S = A^T A``           ``sqrt(2)``
+upper triangle of ``H = X^T A^T A X``     ``sqrt(2)`` (``X`` orthonormal)
+``Z = sum_i a_i c_i^T``, ``||c_i|| <= R`` ``2 R``
+selection score ``||(I - X X^T) F||_2``   ``sqrt(2) / h``
+========================================  ===========================
+
+Noise std is ``noise_multiplier * sensitivity``; a noise multiplier of ``0`` switches the
+noise off (non-private reference runs).
+
+Cost: ``S = A^T A`` is computed once (it is needed by Algorithm 1 and by the score).
+An iteration of Algorithm 2 makes at most one pass over ``A`` (``A X_t B``, only over the
+rows that can be clipped, see :func:`run_trials`); ``H = X_t^T S X_t`` and
+``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T`` give ``H`` and ``Z`` exactly with
+a correction over the clipped rows only. All live trials of the selection are stacked
+side by side, so a single GEMM ``A [X_1 B_1 ... X_L B_L]`` serves them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import linalg
+
+from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
+
+__all__ = [
+    "SQRT2",
+    "InitRelease",
+    "RowsByNorm",
+    "SelectionResult",
+    "TrialSpec",
+    "clip_grid",
+    "flip_signs",
+    "iteration_grid",
+    "noise_bound",
+    "orthonormalize",
+    "private_init",
+    "run_trials",
+    "score_matrix",
+    "select",
+    "selection_score",
+    "top_eigvecs",
+]
+
+logger = logging.getLogger(__name__)
+
+SQRT2 = math.sqrt(2.0)
+
+
+def flip_signs(X: np.ndarray) -> np.ndarray:
+    """Make the entry of largest magnitude of every column positive (deterministic signs)."""
+    idx = np.argmax(np.abs(X), axis=0)
+    signs = np.sign(X[idx, np.arange(X.shape[1])])
+    signs[signs == 0] = 1.0
+    return X * signs
+
+
+def orthonormalize(Z: np.ndarray) -> np.ndarray:
+    """Q factor of the thin QR of ``Z`` with columns signed so that ``diag(R) >= 0``."""
+    Q, R = np.linalg.qr(Z)
+    s = np.sign(np.diag(R))
+    s[s == 0] = 1.0
+    return Q * s
+
+
+def top_eigvecs(M: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``n`` eigenpairs of a symmetric matrix, eigenvalues in decreasing order."""
+    d = M.shape[0]
+    w, V = linalg.eigh(M, subset_by_index=[d - n, d - 1], check_finite=False)
+    return w[::-1], V[:, ::-1]
+
+
+def noise_bound(std: float, dim: int, beta: float = 0.01) -> float:
+    """High-probability bound on ``||W||_2`` for symmetric Gaussian ``W`` of entry std ``std``.
+
+    (choice) ``e_w = 2 std sqrt(dim) + std sqrt(2 ln(1/beta))``: the expected norm of a
+    Wigner matrix is at most ``2 std sqrt(dim)`` and the norm is ``std``-Lipschitz in the
+    Gaussian entries (Gaussian concentration), so ``P(||W||_2 > e_w) <= beta``.
+    """
+    return 2.0 * std * math.sqrt(dim) + std * math.sqrt(2.0 * math.log(1.0 / beta))
+
+
+# --------------------------------------------------------------------------------------
+# Algorithm 1
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InitRelease:
+    """Output of Algorithm 1 (everything here is public once released).
+
+    Attributes
+    ----------
+    X0 : ndarray of shape (d, k)
+        Top-k eigenvectors of ``M = A^T A + W``.
+    eigvals : ndarray of shape (min(k + 1, d),)
+        The largest eigenvalues of ``M``, decreasing.
+    noise_std : float
+        Entry std of ``W``: ``z0 * sqrt(2)``.
+    """
+
+    X0: np.ndarray
+    eigvals: np.ndarray
+    noise_std: float
+
+
+def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> InitRelease:
+    """Algorithm 1: release ``M = A^T A + W`` and take its top-k eigenvectors.
+
+    Privacy: the upper triangle (with diagonal) of ``S = A^T A`` has replace-one l2
+    sensitivity ``sqrt(2)`` (``a a^T - b b^T`` for unit rows ``a`` ⟂ ``b``); ``W`` is
+    symmetric with i.i.d. ``N(0, (z0 sqrt(2))^2)`` upper triangle, so this is the Gaussian
+    mechanism with noise multiplier ``z0`` (event ``GaussianDpEvent(z0)``). Analyze Gauss
+    is this release with the whole budget.
+
+    Parameters
+    ----------
+    S : ndarray of shape (d, d)
+        ``A^T A``.
+    k : int
+        Number of components.
+    z0 : float
+        Noise multiplier (``0``: no noise).
+    rng : numpy.random.Generator
+        Noise source.
+    """
+    d = S.shape[0]
+    std = z0 * SQRT2
+    M = S + symmetric_gaussian(d, std, rng)
+    w, V = top_eigvecs(M, min(k + 1, d))
+    return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std)
+
+
+# --------------------------------------------------------------------------------------
+# Algorithm 2 (batched over trials)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One run of Algorithm 2: clip radius, iterations and noise multipliers.
+
+    ``zH`` and ``zZ`` are per iteration; ``rng`` is the trial's own stream, so the noise of
+    a trial does not depend on how trials are batched.
+    """
+
+    clip_radius: float
+    n_iter: int
+    zH: float
+    zZ: float
+    rng: np.random.Generator
+    h_floor_factor: float = 4.0
+
+
+def _preconditioner(H: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
+    """``H^{-1/2}`` from ``eigh(H)`` with eigenvalues raised to ``floor`` (post-processing).
+
+    Returns the matrix and its spectral norm ``1 / sqrt(min eigenvalue)``.
+    """
+    w, V = np.linalg.eigh(H)
+    w = np.maximum(w, floor)
+    return (V / np.sqrt(w)) @ V.T, float(1.0 / np.sqrt(w[0]))
+
+
+@dataclass(frozen=True)
+class RowsByNorm:
+    """Rows of ``A`` sorted by increasing l2 norm (built once per fit).
+
+    A row can be clipped in a trial only if ``||a_i|| ||B||_2 > R`` (because
+    ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``), so the rows that need ``y_i`` at all form
+    a contiguous block at the end of this ordering. The result is exact: rows outside the
+    block are provably not clipped.
+    """
+
+    A: np.ndarray
+    norms: np.ndarray
+
+    @classmethod
+    def build(cls, A: np.ndarray) -> RowsByNorm:
+        norms = np.sqrt(np.einsum("ij,ij->i", A, A))
+        order = np.argsort(norms, kind="stable")
+        return cls(A[order], norms[order])
+
+
+def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
+               trials: list[TrialSpec], *,
+               max_batch_columns: int = 1024) -> tuple[list[np.ndarray], np.ndarray]:
+    """Algorithm 2 for several independent trials from the shared start ``X0``, batched.
+
+    For ``t = 0 .. T-1`` (per trial, ``X_t`` orthonormal d x k):
+
+    1. Release ``H = X_t^T A^T A X_t + E_t``, ``E_t`` symmetric with entry std
+       ``zH sqrt(2)`` (sensitivity ``sqrt(2)``: ``y y^T`` with ``||y|| = ||X_t^T a|| <= 1``).
+    2. ``B = H^{-1/2}`` with eigenvalues of ``H`` raised to the public floor
+       ``h_floor_factor * zH * sqrt(2)`` (post-processing of the release).
+    3. ``y_i = a_i^T X_t B``; clip ``c_i = y_i min(1, R / ||y_i||)``.
+    4. Release ``Z = A^T C + G_t``, ``G_t`` i.i.d. ``N(0, (2 R zZ)^2)`` (sensitivity ``2R``:
+       ``a c^T - a' c'^T`` with ``||a||, ||a'|| <= 1``, ``||c||, ||c'|| <= R``).
+    5. ``X_{t+1}`` = Q of the thin QR of ``Z`` (signs fixed).
+
+    Computation (exact, cheaper than the formulas): ``H`` uses ``X_t^T S X_t`` with the
+    precomputed ``S = A^T A``; ``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T``.
+    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (:class:`RowsByNorm`), so
+    ``y_i`` is computed for that block only: one GEMM of the block with the stacked
+    ``[X_1 B_1 ... X_L B_L]`` of all live trials (trials sorted by ``T``; the live ones are
+    those with ``T > t``; groups of at most ``max_batch_columns`` columns). At worst the
+    block is all of ``A``: one pass over ``A`` per iteration.
+
+    Returns
+    -------
+    X : list of ndarray (d, k)
+        Final iterate of each trial, in the order of ``trials``.
+    n_clipped_last : ndarray of int
+        Rows clipped in each trial's last iteration (diagnostic; not a private release).
+    """
+    rows = A if isinstance(A, RowsByNorm) else RowsByNorm.build(A)
+    As, norms = rows.A, rows.norms
+    n, d = As.shape
+    k = X0.shape[1]
+    L = len(trials)
+    out: list[np.ndarray] = [X0.copy() for _ in range(L)]
+    clipped_last = np.zeros(L, dtype=np.int64)
+    order = sorted(range(L), key=lambda i: -trials[i].n_iter)
+    per_group = max(1, max_batch_columns // k)
+    groups = [order[i:i + per_group] for i in range(0, L, per_group)]
+    for group in groups:
+        t_max = trials[group[0]].n_iter
+        for t in range(t_max):
+            live = [i for i in group if trials[i].n_iter > t]
+            m = len(live)
+            Xs = np.concatenate([out[i] for i in live], axis=1)  # d x mk
+            SX = S @ Xs
+            XB = np.empty_like(Xs)
+            Z = np.empty_like(Xs)
+            thresholds = np.empty(m)
+            for j, i in enumerate(live):
+                tr = trials[i]
+                sl = slice(j * k, (j + 1) * k)
+                H = Xs[:, sl].T @ SX[:, sl]
+                H = 0.5 * (H + H.T)
+                sH = tr.zH * SQRT2
+                H = H + symmetric_gaussian(k, sH, tr.rng)
+                floor = tr.h_floor_factor * sH if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
+                B, b_norm = _preconditioner(H, floor)
+                XB[:, sl] = Xs[:, sl] @ B
+                Z[:, sl] = SX[:, sl] @ B
+                thresholds[j] = tr.clip_radius / b_norm
+            radii = np.array([trials[i].clip_radius for i in live])
+            start = int(np.searchsorted(norms, thresholds.min(), side="right"))
+            clipped_count = np.zeros(m, dtype=np.int64)
+            if start < n:
+                block = As[start:]
+                Y3 = (block @ XB).reshape(n - start, m, k)  # the one GEMM with A
+                ynorm = np.sqrt(np.einsum("nmk,nmk->nm", Y3, Y3))
+                with np.errstate(divide="ignore"):
+                    factor = np.minimum(1.0, radii[None, :] / ynorm)
+                factor[ynorm == 0] = 1.0
+                clipped = factor < 1.0
+                clipped_count = clipped.sum(axis=0)
+                hit = np.flatnonzero(clipped.any(axis=1))
+                if hit.size:
+                    D = (Y3[hit] * (1.0 - factor[hit])[:, :, None]).reshape(hit.size, m * k)
+                    Z -= block[hit].T @ D
+            for j, i in enumerate(live):
+                tr = trials[i]
+                Zj = Z[:, j * k:(j + 1) * k]
+                if tr.zZ > 0:
+                    Zj = Zj + gaussian_matrix((d, k), 2.0 * tr.clip_radius * tr.zZ, tr.rng)
+                out[i] = orthonormalize(Zj)
+                clipped_last[i] = int(clipped_count[j])
+    return out, clipped_last
+
+
+# --------------------------------------------------------------------------------------
+# Algorithm 3
+# --------------------------------------------------------------------------------------
+
+
+def clip_grid(n: int, k: int) -> np.ndarray:
+    """(choice) Powers of two from ``sqrt(k/n)/2`` up to ``2`` (public: n, k only)."""
+    lo = math.ceil(math.log2(math.sqrt(k / n) / 2.0))
+    return 2.0 ** np.arange(lo, 2)
+
+
+def iteration_grid(t_max: int = 64) -> np.ndarray:
+    """(choice) ``{0, 1, 2, 4, ..., t_max}``; ``T = 0`` returns the initialisation."""
+    ts = [0]
+    t = 1
+    while t <= t_max:
+        ts.append(t)
+        t *= 2
+    return np.array(ts, dtype=np.int64)
+
+
+def score_matrix(S: np.ndarray, tau_lo: float, tau_hi: float) -> np.ndarray:
+    """``G = U_m diag(phi(lambda))`` so that ``phi(S) = G U_m^T`` (eigenvalues > tau_lo).
+
+    ``phi(x) = 0`` for ``x <= tau_lo``, ``(x - tau_lo)/h`` between, ``1`` for ``x >= tau_hi``
+    with ``h = tau_hi - tau_lo > 0``. Only eigenpairs with ``phi > 0`` are kept, so that
+    ``||(I - X X^T) phi(S)||_2 = ||(I - X X^T) G||_2``.
+    """
+    d = S.shape[0]
+    w, U = linalg.eigh(S, subset_by_value=(tau_lo, np.inf), check_finite=False)
+    if w.size == 0:
+        return np.zeros((d, 0))
+    f = np.clip((w - tau_lo) / (tau_hi - tau_lo), 0.0, 1.0)
+    return U * f
+
+
+def selection_score(G: np.ndarray, X: np.ndarray) -> float:
+    """``||(I - X X^T) G||_2`` (exact score of a candidate ``X``)."""
+    if G.shape[1] == 0:
+        return 0.0
+    R = G - X @ (X.T @ G)
+    return float(np.linalg.norm(R, 2))
+
+
+@dataclass(frozen=True)
+class SelectionResult:
+    """Released output of Algorithm 3 plus diagnostics.
+
+    ``X``, ``clip_radius``, ``n_iter`` and ``noisy_score`` are the release. ``n_trials`` (the
+    geometric number of trials) and ``n_clipped_last`` are private diagnostics: the
+    repeat-and-select guarantee assumes the number of trials stays hidden, so do not
+    publish them.
+    """
+
+    X: np.ndarray
+    clip_radius: float
+    n_iter: int
+    noisy_score: float
+    n_trials: int
+    n_clipped_last: int
+    early_exit: bool
+    tau_lo: float
+    tau_hi: float
+
+
+def select(A: np.ndarray, S: np.ndarray, init: InitRelease, *, z_run: float,
+           mean_trials: float, score_share: float, h_share: float,
+           radii: np.ndarray, iters: np.ndarray, rng: np.random.Generator,
+           beta: float = 0.01, h_floor_factor: float = 4.0,
+           max_batch_columns: int = 1024) -> SelectionResult:
+    """Algorithm 3: private selection of (R, T) by repeat-and-select (Papernot-Steinke).
+
+    Thresholds from the released init: ``e_w`` = :func:`noise_bound` of ``W``,
+    ``tau_hi = lam_k - e_w``, ``tau_lo = lam_{k+1} + e_w``, ``h = tau_hi - tau_lo``. If
+    ``h <= 0`` the init ``X0`` is returned at once (post-processing of the init: no further
+    budget is spent; ``early_exit=True``).
+
+    Otherwise ``K ~ Geometric(1/mean_trials)`` trials (support 1, 2, ...); each draws
+    ``(R, T)`` uniformly from the grids, runs Algorithm 2 from ``X0`` with fresh noise and
+    the noise multipliers of :func:`dpprecond.pca.budget.trial_multipliers` (total Renyi
+    budget ``1/z_run^2`` per trial), and releases a noisy score
+    ``||(I - X X^T) phi(A^T A)||_2 + N(0, (z_score sqrt(2)/h)^2)``. The score has
+    sensitivity ``sqrt(2)/h``: ``phi`` is ``(1/h)``-Lipschitz, hence ``(1/h)``-Lipschitz in
+    Frobenius norm on symmetric matrices, ``||a a^T - b b^T||_F <= sqrt(2)``, and the score
+    is 1-Lipschitz in ``phi(A^T A)`` in spectral, hence Frobenius, norm. The trial of least
+    noisy score is released. Accounting: ``RepeatAndSelectDpEvent(Gaussian(z_run),
+    mean_trials, 1)`` composed after the init's event.
+    """
+    from dpprecond.pca.budget import trial_multipliers
+
+    d, k = init.X0.shape
+    lam = init.eigvals
+    e_w = noise_bound(init.noise_std, d, beta)
+    lam_k1 = lam[k] if lam.size > k else -np.inf
+    tau_hi = float(lam[k - 1] - e_w)
+    tau_lo = float(lam_k1 + e_w)
+    if not np.isfinite(tau_lo) or tau_hi - tau_lo <= 0:
+        logger.info("Selection: threshold gap h=%.4g <= 0; returning the private init "
+                    "(only the init's budget is spent).", tau_hi - tau_lo)
+        return SelectionResult(init.X0, math.nan, 0, math.nan, 0, 0, True, tau_lo, tau_hi)
+    h = tau_hi - tau_lo
+    ctrl, trial_root = rng.spawn(2)
+    n_trials = int(ctrl.geometric(1.0 / mean_trials))
+    R_pick = ctrl.choice(radii, size=n_trials)
+    T_pick = ctrl.choice(iters, size=n_trials)
+    streams = trial_root.spawn(n_trials)
+    specs, z_scores = [], []
+    for R, T, s in zip(R_pick, T_pick, streams, strict=True):
+        zs = trial_multipliers(z_run, int(T), score_share=score_share, h_share=h_share)
+        specs.append(TrialSpec(float(R), int(T), zs["zH"], zs["zZ"], s, h_floor_factor))
+        z_scores.append(zs["z_score"])
+    Xs, clipped = run_trials(A, S, init.X0, specs, max_batch_columns=max_batch_columns)
+    G = score_matrix(S, tau_lo, tau_hi)
+    noisy = np.empty(n_trials)
+    for i, (X, spec) in enumerate(zip(Xs, specs, strict=True)):
+        noisy[i] = selection_score(G, X)
+        if z_scores[i] > 0:
+            noisy[i] += spec.rng.normal(0.0, z_scores[i] * SQRT2 / h)
+    best = int(np.argmin(noisy))
+    return SelectionResult(Xs[best], specs[best].clip_radius, specs[best].n_iter,
+                           float(noisy[best]), n_trials, int(clipped[best]), False,
+                           tau_lo, tau_hi)

@@ -1,0 +1,113 @@
+"""Row scaling and explicit centering before private PCA.
+
+Privacy unit: one row of ``X`` (one individual), replace-one adjacency. Every algorithm of
+:mod:`dpprecond.pca` assumes rows of l2 norm at most 1. The caller supplies a *public*
+bound ``row_norm``: rows are divided by it and any row whose norm is still above 1 is
+scaled down to norm 1 (never dropped). That map is applied row by row, so neighbouring
+inputs stay neighbouring; the number of scaled-down rows is reported (it is not released
+by the mechanisms and is meant for the data owner).
+
+Centering is explicit:
+
+- ``center=None`` (default): no centering, the uncentered problem of the paper;
+- a public mean (an array of shape ``(d,)``, in the units of ``X``): costs no budget;
+- ``center="private"``: the mean of the scaled rows released by the Gaussian mechanism.
+  Replace-one l2 sensitivity of ``(1/n) sum_i a_i`` with ``||a_i|| <= 1`` and public ``n``
+  is ``2/n`` (tight for a row ``a`` replaced by ``-a``); noise std is
+  ``noise_multiplier * 2/n``; its event is composed with the PCA's (see
+  :mod:`dpprecond.pca.budget`).
+
+After centering (public or private mean) rows may exceed norm 1 again (up to
+``1 + ||mean||``). They are re-bounded the same way: each row above norm 1 is scaled down
+to norm 1. This uses only the row itself and the public (or already released) mean, so it
+is post-processing row by row and neighbouring inputs stay neighbouring. In all cases
+``row_norm`` bounds the raw rows ``X``, before centering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpprecond.pca.noise import gaussian_matrix
+
+__all__ = ["PreprocessedRows", "bound_rows", "mean_sensitivity", "preprocess"]
+
+
+def mean_sensitivity(n_samples: int) -> float:
+    """Replace-one l2 sensitivity of the mean of ``n_samples`` rows of norm <= 1: ``2/n``."""
+    return 2.0 / n_samples
+
+
+def bound_rows(A: np.ndarray) -> tuple[np.ndarray, int]:
+    """Scale every row of norm above 1 down to norm 1 (in place); return ``(A, n_scaled)``."""
+    norms = np.sqrt(np.einsum("ij,ij->i", A, A))
+    over = norms > 1.0
+    n_over = int(np.count_nonzero(over))
+    if n_over:
+        A[over] /= norms[over, None]
+    return A, n_over
+
+
+@dataclass(frozen=True)
+class PreprocessedRows:
+    """Result of :func:`preprocess`.
+
+    Attributes
+    ----------
+    A : ndarray of shape (n, d)
+        Scaled (and centered) rows, each of l2 norm <= 1.
+    mean : ndarray of shape (d,) or None
+        The mean subtracted, in the units of the raw ``X`` (``None`` when not centered).
+    n_clipped : int
+        Rows scaled down after the division by ``row_norm``.
+    n_clipped_centered : int
+        Rows scaled down again after centering.
+    """
+
+    A: np.ndarray
+    mean: np.ndarray | None
+    n_clipped: int
+    n_clipped_centered: int
+
+
+def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | None = None,
+               mean_noise_multiplier: float = 0.0,
+               rng: np.random.Generator | None = None) -> PreprocessedRows:
+    """Divide rows by ``row_norm``, bound them to norm 1 and optionally center them.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+        Raw data, already validated (finite floats).
+    row_norm : float
+        Public bound on the raw row norms (> 0).
+    center : None, "private" or ndarray of shape (d,)
+        Centering mode (see the module docstring).
+    mean_noise_multiplier : float
+        Noise multiplier of the private mean (``center="private"`` only); ``0`` releases the
+        exact mean (non-private, for tests).
+    rng : numpy.random.Generator
+        Randomness for the private mean.
+
+    Returns
+    -------
+    PreprocessedRows
+    """
+    A = np.array(X, dtype=np.float64, copy=True)
+    A /= row_norm
+    A, n_clipped = bound_rows(A)
+    if center is None:
+        return PreprocessedRows(A, None, n_clipped, 0)
+    n, d = A.shape
+    if isinstance(center, str):  # "private"; validated by the caller
+        if rng is None:
+            raise ValueError("center='private' needs an explicit rng for the mean's noise.")
+        mu = A.mean(axis=0)
+        mu += gaussian_matrix((d,), mean_noise_multiplier * mean_sensitivity(n), rng)
+    else:
+        mu = np.asarray(center, dtype=np.float64) / row_norm
+    A -= mu
+    A, n_clipped_centered = bound_rows(A)
+    return PreprocessedRows(A, mu * row_norm, n_clipped, n_clipped_centered)
