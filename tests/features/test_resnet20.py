@@ -228,3 +228,7 @@ def test_non_image_data_is_refused(ckpt: Path) -> None:
     flat = Dataset("flat", ds.X_train, ds.y_train, ds.X_test, ds.y_test, n_classes=9)
     with pytest.raises(ValueError, match=r"image_shape=None"):
         featurize(flat, "resnet20", checkpoint=ckpt, use_cache=False)
+    wrong = Dataset("wrong", ds.X_train, ds.y_train, ds.X_test, ds.y_test, n_classes=9,
+                    image_shape=(28, 28, 3))
+    with pytest.raises(ValueError, match=r"does not match its 3072 features"):
+        featurize(wrong, "resnet20", checkpoint=ckpt, use_cache=False)

@@ -88,6 +88,9 @@ def _resnet20_features(dataset: Dataset, checkpoint: str | os.PathLike | None,
     if shape is None or len(shape) != 3 or shape[2] not in (1, 3):
         raise ValueError(f"The 'resnet20' features need images of shape (H, W, 1) or (H, W, 3); "
                          f"dataset {dataset.name!r} has image_shape={shape}.")
+    if int(np.prod(shape)) != dataset.n_features:
+        raise ValueError(f"Dataset {dataset.name!r}: image_shape={shape} does not match its "
+                         f"{dataset.n_features} features per row.")
     _require_torch()
     ckpt = resolve_checkpoint(checkpoint)
     fields = {
