@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "default_data_root"]
+
+
+def default_data_root() -> Path:
+    """Where loaders look for data files by default.
+
+    ``$DPPRECOND_DATA`` when set, else ``~/.cache/dpprecond``. Nothing is downloaded there
+    implicitly: users put the files there (or pass a path).
+    """
+    env = os.environ.get("DPPRECOND_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dpprecond"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond.data.base import Dataset
+from dpprecond.data.base import Dataset, default_data_root
 
 __all__ = [
     "CIFAR10_ARCHIVE_MD5",
@@ -79,17 +79,12 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _data_root() -> Path:
-    env = os.environ.get("DPPRECOND_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dpprecond"
-
-
 def default_cifar10_dir() -> Path:
     """Default batches directory: ``$DPPRECOND_DATA/cifar-10-batches-py``.
 
     Without the ``DPPRECOND_DATA`` environment variable: ``~/.cache/dpprecond/cifar-10-batches-py``.
     """
-    return _data_root() / CIFAR10_DIRNAME
+    return default_data_root() / CIFAR10_DIRNAME
 
 
 def _resolve_dir(path: str | os.PathLike | None) -> Path:
@@ -215,7 +210,7 @@ def download_cifar10(root: str | os.PathLike | None = None, *, timeout: float = 
     Path
         The ``cifar-10-batches-py`` directory.
     """
-    root = _data_root() if root is None else Path(root).expanduser()
+    root = default_data_root() if root is None else Path(root).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     md5 = hashlib.md5()
     with tempfile.NamedTemporaryFile(dir=root, suffix=".tar.gz", delete=False) as tmp:

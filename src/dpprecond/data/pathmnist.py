@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpprecond.data.base import Dataset
+from dpprecond.data.base import Dataset, default_data_root
 
 __all__ = ["PATHMNIST_FILENAME", "PATHMNIST_KEYS", "default_pathmnist_file", "load_pathmnist"]
 
@@ -39,17 +39,12 @@ PATHMNIST_KEYS = ("train_images", "train_labels", "val_images", "val_labels",
 _N_CLASSES = 9
 
 
-def _data_root() -> Path:
-    env = os.environ.get("DPPRECOND_DATA")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dpprecond"
-
-
 def default_pathmnist_file() -> Path:
     """Default file: ``$DPPRECOND_DATA/pathmnist.npz``.
 
     Without the ``DPPRECOND_DATA`` environment variable: ``~/.cache/dpprecond/pathmnist.npz``.
     """
-    return _data_root() / PATHMNIST_FILENAME
+    return default_data_root() / PATHMNIST_FILENAME
 
 
 def _resolve_file(path: str | os.PathLike | None) -> Path:

@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 
 from dpprecond._validation import check_choice, check_int
-from dpprecond.data.base import Dataset
+from dpprecond.data.base import Dataset, default_data_root
 from dpprecond.features import cache as _cache
 from dpprecond.features.pixels import check_unit_pixels, standardize_pixels
 
@@ -47,9 +47,7 @@ def _require_torch() -> ModuleType:
 
 
 def _default_checkpoint() -> Path:
-    env = os.environ.get("DPPRECOND_DATA")
-    root = Path(env).expanduser() if env else Path.home() / ".cache" / "dpprecond"
-    return root / RESNET20_CHECKPOINT_NAME
+    return default_data_root() / RESNET20_CHECKPOINT_NAME
 
 
 def resolve_checkpoint(checkpoint: str | os.PathLike | None = None) -> Path:
