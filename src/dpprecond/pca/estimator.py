@@ -169,7 +169,7 @@ clip_grid, t_max, accountant : optional
                              f"{self.n_components_} components.")
         return X @ self.components_ + self.mean_
 
-    def __sklearn_tags__(self):  # noqa: D105
+    def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
         return tags

@@ -1,0 +1,130 @@
+"""Reported epsilons equal dp_accounting's for the same events; calibration hits the target."""
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event, rdp
+
+from dpprecond.accounting import RDP_ORDERS
+from dpprecond.pca import fit_private_pca
+from dpprecond.pca.budget import trial_multipliers
+
+EPS, DELTA = 1.0, 1e-6
+
+
+def _rdp_epsilon(event):
+    acc = rdp.RdpAccountant(orders=list(RDP_ORDERS))
+    acc.compose(event)
+    return acc.get_epsilon(DELTA)
+
+
+G = dp_event.GaussianDpEvent
+
+
+def _expected_event(method, z, opts):
+    head = [G(z["z_mean"])] if "z_mean" in z else []
+    if method == "select":
+        tail = [G(z["z0"]), dp_event.RepeatAndSelectDpEvent(G(z["z_run"]), opts.get(
+            "mean_trials", 10.0), 1)]
+    elif method == "fixed":
+        it = dp_event.ComposedDpEvent([G(z["zH"]), G(z["zZ"])])
+        tail = [G(z["z0"]), dp_event.SelfComposedDpEvent(it, opts.get("n_iter", 4))]
+    elif method == "analyze_gauss":
+        tail = [G(z["z0"])]
+    else:
+        tail = [dp_event.SelfComposedDpEvent(G(z["z_power"]), opts.get("n_iter", 10))]
+    events = head + tail
+    return events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
+
+
+CASES = [
+    ("select", {}, None),
+    ("select", {"mean_trials": 3.0, "init_share": 0.5}, "private"),
+    ("fixed", {}, None),
+    ("fixed", {"n_iter": 2, "h_share": 0.3, "clip_radius": 0.2}, "private"),
+    ("analyze_gauss", {}, None),
+    ("analyze_gauss", {}, "private"),
+    ("power", {"n_iter": 5}, None),
+    ("power", {}, "private"),
+]
+
+
+@pytest.mark.parametrize(("method", "opts", "center"), CASES)
+def test_reported_epsilon_is_dp_accountings(spiked, method, opts, center):
+    res = fit_private_pca(spiked, 2, method=method, epsilon=EPS, delta=DELTA, row_norm=1.0,
+                          center=center, rng=0, **opts)
+    assert not res.info["early_exit"]
+    z = res.info["noise_multipliers"]
+    expected = _expected_event(method, z, opts)
+    assert res.dp_event == expected
+    eps = _rdp_epsilon(expected)
+    assert res.epsilon == pytest.approx(eps, rel=1e-12)
+    # calibration: at or just below the target
+    assert EPS * (1 - 1e-3) <= res.epsilon <= EPS
+    # one scale factor: every multiplier is c / sqrt(share)
+    c = res.info["scale"]
+    if method == "select":
+        share0 = opts.get("init_share", 0.25) * (0.9 if center else 1.0)
+        assert z["z0"] == pytest.approx(c / math.sqrt(share0))
+
+
+def test_pld_accountant_for_fixed(spiked):
+    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
+                          rng=0, accountant="pld")
+    assert EPS * (1 - 1e-2) <= res.epsilon <= EPS
+
+
+@pytest.mark.parametrize("n_iter", [0, 1, 2, 4, 64])
+def test_trial_rdp_equals_inner_gaussian(n_iter):
+    z_run = 3.7
+    zs = trial_multipliers(z_run, n_iter, score_share=0.1, h_share=0.5)
+    parts = [G(zs["z_score"])]
+    if n_iter:
+        parts.append(dp_event.SelfComposedDpEvent(
+            dp_event.ComposedDpEvent([G(zs["zH"]), G(zs["zZ"])]), n_iter))
+    precision = 1 / zs["z_score"] ** 2 + n_iter * (1 / zs["zH"] ** 2 + 1 / zs["zZ"] ** 2)
+    assert precision == pytest.approx(1 / z_run**2, rel=1e-12)
+    assert _rdp_epsilon(dp_event.ComposedDpEvent(parts)) == pytest.approx(
+        _rdp_epsilon(G(z_run)), rel=1e-9)
+
+
+def test_early_exit_charges_only_the_init():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 20))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    res = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=1.0,
+                          rng=1)
+    assert res.info["early_exit"] is True
+    assert "only the init" in res.info["note"]
+    z0 = res.info["noise_multipliers"]["z0"]
+    assert res.dp_event == G(z0)
+    assert res.epsilon == pytest.approx(_rdp_epsilon(G(z0)), rel=1e-12)
+    assert res.epsilon < 0.5 * 0.9
+    # the init's noise is the one calibrated for the full plan
+    full = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=1.0,
+                           rng=2)
+    assert full.info["noise_multipliers"]["z0"] == pytest.approx(z0)
+
+
+def test_early_exit_with_private_mean_charges_mean_and_init():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 20))
+    res = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=10.0,
+                          center="private", rng=1)
+    assert res.info["early_exit"]
+    z = res.info["noise_multipliers"]
+    assert res.dp_event == dp_event.ComposedDpEvent([G(z["z_mean"]), G(z["z0"])])
+
+
+def test_exact_method_is_non_private(spiked):
+    res = fit_private_pca(spiked, 2, method="exact", epsilon=None, delta=DELTA, row_norm=1.0)
+    assert res.epsilon == math.inf
+    assert isinstance(res.dp_event, dp_event.NonPrivateDpEvent)
+
+
+def test_noise_off_reports_infinite_epsilon(spiked):
+    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
+                          add_noise=False)
+    assert res.epsilon == math.inf
+    assert isinstance(res.dp_event, dp_event.NonPrivateDpEvent)
