@@ -67,7 +67,7 @@ def test_estimator_validates_at_fit_not_init():
         est.fit(X)
     with pytest.raises(ValueError, match="epsilon"):
         PrivatePCA(2, epsilon=-1.0, delta=0.1, row_norm=1.0).fit(X)
-    with pytest.raises(TypeError, match="clip_radius=0.1 does not apply"):
+    with pytest.raises(TypeError, match=r"clip_radius=0\.1 does not apply"):
         PrivatePCA(2, epsilon=1.0, delta=0.1, row_norm=1.0, clip_radius=0.1).fit(X)
 
 

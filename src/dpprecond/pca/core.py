@@ -269,15 +269,18 @@ def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
                 block = As[start:]
                 Y3 = (block @ XB).reshape(n - start, m, k)  # the one GEMM with A
                 ynorm = np.sqrt(np.einsum("nmk,nmk->nm", Y3, Y3))
-                with np.errstate(divide="ignore"):
-                    factor = np.minimum(1.0, radii[None, :] / ynorm)
-                factor[ynorm == 0] = 1.0
-                clipped = factor < 1.0
+                clipped = ynorm > radii  # rows whose y_i is scaled down to norm R
                 clipped_count = clipped.sum(axis=0)
                 hit = np.flatnonzero(clipped.any(axis=1))
                 if hit.size:
-                    D = (Y3[hit] * (1.0 - factor[hit])[:, :, None]).reshape(hit.size, m * k)
-                    Z -= block[hit].T @ D
+                    # y_i - c_i = (1 - R/||y_i||) y_i on clipped entries, 0 elsewhere
+                    excess = np.where(clipped, 1.0 - radii / np.maximum(ynorm, radii), 0.0)
+                    if 2 * hit.size < block.shape[0]:  # few clipped rows: gather them
+                        D = (Y3[hit] * excess[hit][:, :, None]).reshape(hit.size, m * k)
+                        Z -= block[hit].T @ D
+                    else:
+                        Y3 *= excess[:, :, None]
+                        Z -= block.T @ Y3.reshape(-1, m * k)
             for j, i in enumerate(live):
                 tr = trials[i]
                 Zj = Z[:, j * k:(j + 1) * k]
