@@ -1,0 +1,111 @@
+"""Metrics on cases with known answers; synthetic families report measured properties;
+row scaling and centering."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpprecond.data.synthetic import coherent_spiked, describe, exact_spectrum, spiked_covariance
+from dpprecond.pca import (
+    captured_variance_ratio,
+    coherence,
+    eigengap,
+    rank_k_coherence,
+    sin_theta,
+    sin_theta_frobenius,
+)
+from dpprecond.pca.metrics import top_right_singular_vectors
+from dpprecond.pca.preprocess import preprocess
+
+
+def test_sin_theta_known_angles():
+    d = 5
+    e = np.eye(d)
+    a, b = 0.3, 0.7
+    X = e[:, :2]
+    V = np.column_stack([math.cos(a) * e[:, 0] + math.sin(a) * e[:, 2],
+                         math.cos(b) * e[:, 1] + math.sin(b) * e[:, 3]])
+    assert sin_theta(X, V) == pytest.approx(math.sin(b))
+    assert sin_theta_frobenius(X, V) == pytest.approx(math.hypot(math.sin(a), math.sin(b)))
+    assert sin_theta(X, X) == pytest.approx(0.0, abs=1e-15)
+    assert sin_theta(e[:, :2], e[:, 2:4]) == pytest.approx(1.0)
+
+
+def test_captured_variance_and_eigengap():
+    A = exact_spectrum(200, 8, 2, 0.25, rng=0, sigma_k=2.0)
+    V = top_right_singular_vectors(A, 2)
+    assert captured_variance_ratio(A, V, V) == pytest.approx(1.0)
+    W = np.linalg.qr(np.random.default_rng(1).standard_normal((8, 2)))[0]
+    assert captured_variance_ratio(A, W, V) < 1.0
+    assert eigengap(A, 2) == pytest.approx(4.0 - 1.0)
+
+
+def test_coherence_extremes():
+    n, d = 64, 4
+    spiky = np.zeros((n, d))
+    spiky[:d] = np.diag([4.0, 3.0, 2.0, 1.0])
+    assert coherence(spiky) == pytest.approx(1.0)
+    assert rank_k_coherence(spiky, 2) == pytest.approx(1.0)
+    # columns of a Hadamard matrix: every entry of U is +-1/sqrt(n)
+    H = np.array([[1.0]])
+    while H.shape[0] < n:
+        H = np.block([[H, H], [H, -H]])
+    flat = H[:, 1:d + 1] * np.array([4.0, 3.0, 2.0, 1.0])
+    assert coherence(flat) == pytest.approx(1 / math.sqrt(n))
+    assert rank_k_coherence(flat, 2) == pytest.approx(math.sqrt(2 / n))
+
+
+def test_spiked_family_is_seeded_and_bounded():
+    A = spiked_covariance(2000, 30, 3, 4.0, rng=5)
+    assert A.shape == (2000, 30)
+    assert np.linalg.norm(A, axis=1).max() == pytest.approx(1.0)
+    assert np.array_equal(A, spiked_covariance(2000, 30, 3, 4.0, rng=5))
+    stats = describe(A, 3)
+    assert stats["max_row_norm"] == pytest.approx(1.0)
+    assert stats["kappa"] < 0.5  # a real spike: theta = 4 against noise 1
+    assert stats["rank_k_coherence"] == pytest.approx(rank_k_coherence(A, 3))
+    assert stats["coherence"] == pytest.approx(coherence(A))
+
+
+def test_coherent_family_coherence_rises_as_fraction_falls():
+    coh = [describe(coherent_spiked(4000, 20, 2, 50.0, f, rng=1), 2)["rank_k_coherence"]
+           for f in (1.0, 0.1, 0.01)]
+    assert coh[0] < coh[1] < coh[2], coh
+
+
+def test_exact_spectrum_family_has_the_requested_kappa():
+    A = exact_spectrum(500, 20, 4, 0.5, rng=2, sigma_k=3.0)
+    stats = describe(A, 4)
+    assert stats["kappa"] == pytest.approx(0.5, rel=1e-10)
+    assert stats["sigma_k_sq"] == pytest.approx(9.0, rel=1e-10)
+
+
+def test_preprocess_scales_clips_and_counts():
+    X = np.array([[3.0, 4.0], [0.3, 0.4], [6.0, 8.0], [0.0, 0.0]])
+    X0 = X.copy()
+    out = preprocess(X, 5.0)
+    assert np.array_equal(X, X0)  # input untouched
+    assert out.n_clipped == 1 and out.mean is None
+    assert np.allclose(np.linalg.norm(out.A, axis=1), [1.0, 0.1, 1.0, 0.0])
+    assert np.allclose(out.A[2], [0.6, 0.8])  # scaled down, direction kept, not dropped
+
+
+def test_preprocess_centering():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (500, 6))
+    mean = X.mean(axis=0)
+    pub = preprocess(X, 3.0, center=mean)
+    assert np.allclose(pub.mean, mean)
+    assert np.allclose(pub.A.mean(axis=0), 0.0, atol=1e-12)  # no row above 1 here
+    exact = preprocess(X, 3.0, center="private", mean_noise_multiplier=0.0,
+                       rng=np.random.default_rng(1))
+    assert np.allclose(exact.mean, mean)
+    noisy = preprocess(X, 3.0, center="private", mean_noise_multiplier=1.0,
+                       rng=np.random.default_rng(1))
+    # noise std on the scaled mean is 2/n: about 2 * 3 / 500 per coordinate in X units
+    assert 0 < np.abs(noisy.mean - mean).max() < 5 * 2 * 3.0 / 500
+    # re-bounding after centering: a far public mean pushes rows above norm 1
+    far = preprocess(X, 1.5, center=-np.ones(6))
+    assert far.n_clipped_centered > 0
+    assert np.linalg.norm(far.A, axis=1).max() <= 1.0 + 1e-12
