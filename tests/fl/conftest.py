@@ -1,0 +1,30 @@
+"""Small synthetic federated problems shared by the fl tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpprecond.fl.partition import iid_partition
+from dpprecond.fl.simulator import ClientData
+
+
+def make_problem(n: int = 240, d: int = 6, k: int = 3, seed: int = 0,
+                 scale: float = 2.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gaussian blobs: (X_train, y_train, X_test, y_test)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((k, d)) * scale
+    y = rng.integers(0, k, n + 60)
+    X = centers[y] + rng.standard_normal((n + 60, d))
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+@pytest.fixture
+def problem() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    return make_problem()
+
+
+@pytest.fixture
+def client_data(problem: tuple) -> ClientData:
+    X, y, _, _ = problem
+    return ClientData.from_partition(X, y, iid_partition(len(y), 4, 1), 3)
