@@ -1,0 +1,55 @@
+"""The ``dpprecond fl`` sub-command and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dpprecond.cli import fl as cli_fl
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli_fl.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_register_sets_run() -> None:
+    args = parse(["fl", "--epsilon", "inf"])
+    assert args.func is cli_fl.run
+    assert args.epsilon is None and args.algorithm == "sofim" and args.clients == 20
+
+
+def test_run_writes_history_and_plot(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "o"
+    args = parse(["fl", "--data", "digits", "--clients", "4", "--rounds", "3", "--epsilon",
+                  "4", "--accountant", "rdp", "--algorithm", "sofim-momentum", "--out",
+                  str(out), "--seed", "2"])
+    assert cli_fl.run(args) == 0
+    text = capsys.readouterr().out
+    assert text.count("round ") >= 3 and "final test accuracy" in text
+    hist = json.loads((out / "history.json").read_text())
+    assert len(hist["history"]) == 3 and hist["config"]["algorithm"] == "sofim-momentum"
+    assert hist["history"][-1]["epsilon"] <= 4.0 + 1e-9
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_reports_bad_input(capsys: pytest.CaptureFixture) -> None:
+    from dpprecond.cli import main
+
+    assert main(["fl", "--clip-norm", "-1", "--rounds", "1"]) == 2
+    assert "clip_norm" in capsys.readouterr().err
+
+
+def test_bad_epsilon_text() -> None:
+    with pytest.raises(SystemExit):
+        parse(["fl", "--epsilon", "lots"])
+
+
+def test_demo_prints_table(capsys: pytest.CaptureFixture) -> None:
+    cli_fl.run_demo()
+    text = capsys.readouterr().out
+    assert "fedgd" in text and "sofim-momentum" in text
+    assert len([ln for ln in text.splitlines() if ln.strip().startswith(("2", "8", "inf"))]) == 3
