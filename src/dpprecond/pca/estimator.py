@@ -87,7 +87,7 @@ clip_grid, t_max, accountant : optional
     Input must have ``n_samples >= n_features``; a smaller input raises ``ValueError``.
     """
 
-    def __init__(self, n_components: int = 2, *, epsilon: float, delta: float,
+    def __init__(self, n_components: int, *, epsilon: float, delta: float,
                  row_norm: float | None, method: str = "select", center: Any = None,
                  random_state: Any = None, mean_trials: float | None = None,
                  clip_radius: float | None = None, n_iter: int | None = None,
