@@ -103,3 +103,19 @@ def test_torch_mlp_trains_in_simulator(problem: tuple) -> None:
 def test_torch_model_rejects_non_module() -> None:
     with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
         TorchModel(object())
+
+
+def test_block_products_with_empty_blocks() -> None:
+    from dpprecond.fl.models import block_products
+
+    rng = np.random.default_rng(5)
+    X, R = rng.standard_normal((20, 4)), rng.standard_normal((20, 3))
+    bounds = np.array([0, 0, 7, 7, 20, 20])
+    got = block_products(X, R, bounds)
+    for i in range(5):
+        a, b = bounds[i], bounds[i + 1]
+        np.testing.assert_allclose(got[i], X[a:b].T @ R[a:b], atol=1e-12)
+    model = LinearSoftmax(4, 3)
+    y = rng.integers(0, 3, 20)
+    sums = model.clipped_grad_sums(rng.standard_normal(model.n_params), X, y, bounds, 1.0)
+    assert np.all(sums[[0, 2, 4]] == 0.0) and np.all(sums[[1, 3]] != 0.0)

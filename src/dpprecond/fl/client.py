@@ -59,7 +59,8 @@ def _add_noise(S: np.ndarray, std: float, rngs: list[np.random.Generator]) -> np
 
 def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                         bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                        rngs: list[np.random.Generator]) -> np.ndarray:
+                        rngs: list[np.random.Generator], *,
+                        x_sq_norms: np.ndarray | None = None) -> np.ndarray:
     """Every client's noisy clipped mean gradient, shape (K, p) (the paper's mechanism).
 
     Privacy unit: one record, replace-one; sensitivity of the clipped sum ``2C``; noise std
@@ -67,7 +68,7 @@ def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
     ``clip_norm=inf`` with ``noise_multiplier=0`` is the non-private full-batch gradient.
     """
     sizes = np.diff(bounds).astype(np.float64)
-    S = model.clipped_grad_sums(params, X, y, bounds, clip_norm)
+    S = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
     S = _add_noise(S, noise_multiplier * 2.0 * clip_norm if noise_multiplier else 0.0, rngs)
     return S / sizes[:, None]
 

@@ -273,6 +273,7 @@ def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation
     K = data.n_clients
     weights = client_weights(data.sizes, config.weighting)
     params = model.init_params(np.random.default_rng(init_seq))
+    x_sq_norms = np.einsum("ij,ij->i", data.X, data.X)  # constant over rounds
     state = optimizer.init(params)
     acct = dict(mechanism=config.mechanism, sampling_rate=float(config.sampling_rate),
                 local_steps=int(config.local_steps), accountant=config.accountant)
@@ -284,7 +285,8 @@ def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation
         rngs = client_mod.round_generators(noise_root, t, K + 1)
         if config.mechanism == "full-batch":
             U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds,
-                                               config.clip_norm, z, rngs[:K])
+                                               config.clip_norm, z, rngs[:K],
+                                               x_sq_norms=x_sq_norms)
             G = weights @ U
         elif config.mechanism == "poisson":
             U = client_mod.poisson_local_messages(
