@@ -29,6 +29,7 @@ def reference_run(algorithm: str, data: ClientData, n_rounds: int, lr: float,
     d = data.X.shape[1]
     W = np.zeros((d + 1, k))
     m, v = np.zeros_like(W), np.zeros_like(W)
+    m_prev = np.zeros(W.size)
     v_yogi = np.full(W.shape, 1e-6)
     for t in range(1, n_rounds + 1):
         G = np.mean([mean_gradient(W, data.X[a:b], data.y[a:b])
@@ -36,6 +37,11 @@ def reference_run(algorithm: str, data: ClientData, n_rounds: int, lr: float,
         g = G.ravel()
         if algorithm == "fedgd":
             step = g
+        elif algorithm == "sofim-lagged":
+            H = np.linalg.inv(np.outer(m_prev, m_prev) + 0.5 * np.eye(W.size))
+            step = H @ g
+            m = 0.9 * m + 0.1 * G
+            m_prev = (m / (1 - 0.9**t)).ravel()
         elif algorithm.startswith("sofim"):
             m = 0.9 * m + 0.1 * G
             mh = (m / (1 - 0.9**t)).ravel()

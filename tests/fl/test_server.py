@@ -24,21 +24,24 @@ def test_sherman_morrison_equals_dense_solve(rho: float) -> None:
 
 def reference_sofim(grads: list[np.ndarray], theta: np.ndarray, lr: float, beta: float,
                     rho: float, precondition: str, bias_correction: bool, warmup: int,
-                    wd: float) -> np.ndarray:
+                    wd: float, lagged: bool = False) -> np.ndarray:
     """The spec's DP-FedSOFIM server step with a dense (M M^T + rho I)^{-1}."""
     M = np.zeros_like(theta)
     for t, G in enumerate(grads, start=1):
+        Mprev = M / (1 - beta ** (t - 1)) if (bias_correction and t > 1) else M
         M = beta * M + (1 - beta) * G
         Mh = M / (1 - beta**t) if bias_correction else M
         if t <= warmup:
             d = Mh
+        elif lagged:
+            d = dense_H(Mprev, rho) @ G
         else:
             d = dense_H(Mh, rho) @ (G if precondition == "gradient" else Mh)
         theta = theta - lr * (d + wd * theta)
     return theta
 
 
-@pytest.mark.parametrize("precondition", ["gradient", "momentum"])
+@pytest.mark.parametrize("precondition", ["gradient", "momentum", "lagged"])
 @pytest.mark.parametrize(("bias_correction", "warmup", "wd"),
                          [(True, 0, 0.0), (False, 0, 0.0), (True, 2, 0.01), (False, 1, 0.1)])
 def test_sofim_matches_dense_reference(precondition: str, bias_correction: bool, warmup: int,
@@ -47,14 +50,16 @@ def test_sofim_matches_dense_reference(precondition: str, bias_correction: bool,
     p = 9
     grads = [rng.standard_normal(p) for _ in range(6)]
     theta0 = rng.standard_normal(p)
-    opt = server.sofim(0.3, beta=0.8, rho=0.7, precondition=precondition,
+    lagged = precondition == "lagged"
+    form = "gradient" if lagged else precondition
+    opt = server.sofim(0.3, beta=0.8, rho=0.7, precondition=form, lagged=lagged,
                        bias_correction=bias_correction, warmup_rounds=warmup, weight_decay=wd)
     theta, state = theta0.copy(), opt.init(theta0)
     for G in grads:
         upd, state = opt.update(G, state, theta)
         theta = theta + upd
-    ref = reference_sofim(grads, theta0.copy(), 0.3, 0.8, 0.7, precondition, bias_correction,
-                          warmup, wd)
+    ref = reference_sofim(grads, theta0.copy(), 0.3, 0.8, 0.7, form, bias_correction,
+                          warmup, wd, lagged)
     np.testing.assert_allclose(theta, ref, rtol=1e-10, atol=1e-12)
 
 
@@ -107,7 +112,8 @@ def test_state_is_o_p() -> None:
 
 @pytest.mark.parametrize("kwargs", [{"rho": 0.0}, {"rho": -1.0}, {"beta": 1.0},
                                     {"beta": -0.1}, {"beta": 1.5}, {"learning_rate": 0.0},
-                                    {"precondition": "hessian"}, {"warmup_rounds": -1}])
+                                    {"precondition": "hessian"}, {"warmup_rounds": -1},
+                                    {"lagged": True, "precondition": "momentum"}])
 def test_bad_sofim_parameters(kwargs: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         server.sofim(**kwargs)

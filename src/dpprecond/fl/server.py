@@ -125,7 +125,8 @@ class SofimState(NamedTuple):
 def scale_by_sofim(beta: float = 0.9, rho: float = 0.5,
                    precondition: Literal["gradient", "momentum"] = "gradient",
                    bias_correction: bool = True,
-                   warmup_rounds: int = 0) -> GradientTransformation:
+                   warmup_rounds: int = 0,
+                   lagged: bool = False) -> GradientTransformation:
     """The DP-FedSOFIM direction: a rank-one regularized Fisher preconditioner.
 
     ``M_t = beta M_{t-1} + (1 - beta) G_t`` (``M_0 = 0``), ``M_hat = M_t / (1 - beta^t)`` if
@@ -146,10 +147,18 @@ def scale_by_sofim(beta: float = 0.9, rho: float = 0.5,
         Divide ``M_t`` by ``1 - beta^t`` (Adam-style).
     warmup_rounds : int >= 0
         Rounds that use the bias-corrected momentum without preconditioning.
+    lagged : bool, default=False
+        (choice, beyond the paper) Only for ``precondition="gradient"``: build ``H`` from the
+        previous momentum ``M_hat_{t-1}`` (``H = I / rho`` in round 1) instead of ``M_hat_t``.
+        ``M_hat_t`` contains the current noisy ``G_t``, which correlates ``H`` with the noise
+        it multiplies; in our noisy runs this drives the paper's form up the loss (see
+        docs/fl_results.md). The lagged form removes that correlation.
     """
     beta = check_fraction("beta", beta)
     rho = check_positive("rho", rho)
     check_choice("precondition", precondition, ("gradient", "momentum"))
+    if lagged and precondition != "gradient":
+        raise ValueError("lagged=True applies to precondition='gradient' only.")
     warmup_rounds = check_int("warmup_rounds", warmup_rounds, low=0)
 
     def init(params: np.ndarray) -> SofimState:
@@ -162,6 +171,11 @@ def scale_by_sofim(beta: float = 0.9, rho: float = 0.5,
         m_hat = m / (1.0 - beta**t) if bias_correction else m
         if t <= warmup_rounds:
             direction = m_hat
+        elif precondition == "gradient" and lagged:
+            prev = state.momentum
+            if bias_correction and t > 1:
+                prev = prev / (1.0 - beta ** (t - 1))
+            direction = sherman_morrison_apply(prev, grads, rho)
         elif precondition == "gradient":
             direction = sherman_morrison_apply(m_hat, grads, rho)
         else:
@@ -239,11 +253,12 @@ def sgd(learning_rate: float = 0.1, momentum: float = 0.0,
 def sofim(learning_rate: float = 0.1, beta: float = 0.9, rho: float = 0.5,
           precondition: Literal["gradient", "momentum"] = "gradient",
           bias_correction: bool = True, warmup_rounds: int = 0,
-          weight_decay: float = 0.0) -> GradientTransformation:
+          weight_decay: float = 0.0, lagged: bool = False) -> GradientTransformation:
     """DP-FedSOFIM: ``theta <- theta - lr (d_t + wd theta)`` with ``d_t`` of
     :func:`scale_by_sofim`. Defaults are the published v2 settings (lr 0.1, beta 0.9,
     rho 0.5, bias correction on, no warm-up)."""
-    return chain(scale_by_sofim(beta, rho, precondition, bias_correction, warmup_rounds),
+    return chain(scale_by_sofim(beta, rho, precondition, bias_correction, warmup_rounds,
+                                lagged),
                  *_step(learning_rate, weight_decay))
 
 
@@ -259,13 +274,15 @@ def yogi(learning_rate: float = 0.01, b1: float = 0.9, b2: float = 0.99, eps: fl
     return chain(scale_by_yogi(b1, b2, eps), *_step(learning_rate, weight_decay))
 
 
-ALGORITHMS: tuple[str, ...] = ("fedgd", "sofim", "sofim-momentum", "adam", "yogi")
+ALGORITHMS: tuple[str, ...] = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged", "adam",
+                               "yogi")
 
 
 def make_optimizer(algorithm: str, learning_rate: float | None = None,
                    **kwargs: Any) -> GradientTransformation:
     """Build a server optimizer by name: ``"fedgd"``, ``"sofim"`` (gradient form),
-    ``"sofim-momentum"`` (the authors' form), ``"adam"`` or ``"yogi"``.
+    ``"sofim-momentum"`` (the authors' form), ``"sofim-lagged"`` (gradient form with the
+    previous momentum, our option), ``"adam"`` or ``"yogi"``.
 
     ``learning_rate=None`` uses the optimizer's default; ``kwargs`` go to the factory.
     """
@@ -277,6 +294,8 @@ def make_optimizer(algorithm: str, learning_rate: float | None = None,
         return sofim(**lr, precondition="gradient", **kwargs)
     if algorithm == "sofim-momentum":
         return sofim(**lr, precondition="momentum", **kwargs)
+    if algorithm == "sofim-lagged":
+        return sofim(**lr, precondition="gradient", lagged=True, **kwargs)
     if algorithm == "adam":
         return adam(**lr, **kwargs)
     return yogi(**lr, **kwargs)
