@@ -29,7 +29,7 @@ def _expected_event(method, z, opts):
             "mean_trials", 10.0), 1)]
     elif method == "fixed":
         it = dp_event.ComposedDpEvent([G(z["zH"]), G(z["zZ"])])
-        tail = [G(z["z0"]), dp_event.SelfComposedDpEvent(it, opts.get("n_iter", 4))]
+        tail = [G(z["z0"]), dp_event.SelfComposedDpEvent(it, opts.get("n_iter", 2))]
     elif method == "analyze_gauss":
         tail = [G(z["z0"])]
     else:
@@ -67,6 +67,13 @@ def test_reported_epsilon_is_dp_accountings(spiked, method, opts, center):
     if method == "select":
         share0 = opts.get("init_share", 0.25) * (0.9 if center else 1.0)
         assert z["z0"] == pytest.approx(c / math.sqrt(share0))
+
+
+def test_fixed_default_clip_radius_is_public(spiked):
+    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
+                          rng=0)
+    assert res.info["clip_radius"] == pytest.approx(math.sqrt(2 / spiked.shape[0]))
+    assert res.info["n_iter"] == 2
 
 
 def test_pld_accountant_for_fixed(spiked):
