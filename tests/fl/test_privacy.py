@@ -148,3 +148,23 @@ def test_worst_case_pair_has_sensitivity_exactly_2C() -> None:
 def test_epsilon_after_is_cached_and_infinite_without_noise() -> None:
     assert math.isinf(epsilon_after(0.0, 3, 1e-5))
     assert epsilon_after(2.0, 3, 1e-5) == pytest.approx(pld_epsilon(2.0, 3, 1e-5), rel=1e-6)
+
+
+def test_poisson_mechanism_sampling_and_noise(client_data: ClientData) -> None:
+    """Message = (sampled clipped sum + N(0, (zC)^2)) / (q |D_i|), masks and noise from the
+    client's own stream, drawn in that order."""
+    cd = client_data
+    model = LinearSoftmax(6, 3)
+    params = np.random.default_rng(0).standard_normal(model.n_params)
+    root, q, z, C = np.random.SeedSequence(4), 0.4, 1.5, 0.8
+    msgs = client.poisson_local_messages(model, params, cd.X, cd.y, cd.bounds, C, z,
+                                         client.round_generators(root, 1, 4),
+                                         sampling_rate=q, local_steps=1, local_lr=0.3)
+    for i in range(4):
+        a, b = cd.bounds[i], cd.bounds[i + 1]
+        rng = client.stream(root, 1, i)
+        mask = rng.random(b - a) < q
+        S = model.clipped_grad_sums(params, cd.X[a:b][mask], cd.y[a:b][mask],
+                                    np.array([0, mask.sum()]), C)[0]
+        expected = (S + z * C * rng.standard_normal(model.n_params)) / (q * (b - a))
+        np.testing.assert_allclose(msgs[i], expected, rtol=1e-9, atol=1e-12)
