@@ -98,6 +98,32 @@ def summarize(path: Path) -> str:
                      else "" for a in algos[1:]]
             label = "inf" if eps is None else f"{eps:g}"
             lines.append(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
+    lines += ["\n**Rounds to reach DP-FedGD's final accuracy** (first round where the seed-mean "
+              "accuracy curve reaches the seed-mean final accuracy of fedgd; '-' = never)\n",
+              "| data | partition | epsilon | " + " | ".join(algos) + " |",
+              "|---" * (3 + len(algos)) + "|"]
+    for data, partition in itertools.product(dict.fromkeys(r["data"] for r in recs),
+                                             PARTITIONS):
+        for eps in EPSILONS:
+            curves = {}
+            for a in algos:
+                acc = [r["accuracy"] for r in recs if r["data"] == data
+                       and r["partition"] == partition and r["epsilon"] == eps
+                       and r["algorithm"] == a]
+                if acc:
+                    curves[a] = np.mean(acc, axis=0)
+            if "fedgd" not in curves:
+                continue
+            target = curves["fedgd"][-1]
+            cells = []
+            for a in algos:
+                if a not in curves:
+                    cells.append("")
+                    continue
+                hit = np.flatnonzero(curves[a] >= target - 1e-12)
+                cells.append(str(int(hit[0]) + 1) if len(hit) else "-")
+            label = "inf" if eps is None else f"{eps:g}"
+            lines.append(f"| {data} | {partition} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
