@@ -10,9 +10,9 @@ runs already in the file are skipped on restart. ``--summarize`` prints the mark
 The grid was run as two single-threaded processes (one per partition) on 2 cores:
 
     export OPENBLAS_NUM_THREADS=1
-    python benchmarks/fl_accuracy.py --out docs/fl_accuracy.jsonl --partitions iid &
-    python benchmarks/fl_accuracy.py --out docs/fl_accuracy.jsonl --partitions dirichlet &
-    python benchmarks/fl_accuracy.py --out docs/fl_accuracy.jsonl --summarize
+    python benchmarks/fl_accuracy.py --out fl_accuracy.jsonl --partitions iid &
+    python benchmarks/fl_accuracy.py --out fl_accuracy.jsonl --partitions dirichlet &
+    python benchmarks/fl_accuracy.py --out fl_accuracy.jsonl --summarize
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def summarize(path: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="docs/fl_accuracy.jsonl")
+    p.add_argument("--out", default="fl_accuracy.jsonl")
     p.add_argument("--data", nargs="+", default=["digits", "fashion-mnist"])
     p.add_argument("--partitions", nargs="+", default=list(PARTITIONS), choices=PARTITIONS)
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALL_ALGORITHMS)
