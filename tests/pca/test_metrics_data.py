@@ -16,7 +16,7 @@ from dpprecond.pca import (
     sin_theta_frobenius,
 )
 from dpprecond.pca.metrics import top_right_singular_vectors
-from dpprecond.pca.preprocess import preprocess
+from dpprecond.pca.preprocess import preprocess, scaled_gram
 
 
 def test_sin_theta_known_angles():
@@ -109,3 +109,17 @@ def test_preprocess_centering():
     far = preprocess(X, 1.5, center=-np.ones(6))
     assert far.n_clipped_centered > 0
     assert np.linalg.norm(far.A, axis=1).max() <= 1.0 + 1e-12
+
+
+def test_scaled_gram_and_sorted_rows_match_the_plain_path():
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((300, 7)) * rng.uniform(0.1, 3, (300, 1))
+    plain = preprocess(X, 2.0)
+    S, n_over = scaled_gram(X, 2.0)
+    assert n_over == plain.n_clipped > 0
+    assert np.allclose(S, plain.A.T @ plain.A, atol=1e-12)
+    srt = preprocess(X, 2.0, sort_by_norm=True)
+    assert np.all(np.diff(srt.norms) >= 0)
+    assert np.allclose(srt.norms, np.linalg.norm(srt.A, axis=1))
+    assert np.allclose(srt.A.T @ srt.A, S, atol=1e-12)
+    assert srt.n_clipped == plain.n_clipped

@@ -35,6 +35,7 @@ from dpprecond.pca.baselines import (
     random_orthonormal,
 )
 from dpprecond.pca.core import (
+    RowsByNorm,
     TrialSpec,
     clip_grid,
     flip_signs,
@@ -43,7 +44,7 @@ from dpprecond.pca.core import (
     run_trials,
     select,
 )
-from dpprecond.pca.preprocess import preprocess
+from dpprecond.pca.preprocess import preprocess, scaled_gram
 
 __all__ = ["METHODS", "PCAResult", "check_dense", "check_pca_input", "fit_private_pca"]
 
@@ -328,11 +329,20 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
     info["scale"] = plan.scale
 
     # -- rows -------------------------------------------------------------------------------
-    rows = preprocess(X, row_norm, center=center, mean_noise_multiplier=z.get("z_mean", 0.0),
-                      rng=mean_stream)
-    A = rows.A
-    info["n_clipped_centered"] = rows.n_clipped_centered
-    S = A.T @ A
+    needs_rows = method in ("select", "fixed")
+    if center is None and not needs_rows:
+        # Only A^T A is needed: compute it from X without a scaled copy.
+        S, n_clipped = scaled_gram(X, row_norm)
+        A, mean_used, n_clipped_centered = None, None, 0
+    else:
+        rows = preprocess(X, row_norm, center=center,
+                          mean_noise_multiplier=z.get("z_mean", 0.0), rng=mean_stream,
+                          sort_by_norm=needs_rows)
+        S = rows.A.T @ rows.A
+        A = RowsByNorm(rows.A, rows.norms)
+        mean_used, n_clipped, n_clipped_centered = (rows.mean, rows.n_clipped,
+                                                    rows.n_clipped_centered)
+    info["n_clipped_centered"] = n_clipped_centered
     event = plan.event
     eigvals = None
 
@@ -389,5 +399,5 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
     explained = None if eigvals is None else np.asarray(eigvals) * row_norm**2 / n
     info["fit_seconds"] = time.perf_counter() - t_start
     return PCAResult(components=flip_signs(np.ascontiguousarray(V)), dp_event=event,
-                     epsilon=eps, delta=delta, n_clipped=rows.n_clipped, method=method,
-                     mean=rows.mean, explained_variance=explained, info=info)
+                     epsilon=eps, delta=delta, n_clipped=n_clipped, method=method,
+                     mean=mean_used, explained_variance=explained, info=info)

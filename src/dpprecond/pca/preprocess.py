@@ -32,7 +32,13 @@ import numpy as np
 
 from dpprecond.pca.noise import gaussian_matrix
 
-__all__ = ["PreprocessedRows", "bound_rows", "mean_sensitivity", "preprocess"]
+__all__ = [
+    "PreprocessedRows",
+    "bound_rows",
+    "mean_sensitivity",
+    "preprocess",
+    "scaled_gram",
+]
 
 
 def mean_sensitivity(n_samples: int) -> float:
@@ -57,30 +63,64 @@ class PreprocessedRows:
     Attributes
     ----------
     A : ndarray of shape (n, d)
-        Scaled (and centered) rows, each of l2 norm <= 1.
+        Scaled (and centered) rows, each of l2 norm <= 1; sorted by increasing norm when
+        :func:`preprocess` was asked to (the row order does not matter to PCA).
     mean : ndarray of shape (d,) or None
         The mean subtracted, in the units of the raw ``X`` (``None`` when not centered).
     n_clipped : int
         Rows scaled down after the division by ``row_norm``.
     n_clipped_centered : int
         Rows scaled down again after centering.
+    norms : ndarray of shape (n,)
+        l2 norms of the rows of ``A`` (same order).
     """
 
     A: np.ndarray
     mean: np.ndarray | None
     n_clipped: int
     n_clipped_centered: int
+    norms: np.ndarray
+
+
+def _row_norms(X: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("ij,ij->i", X, X))
+
+
+def _scale_factors(norms: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]:
+    """Per-row factor of ``x -> x / row_norm`` then scaling down to norm <= 1."""
+    over = norms > row_norm
+    scale = np.full(norms.shape, 1.0 / row_norm)
+    scale[over] = 1.0 / norms[over]
+    return scale, int(np.count_nonzero(over))
+
+
+def scaled_gram(X: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]:
+    """``A^T A`` for the uncentered scaled rows, without materializing ``A``.
+
+    ``A = D X`` with ``D = diag(scale_i)``, so ``A^T A = X^T X / row_norm^2`` minus
+    ``(1/row_norm^2 - 1/||x_i||^2) x_i x_i^T`` over the rows scaled down. Returns the Gram
+    matrix and the number of scaled-down rows.
+    """
+    norms = _row_norms(X)
+    scale, n_over = _scale_factors(norms, row_norm)
+    S = X.T @ X
+    S *= 1.0 / row_norm**2
+    if n_over:
+        idx = np.flatnonzero(norms > row_norm)
+        Xc = X[idx] * np.sqrt(1.0 / row_norm**2 - scale[idx] ** 2)[:, None]
+        S -= Xc.T @ Xc
+    return S, n_over
 
 
 def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | None = None,
-               mean_noise_multiplier: float = 0.0,
-               rng: np.random.Generator | None = None) -> PreprocessedRows:
+               mean_noise_multiplier: float = 0.0, rng: np.random.Generator | None = None,
+               sort_by_norm: bool = False) -> PreprocessedRows:
     """Divide rows by ``row_norm``, bound them to norm 1 and optionally center them.
 
     Parameters
     ----------
     X : ndarray of shape (n, d)
-        Raw data, already validated (finite floats).
+        Raw data, already validated (finite floats). Never modified.
     row_norm : float
         Public bound on the raw row norms (> 0).
     center : None, "private" or ndarray of shape (d,)
@@ -90,16 +130,24 @@ def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | Non
         exact mean (non-private, for tests).
     rng : numpy.random.Generator
         Randomness for the private mean.
+    sort_by_norm : bool, default=False
+        Return the rows sorted by increasing norm (one copy of ``X`` either way when not
+        centered).
 
     Returns
     -------
     PreprocessedRows
     """
-    A = np.array(X, dtype=np.float64, copy=True)
-    A /= row_norm
-    A, n_clipped = bound_rows(A)
+    X = np.asarray(X, dtype=np.float64)
+    scale, n_clipped = _scale_factors(_row_norms(X), row_norm)
+    if center is None and sort_by_norm:
+        order = np.argsort(scale * _row_norms(X), kind="stable")
+        A = X[order]
+        A *= scale[order, None]
+        return PreprocessedRows(A, None, n_clipped, 0, _row_norms(A))
+    A = X * scale[:, None]
     if center is None:
-        return PreprocessedRows(A, None, n_clipped, 0)
+        return PreprocessedRows(A, None, n_clipped, 0, _row_norms(A))
     n, d = A.shape
     if isinstance(center, str):  # "private"; validated by the caller
         if rng is None:
@@ -110,4 +158,8 @@ def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | Non
         mu = np.asarray(center, dtype=np.float64) / row_norm
     A -= mu
     A, n_clipped_centered = bound_rows(A)
-    return PreprocessedRows(A, mu * row_norm, n_clipped, n_clipped_centered)
+    norms = _row_norms(A)
+    if sort_by_norm:
+        order = np.argsort(norms, kind="stable")
+        A, norms = A[order], norms[order]
+    return PreprocessedRows(A, mu * row_norm, n_clipped, n_clipped_centered, norms)
