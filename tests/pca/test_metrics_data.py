@@ -119,7 +119,7 @@ def test_scaled_gram_and_sorted_rows_match_the_plain_path():
     assert n_over == plain.n_clipped > 0
     assert np.allclose(S, plain.A.T @ plain.A, atol=1e-12)
     srt = preprocess(X, 2.0, sort_by_norm=True)
-    assert np.all(np.diff(srt.norms) >= 0)
+    assert np.all(np.diff(srt.norms) >= -1e-12)  # sorted up to rounding
     assert np.allclose(srt.norms, np.linalg.norm(srt.A, axis=1))
     assert np.allclose(srt.A.T @ srt.A, S, atol=1e-12)
     assert srt.n_clipped == plain.n_clipped

@@ -339,7 +339,7 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
                           mean_noise_multiplier=z.get("z_mean", 0.0), rng=mean_stream,
                           sort_by_norm=needs_rows)
         S = rows.A.T @ rows.A
-        A = RowsByNorm(rows.A, rows.norms)
+        A = RowsByNorm.from_sorted(rows.A, rows.norms)
         mean_used, n_clipped, n_clipped_centered = (rows.mean, rows.n_clipped,
                                                     rows.n_clipped_centered)
     info["n_clipped_centered"] = n_clipped_centered
