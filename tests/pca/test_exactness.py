@@ -79,3 +79,31 @@ def test_without_clipping_span_is_power_step(gap_matrix):
                                                            np.random.default_rng(0))])
     assert clipped[0] == 0
     assert sin_theta(X1, orthonormalize(A.T @ A @ X0)) < 1e-10
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+@pytest.mark.parametrize("quantile", [0.05, 0.5, 0.9, 0.99, 1.0])
+def test_scaled_rows_paths_match_reference(quantile, heavy):
+    """Implicit row scaling and every screening path: GEMM over all rows with the
+    correction gathered or as a second pass, and GEMM over a few candidate rows (reached
+    with 10% heavy rows and a large R)."""
+    rng = np.random.default_rng(8)
+    if heavy:
+        row_scale = np.where(rng.random((2000, 1)) < 0.1, 2.0, 0.2)
+    else:
+        row_scale = rng.uniform(0.2, 2.0, (2000, 1))
+    X = rng.standard_normal((2000, 15)) * row_scale
+    from dpprecond.pca.core import ScaledRows
+    from dpprecond.pca.preprocess import preprocess, row_scales
+
+    A = preprocess(X, 2.5).A
+    X0 = orthonormalize(rng.standard_normal((15, 3)))
+    P = A @ X0
+    B = np.linalg.inv(np.linalg.cholesky(P.T @ P)).T  # any preconditioner, for the scale of y
+    R = float(np.quantile(np.linalg.norm(P @ B, axis=1), quantile))
+    spec = [TrialSpec(R, 3, 0.0, 0.0, np.random.default_rng(0))]
+    implicit, c1 = run_trials(ScaledRows.build(X, row_scales(X, 2.5)), A.T @ A, X0, spec)
+    ref = _reference_alg2(A, X0, R, 3, 0.0, 0.0, np.random.default_rng(0))
+    assert np.allclose(implicit[0], ref, atol=1e-9)
+    if quantile < 1.0:
+        assert c1[0] > 0

@@ -35,7 +35,7 @@ from dpprecond.pca.baselines import (
     random_orthonormal,
 )
 from dpprecond.pca.core import (
-    RowsByNorm,
+    ScaledRows,
     TrialSpec,
     clip_grid,
     flip_signs,
@@ -44,7 +44,7 @@ from dpprecond.pca.core import (
     run_trials,
     select,
 )
-from dpprecond.pca.preprocess import preprocess, scaled_gram
+from dpprecond.pca.preprocess import preprocess, row_scales, scaled_gram
 
 __all__ = ["METHODS", "PCAResult", "check_dense", "check_pca_input", "fit_private_pca"]
 
@@ -329,17 +329,17 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
     info["scale"] = plan.scale
 
     # -- rows -------------------------------------------------------------------------------
-    needs_rows = method in ("select", "fixed")
-    if center is None and not needs_rows:
-        # Only A^T A is needed: compute it from X without a scaled copy.
+    if center is None:
+        # A = diag(scale) X is never materialized: S from X, iterations scale on the fly.
         S, n_clipped = scaled_gram(X, row_norm)
-        A, mean_used, n_clipped_centered = None, None, 0
+        scale = row_scales(X, row_norm)
+        A = ScaledRows.build(X, scale) if method in ("select", "fixed") else None
+        mean_used, n_clipped_centered = None, 0
     else:
         rows = preprocess(X, row_norm, center=center,
-                          mean_noise_multiplier=z.get("z_mean", 0.0), rng=mean_stream,
-                          sort_by_norm=needs_rows)
+                          mean_noise_multiplier=z.get("z_mean", 0.0), rng=mean_stream)
         S = rows.A.T @ rows.A
-        A = RowsByNorm.from_sorted(rows.A, rows.norms)
+        A = ScaledRows(rows.A, rows.norms)
         mean_used, n_clipped, n_clipped_centered = (rows.mean, rows.n_clipped,
                                                     rows.n_clipped_centered)
     info["n_clipped_centered"] = n_clipped_centered

@@ -44,6 +44,7 @@ __all__ = [
     "SQRT2",
     "InitRelease",
     "RowsByNorm",
+    "ScaledRows",
     "SelectionResult",
     "TrialSpec",
     "clip_grid",
@@ -182,36 +183,59 @@ def _preconditioner(H: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
 
 
 @dataclass(frozen=True)
-class RowsByNorm:
-    """Rows of ``A`` sorted by increasing l2 norm (built once per fit).
+class ScaledRows:
+    """The rows ``a_i = scale_i x_i`` of ``A`` without materializing ``A``.
 
-    A row can be clipped in a trial only if ``||a_i|| ||B||_2 > R`` (because
-    ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``), so the rows that need ``y_i`` at all form
-    a contiguous block at the end of this ordering. The result is exact: rows outside the
-    block are provably not clipped.
+    ``scale`` is ``None`` when ``X`` already holds the rows of ``A``. ``norms`` are the l2
+    norms of the rows of ``A``. A row can be clipped in a trial only if
+    ``||a_i|| ||B||_2 > R`` (because ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``), so
+    :func:`run_trials` computes ``y_i`` only for those candidate rows (all of them with one
+    GEMM on ``X`` when they are many). The screening is exact: other rows are provably not
+    clipped.
     """
 
-    A: np.ndarray
+    X: np.ndarray
     norms: np.ndarray
+    scale: np.ndarray | None = None
 
     @classmethod
-    def build(cls, A: np.ndarray) -> RowsByNorm:
-        """Sort a copy of ``A`` by row norm."""
+    def build(cls, A: np.ndarray, scale: np.ndarray | None = None) -> ScaledRows:
+        """Wrap ``A`` (or ``X`` with per-row ``scale``); computes the row norms."""
         norms = np.sqrt(np.einsum("ij,ij->i", A, A))
-        order = np.argsort(norms, kind="stable")
-        return cls.from_sorted(A[order], norms[order])
+        if scale is not None:
+            norms *= scale
+        return cls(A, norms, scale)
 
-    @classmethod
-    def from_sorted(cls, A: np.ndarray, norms: np.ndarray) -> RowsByNorm:
-        """Wrap rows already sorted by norm (up to rounding; no copy).
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.X.shape
 
-        The stored norms are the running maximum, an upper bound of each row's norm that is
-        exactly non-decreasing, so the screening stays conservative under rounding.
-        """
-        return cls(A, np.maximum.accumulate(norms))
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """Materialize the rows ``idx`` of ``A``."""
+        out = self.X[idx]
+        if self.scale is not None:
+            out *= self.scale[idx, None]
+        return out
+
+    def times(self, M: np.ndarray) -> np.ndarray:
+        """``A @ M`` with one pass over ``X``."""
+        out = self.X @ M
+        if self.scale is not None:
+            out *= self.scale[:, None]
+        return out
+
+    def t_times(self, D: np.ndarray) -> np.ndarray:
+        """``A^T @ D`` with one pass over ``X``."""
+        if self.scale is not None:
+            D = D * self.scale[:, None]
+        return self.X.T @ D
 
 
-def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
+#: Former name (rows were once sorted by norm); kept for the benchmark scripts.
+RowsByNorm = ScaledRows
+
+
+def run_trials(A: np.ndarray | ScaledRows, S: np.ndarray, X0: np.ndarray,
                trials: list[TrialSpec], *,
                max_batch_columns: int = 1024) -> tuple[list[np.ndarray], np.ndarray]:
     """Algorithm 2 for several independent trials from the shared start ``X0``, batched.
@@ -229,11 +253,12 @@ def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
 
     Computation (exact, cheaper than the formulas): ``H`` uses ``X_t^T S X_t`` with the
     precomputed ``S = A^T A``; ``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T``.
-    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (:class:`RowsByNorm`), so
-    ``y_i`` is computed for that block only: one GEMM of the block with the stacked
+    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (:class:`ScaledRows`), so
+    ``y_i`` is computed for those candidate rows only: one GEMM of the candidates (or of all
+    of ``A`` when they are more than a quarter of the rows) with the stacked
     ``[X_1 B_1 ... X_L B_L]`` of all live trials (trials sorted by ``T``; the live ones are
-    those with ``T > t``; groups of at most ``max_batch_columns`` columns). At worst the
-    block is all of ``A``: one pass over ``A`` per iteration.
+    those with ``T > t``; groups of at most ``max_batch_columns`` columns). At worst this is
+    one pass over ``A`` per iteration (two when most rows are clipped).
 
     Returns
     -------
@@ -242,9 +267,9 @@ def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
     n_clipped_last : ndarray of int
         Rows clipped in each trial's last iteration (diagnostic; not a private release).
     """
-    rows = A if isinstance(A, RowsByNorm) else RowsByNorm.build(A)
-    As, norms = rows.A, rows.norms
-    n, d = As.shape
+    rows = A if isinstance(A, ScaledRows) else ScaledRows.build(A)
+    norms = rows.norms
+    n, d = rows.shape
     k = X0.shape[1]
     L = len(trials)
     out: list[np.ndarray] = [X0.copy() for _ in range(L)]
@@ -276,11 +301,13 @@ def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
                 thresholds[j] = tr.clip_radius / b_norm
             radii = np.array([trials[i].clip_radius for i in live])
             # margin: rounding in ||B||_2 and in the norms never excludes a clipped row
-            start = int(np.searchsorted(norms, thresholds.min() * (1 - 1e-9), side="right"))
+            cand = np.flatnonzero(norms > thresholds.min() * (1 - 1e-9))
             clipped_count = np.zeros(m, dtype=np.int64)
-            if start < n:
-                block = As[start:]
-                Y3 = (block @ XB).reshape(n - start, m, k)  # the one GEMM with A
+            if cand.size:
+                full = 4 * cand.size > n  # many candidates: one GEMM over all of X
+                block = None if full else rows.rows(cand)
+                Y = rows.times(XB) if full else block @ XB  # the one GEMM with A
+                Y3 = Y.reshape(-1, m, k)
                 ynorm = np.sqrt(np.einsum("nmk,nmk->nm", Y3, Y3))
                 clipped = ynorm > radii  # rows whose y_i is scaled down to norm R
                 clipped_count = clipped.sum(axis=0)
@@ -288,12 +315,13 @@ def run_trials(A: np.ndarray | RowsByNorm, S: np.ndarray, X0: np.ndarray,
                 if hit.size:
                     # y_i - c_i = (1 - R/||y_i||) y_i on clipped entries, 0 elsewhere
                     excess = np.where(clipped, 1.0 - radii / np.maximum(ynorm, radii), 0.0)
-                    if 2 * hit.size < block.shape[0]:  # few clipped rows: gather them
-                        D = (Y3[hit] * excess[hit][:, :, None]).reshape(hit.size, m * k)
-                        Z -= block[hit].T @ D
-                    else:
+                    if full and 4 * hit.size > n:
                         Y3 *= excess[:, :, None]
-                        Z -= block.T @ Y3.reshape(-1, m * k)
+                        Z -= rows.t_times(Y)
+                    else:
+                        D = (Y3[hit] * excess[hit][:, :, None]).reshape(hit.size, m * k)
+                        Ah = rows.rows(hit) if full else block[hit]
+                        Z -= Ah.T @ D
             for j, i in enumerate(live):
                 tr = trials[i]
                 Zj = Z[:, j * k:(j + 1) * k]
@@ -369,7 +397,7 @@ class SelectionResult:
     tau_hi: float
 
 
-def select(A: np.ndarray | RowsByNorm, S: np.ndarray, init: InitRelease, *, z_run: float,
+def select(A: np.ndarray | ScaledRows, S: np.ndarray, init: InitRelease, *, z_run: float,
            mean_trials: float, score_share: float, h_share: float,
            radii: np.ndarray, iters: np.ndarray, rng: np.random.Generator,
            beta: float = 0.01, h_floor_factor: float = 4.0,

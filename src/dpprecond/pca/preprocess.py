@@ -37,6 +37,7 @@ __all__ = [
     "bound_rows",
     "mean_sensitivity",
     "preprocess",
+    "row_scales",
     "scaled_gram",
 ]
 
@@ -92,6 +93,11 @@ def _scale_factors(norms: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]
     scale = np.full(norms.shape, 1.0 / row_norm)
     scale[over] = 1.0 / norms[over]
     return scale, int(np.count_nonzero(over))
+
+
+def row_scales(X: np.ndarray, row_norm: float) -> np.ndarray:
+    """Per-row factors ``scale_i`` with ``a_i = scale_i x_i`` (division, then norm <= 1)."""
+    return _scale_factors(_row_norms(X), row_norm)[0]
 
 
 def scaled_gram(X: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]:
