@@ -331,9 +331,11 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
     # -- rows -------------------------------------------------------------------------------
     if center is None:
         # A = diag(scale) X is never materialized: S from X, iterations scale on the fly.
-        S, n_clipped = scaled_gram(X, row_norm)
-        scale = row_scales(X, row_norm)
-        A = ScaledRows.build(X, scale) if method in ("select", "fixed") else None
+        x_norms = np.sqrt(np.einsum("ij,ij->i", X, X))
+        S, n_clipped = scaled_gram(X, row_norm, x_norms)
+        scale = row_scales(X, row_norm, x_norms)
+        A = (ScaledRows(X, x_norms * scale, scale) if method in ("select", "fixed")
+             else None)
         mean_used, n_clipped_centered = None, 0
     else:
         rows = preprocess(X, row_norm, center=center,

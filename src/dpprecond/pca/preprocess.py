@@ -95,19 +95,22 @@ def _scale_factors(norms: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]
     return scale, int(np.count_nonzero(over))
 
 
-def row_scales(X: np.ndarray, row_norm: float) -> np.ndarray:
+def row_scales(X: np.ndarray, row_norm: float,
+               norms: np.ndarray | None = None) -> np.ndarray:
     """Per-row factors ``scale_i`` with ``a_i = scale_i x_i`` (division, then norm <= 1)."""
-    return _scale_factors(_row_norms(X), row_norm)[0]
+    return _scale_factors(_row_norms(X) if norms is None else norms, row_norm)[0]
 
 
-def scaled_gram(X: np.ndarray, row_norm: float) -> tuple[np.ndarray, int]:
+def scaled_gram(X: np.ndarray, row_norm: float,
+                norms: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """``A^T A`` for the uncentered scaled rows, without materializing ``A``.
 
     ``A = D X`` with ``D = diag(scale_i)``, so ``A^T A = X^T X / row_norm^2`` minus
     ``(1/row_norm^2 - 1/||x_i||^2) x_i x_i^T`` over the rows scaled down. Returns the Gram
-    matrix and the number of scaled-down rows.
+    matrix and the number of scaled-down rows. ``norms`` (the row norms of ``X``) may be
+    passed when already known.
     """
-    norms = _row_norms(X)
+    norms = _row_norms(X) if norms is None else norms
     scale, n_over = _scale_factors(norms, row_norm)
     S = X.T @ X
     S *= 1.0 / row_norm**2
