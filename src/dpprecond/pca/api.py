@@ -26,7 +26,7 @@ from dpprecond._validation import (
     check_positive,
     check_random_state,
 )
-from dpprecond.accounting import epsilon_of
+from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.pca import budget as _budget
 from dpprecond.pca.baselines import (
     analyze_gauss,
@@ -41,6 +41,7 @@ from dpprecond.pca.core import (
     flip_signs,
     iteration_grid,
     private_init,
+    refine_init,
     run_trials,
     select,
 )
@@ -58,7 +59,8 @@ _COMMON = {"add_noise": True, "accountant": "rdp", "mean_share": 0.1}
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "select": {**_COMMON, "mean_trials": 10.0, "init_share": 0.25, "score_share": 0.1,
                "h_share": 0.5, "clip_grid": None, "iter_grid": None, "t_max": 64,
-               "beta": 0.01, "h_floor_factor": 4.0, "max_batch_columns": 1024},
+               "beta": 0.01, "h_floor_factor": 4.0, "max_batch_columns": 1024,
+               "small_gap": "refine"},
     "fixed": {**_COMMON, "clip_radius": None, "n_iter": 2, "init_share": 0.25, "h_share": 0.5,
               "h_floor_factor": 4.0},
     "analyze_gauss": {**_COMMON},
@@ -192,6 +194,8 @@ def _check_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     if "max_batch_columns" in opts:
         opts["max_batch_columns"] = check_int("max_batch_columns", opts["max_batch_columns"],
                                               low=1)
+    if "small_gap" in opts:
+        check_choice("small_gap", opts["small_gap"], ["refine", "return_init"])
     if "power_init" in opts:
         check_choice("power_init", opts["power_init"], ["random", "private"])
     noise = opts.get("add_noise", False)
@@ -261,7 +265,11 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
           ``iter_grid`` ({0, 1, 2, 4, ..., t_max}), ``t_max`` (64), ``beta`` (0.01, failure
           probability of the noise bound used for the thresholds), ``h_floor_factor`` (4:
           eigenvalues of the noisy ``H`` are raised to 4 times its entry noise std),
-          ``max_batch_columns`` (1024);
+          ``max_batch_columns`` (1024), ``small_gap`` ("refine": when the init's gap test
+          fails (h <= 0) spend the trial budget on a second release of ``A^T A`` averaged
+          with the first -- an Analyze Gauss with both budgets, never more costly than the
+          selection at any Renyi order; "return_init": return ``X0`` and charge only the
+          init, the spec's early exit);
         - ``"fixed"``: ``clip_radius`` (default ``sqrt(k/n)``, public: with an exact
           preconditioner ``sum_i ||y_i||^2 = k``, so ``sqrt(k/n)`` is the root mean square
           of the preconditioned row norms), ``n_iter`` (2), ``init_share``, ``h_share``,
@@ -387,13 +395,23 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
                     early_exit=res.early_exit, n_trials=res.n_trials,
                     n_clipped_last_iteration=res.n_clipped_last,
                     clip_grid=[float(r) for r in radii], iter_grid=[int(t) for t in iters])
-        if res.early_exit:
+        if res.early_exit and opts["small_gap"] == "return_init":
             event = plan.init_event
             info["note"] = ("Early exit: the released init's eigengap is below the noise "
                             "bound (h <= 0), so X0 is returned and only the init's budget "
                             "(and the private mean's, if any) is spent.")
             logger.info(info["note"])
-
+        elif res.early_exit:  # small_gap == "refine"
+            refined = refine_init(S, init, z["z_run"], main_stream)
+            V, eigvals = refined.X0, refined.eigvals[:k]
+            event = compose([plan.init_event, gaussian(z["z_run"])])
+            info["note"] = (
+                "Small gap: the released init's eigengap is below the noise bound (h <= 0), "
+                "so no trial ran; the trial budget (noise multiplier z_run, which costs at "
+                "most the selection's Renyi DP at every order) was spent on a second release "
+                "of A^T A, averaged with the init. The reported epsilon is that of the init "
+                "and this release.")
+            logger.info(info["note"])
     if plan.scale == 0:
         eps = math.inf
     else:

@@ -131,11 +131,14 @@ class InitRelease:
         The largest eigenvalues of ``M``, decreasing.
     noise_std : float
         Entry std of ``W``: ``z0 * sqrt(2)``.
+    M : ndarray of shape (d, d) or None
+        The released matrix itself (kept so that a later release can be combined with it).
     """
 
     X0: np.ndarray
     eigvals: np.ndarray
     noise_std: float
+    M: np.ndarray | None = None
 
 
 def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> InitRelease:
@@ -162,7 +165,34 @@ def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> 
     std = z0 * SQRT2
     M = S + symmetric_gaussian(d, std, rng)
     w, V = top_eigvecs(M, min(k + 1, d))
-    return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std)
+    return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std, M=M)
+
+
+def refine_init(S: np.ndarray, init: InitRelease, z: float,
+                rng: np.random.Generator) -> InitRelease:
+    """A second release of ``A^T A``, averaged with the first by inverse variance.
+
+    Privacy: the same Gaussian mechanism as :func:`private_init` (sensitivity ``sqrt(2)``,
+    noise multiplier ``z``, event ``GaussianDpEvent(z)``). Combining the two releases is
+    post-processing; with weights ``1/s_i^2`` the average is ``A^T A`` plus symmetric
+    Gaussian noise of entry variance ``1 / (1/s_0^2 + 1/s_1^2)``: the estimate a single
+    release would give with the two Renyi budgets added.
+    """
+    if init.M is None:
+        raise ValueError("refine_init needs the released matrix (InitRelease.M).")
+    k = init.X0.shape[1]
+    d = S.shape[0]
+    std = z * SQRT2
+    M2 = S + symmetric_gaussian(d, std, rng)
+    if init.noise_std == 0 or std == 0:
+        M = M2 if std == 0 else init.M
+        combined_std = 0.0
+    else:
+        w0, w1 = 1.0 / init.noise_std**2, 1.0 / std**2
+        M = (w0 * init.M + w1 * M2) / (w0 + w1)
+        combined_std = 1.0 / math.sqrt(w0 + w1)
+    w, V = top_eigvecs(M, min(k + 1, d))
+    return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=combined_std, M=M)
 
 
 # --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ __all__ = ["PrivatePCA"]
 
 #: Estimator parameters forwarded to :func:`fit_private_pca` as options when not None.
 _OPTION_PARAMS = ("mean_trials", "clip_radius", "n_iter", "init_share", "score_share",
-                  "h_share", "mean_share", "clip_grid", "t_max", "accountant")
+                  "h_share", "mean_share", "clip_grid", "t_max", "small_gap", "accountant")
 
 
 class PrivatePCA(TransformerMixin, BaseEstimator):
@@ -47,7 +47,7 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     random_state : None, int or numpy.random.Generator, default=None
         Seed of the noise.
     mean_trials, clip_radius, n_iter, init_share, score_share, h_share, mean_share, \
-clip_grid, t_max, accountant : optional
+clip_grid, t_max, small_gap, accountant : optional
         Method options (``None``: the method's default); see
         :func:`dpprecond.pca.fit_private_pca`. An option that does not apply to the chosen
         method raises ``TypeError`` at fit.
@@ -94,7 +94,7 @@ clip_grid, t_max, accountant : optional
                  init_share: float | None = None, score_share: float | None = None,
                  h_share: float | None = None, mean_share: float | None = None,
                  clip_grid: Any = None, t_max: int | None = None,
-                 accountant: str | None = None) -> None:
+                 small_gap: str | None = None, accountant: str | None = None) -> None:
         self.n_components = n_components
         self.epsilon = epsilon
         self.delta = delta
@@ -111,6 +111,7 @@ clip_grid, t_max, accountant : optional
         self.mean_share = mean_share
         self.clip_grid = clip_grid
         self.t_max = t_max
+        self.small_gap = small_gap
         self.accountant = accountant
 
     def _options(self) -> dict[str, Any]:
