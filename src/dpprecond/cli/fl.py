@@ -163,8 +163,11 @@ def run(args: argparse.Namespace) -> int:
     plot_history({args.algorithm: result.history}, out / "accuracy.png",
                  f"{args.data}, K={args.clients}, eps={args.epsilon}")
     eps = "inf (non-private)" if math.isinf(result.epsilon) else f"{result.epsilon:.4f}"
+    noise = {"full-batch": "std 2zC added by each client",
+             "poisson": "std zC per local step, add/remove-one unit",
+             "client-level": "std 2zC added once to the sum, client-level unit"}[args.mechanism]
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
-          f"noise multiplier z={result.noise_multiplier:.4g} (std 2zC per client); "
+          f"noise multiplier z={result.noise_multiplier:.4g} ({noise}); "
           f"epsilon spent {eps} at delta={args.delta:g}; {time.perf_counter() - start:.1f} s")
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
