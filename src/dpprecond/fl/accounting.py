@@ -74,11 +74,7 @@ def training_event(noise_multiplier: float, n_rounds: int, mechanism: Mechanism 
     n_rounds = check_int("n_rounds", n_rounds, low=1)
     ev = round_event(noise_multiplier, mechanism, sampling_rate=sampling_rate,
                      local_steps=local_steps)
-    if n_rounds == 1 or not isinstance(ev, (dp_event.GaussianDpEvent,
-                                            dp_event.PoissonSampledDpEvent,
-                                            dp_event.SelfComposedDpEvent)):
-        return ev if n_rounds == 1 else dp_event.SelfComposedDpEvent(ev, n_rounds)
-    return dp_event.SelfComposedDpEvent(ev, n_rounds)
+    return ev if n_rounds == 1 else dp_event.SelfComposedDpEvent(ev, n_rounds)
 
 
 @lru_cache(maxsize=256)

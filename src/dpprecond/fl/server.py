@@ -238,8 +238,8 @@ def scale_by_yogi(b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3,
 
 def _step(learning_rate: float, weight_decay: float) -> list[GradientTransformation]:
     lr = check_positive("learning_rate", learning_rate)
-    tail = [add_decayed_weights(weight_decay)] if weight_decay else []
-    check_positive("weight_decay", weight_decay, allow_zero=True)
+    wd = check_positive("weight_decay", weight_decay, allow_zero=True)
+    tail = [add_decayed_weights(wd)] if wd else []
     return [*tail, scale(-lr)]
 
 
