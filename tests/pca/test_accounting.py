@@ -91,7 +91,11 @@ def test_trial_rdp_equals_inner_gaussian(n_iter):
     if n_iter:
         parts.append(dp_event.SelfComposedDpEvent(
             dp_event.ComposedDpEvent([G(zs["zH"]), G(zs["zZ"])]), n_iter))
-    precision = 1 / zs["z_score"] ** 2 + n_iter * (1 / zs["zH"] ** 2 + 1 / zs["zZ"] ** 2)
+        assert math.isinf(zs["z_gram"])
+    else:  # the T = 0 fallback: a second Gram release
+        parts.append(G(zs["z_gram"]))
+    precision = (1 / zs["z_score"] ** 2 + 1 / zs["z_gram"] ** 2
+                 + n_iter * (1 / zs["zH"] ** 2 + 1 / zs["zZ"] ** 2))
     assert precision == pytest.approx(1 / z_run**2, rel=1e-12)
     assert _rdp_epsilon(dp_event.ComposedDpEvent(parts)) == pytest.approx(
         _rdp_epsilon(G(z_run)), rel=1e-9)

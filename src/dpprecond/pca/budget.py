@@ -18,8 +18,10 @@ Splits (choices, documented parameters with these defaults):
 - ``init_share`` (default 1/4): Algorithm 1's release ``A^T A + W`` inside the PCA part;
   the remaining ``1 - init_share`` is one run's budget ``rho_run`` (noise multiplier
   ``z_run``).
-- ``score_share`` (default 0.1, selection only): the noisy score of a trial with T >= 1.
-  A trial with T = 0 spends all of ``rho_run`` on its score.
+- ``score_share`` (default 0.1, selection only): the noisy score of a trial. A trial with
+  T = 0 (the fallback when iterating does not pay) spends the rest of its ``rho_run`` on a
+  second release of ``A^T A`` averaged with the init's (Analyze Gauss with both budgets);
+  the fixed method's T = 0 spends nothing beyond the init.
 - ``h_share`` (default 1/2): the fraction of one iteration's budget given to ``H``; ``Z``
   gets the rest. One run's iteration budget is split evenly over its ``T`` iterations,
   so a trial with fewer iterations uses less noise per iteration.
@@ -108,20 +110,24 @@ def trial_multipliers(z_run: float, n_iter: int, *, score_share: float | None,
     z_run : float
         Noise multiplier of the whole run (``0``: noise off).
     n_iter : int
-        Number of iterations ``T`` (``0``: only the score, if any).
+        Number of iterations ``T``. With ``T = 0`` and a score, the run's budget beyond the
+        score goes to a second Gram release (``z_gram``).
     score_share : float or None
         Share of the run for the noisy selection score (``None``: no score, as in the fixed
-        method). With ``n_iter == 0`` the score gets the whole run.
+        method).
     h_share : float
         Share of one iteration's budget given to ``H`` (``Z`` gets the rest).
 
     Returns
     -------
-    dict with keys ``zH``, ``zZ`` (per iteration) and ``z_score`` (``inf`` when absent).
+    dict with keys ``zH``, ``zZ`` (per iteration), ``z_score`` and ``z_gram`` (``inf``
+    when absent).
     """
-    out = {"zH": math.inf, "zZ": math.inf, "z_score": math.inf}
+    out = {"zH": math.inf, "zZ": math.inf, "z_score": math.inf, "z_gram": math.inf}
     if score_share is not None:
-        out["z_score"] = z_run if n_iter == 0 else _z(z_run, score_share)
+        out["z_score"] = _z(z_run, score_share)
+        if n_iter == 0:
+            out["z_gram"] = _z(z_run, 1.0 - score_share)
     if n_iter > 0:
         it_share = 1.0 - (score_share or 0.0)
         out["zH"] = z_run * math.sqrt(n_iter / (it_share * h_share))

@@ -388,7 +388,7 @@ def clip_grid(n: int, k: int) -> np.ndarray:
 
 
 def iteration_grid(t_max: int = 64) -> np.ndarray:
-    """(choice) ``{0, 1, 2, 4, ..., t_max}``; ``T = 0`` returns the initialisation."""
+    """(choice) ``{0, 1, 2, 4, ..., t_max}``; ``T = 0`` is the Gram-refinement fallback."""
     ts = [0]
     t = 1
     while t <= t_max:
@@ -458,7 +458,9 @@ def select(A: np.ndarray | ScaledRows, S: np.ndarray, init: InitRelease, *, z_ru
     Otherwise ``K ~ Geometric(1/mean_trials)`` trials (support 1, 2, ...); each draws
     ``(R, T)`` uniformly from the grids, runs Algorithm 2 from ``X0`` with fresh noise and
     the noise multipliers of :func:`dpprecond.pca.budget.trial_multipliers` (total Renyi
-    budget ``1/z_run^2`` per trial), and releases a noisy score
+    budget ``1/z_run^2`` per trial; a trial with ``T = 0`` instead spends its budget beyond
+    the score on a second release of ``A^T A`` averaged with the init's, see
+    :func:`refine_init`), and releases a noisy score
     ``||(I - X X^T) phi(A^T A)||_2 + N(0, (z_score sqrt(2)/h)^2)``. The score has
     sensitivity ``sqrt(2)/h``: ``phi`` is ``(1/h)``-Lipschitz, hence ``(1/h)``-Lipschitz in
     Frobenius norm on symmetric matrices, ``||a a^T - b b^T||_F <= sqrt(2)``, and the score
@@ -484,12 +486,16 @@ def select(A: np.ndarray | ScaledRows, S: np.ndarray, init: InitRelease, *, z_ru
     R_pick = ctrl.choice(radii, size=n_trials)
     T_pick = ctrl.choice(iters, size=n_trials)
     streams = trial_root.spawn(n_trials)
-    specs, z_scores = [], []
+    specs, z_scores, z_grams = [], [], []
     for R, T, s in zip(R_pick, T_pick, streams, strict=True):
         zs = trial_multipliers(z_run, int(T), score_share=score_share, h_share=h_share)
         specs.append(TrialSpec(float(R), int(T), zs["zH"], zs["zZ"], s, h_floor_factor))
         z_scores.append(zs["z_score"])
+        z_grams.append(zs["z_gram"])
     Xs, clipped = run_trials(A, S, init.X0, specs, max_batch_columns=max_batch_columns)
+    for i, spec in enumerate(specs):
+        if spec.n_iter == 0:  # the fallback: Analyze Gauss with the init's and this budget
+            Xs[i] = refine_init(S, init, z_grams[i], spec.rng).X0
     G = score_matrix(S, tau_lo, tau_hi)
     noisy = np.empty(n_trials)
     for i, (X, spec) in enumerate(zip(Xs, specs, strict=True)):
