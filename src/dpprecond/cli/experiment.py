@@ -1,0 +1,103 @@
+"""``dpprecond experiment``: declarative, resumable comparisons of the DP federated methods.
+
+Examples::
+
+    dpprecond experiment run experiments/digits.toml          # resumable sweep
+    dpprecond experiment report experiments/digits.toml       # tables, figures, McNemar
+    dpprecond experiment tune experiments/digits.toml         # validation-split tuning
+
+``run`` skips the runs already finished (results under the file's ``output`` directory);
+``report`` writes ``results.csv``, ``results.json``, ``report.md`` and PNG figures there;
+``tune`` writes ``tuned.toml``, an experiment file with the tuned values as defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register", "report", "run", "tune"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``experiment`` sub-command (``run``, ``report``, ``tune``)."""
+    p = subparsers.add_parser(
+        "experiment", help="run and report the DP federated comparison from a TOML file",
+        description="Declarative experiments: DP-FedSOFIM against the DP federated "
+                    "baselines (same client mechanism, same total privacy loss per client).")
+    sub = p.add_subparsers(dest="experiment_command", metavar="ACTION")
+    r = sub.add_parser("run", help="run every missing run of an experiment file (resumable)")
+    r.add_argument("config", help="experiment TOML file (see experiments/)")
+    r.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
+    r.add_argument("--output", default=None, help="override the file's output directory")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    r.set_defaults(func=run)
+    t = sub.add_parser("tune", help="tune on a validation split of the training data")
+    t.add_argument("config")
+    t.add_argument("--output", default=None)
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=tune)
+    s = sub.add_parser("report", help="tables, figures and McNemar tests of finished runs")
+    s.add_argument("config", nargs="+", help="experiment TOML file(s)")
+    s.add_argument("--output", default=None, help="override the output directory")
+    s.set_defaults(func=report)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def _load(path: str, output: str | None) -> Any:
+    import dataclasses
+
+    from dpprecond.experiments.config import load_config
+
+    cfg = load_config(path)
+    return dataclasses.replace(cfg, output=Path(output)) if output else cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    """``experiment run``."""
+    from dpprecond.experiments.config import expand_runs
+    from dpprecond.experiments.runner import run_experiment
+
+    cfg = _load(args.config, args.output)
+    total = len(expand_runs(cfg))
+    start = time.perf_counter()
+    n = run_experiment(cfg, progress=not args.no_progress, max_runs=args.max_runs)
+    print(f"{cfg.name}: {n} new runs in {time.perf_counter() - start:.1f} s "
+          f"({total} in the grid); results in {cfg.output}/runs")
+    print(f"next: dpprecond experiment report {args.config}")
+    return 0
+
+
+def tune(args: argparse.Namespace) -> int:
+    """``experiment tune``."""
+    import json
+
+    from dpprecond.experiments.runner import load_records, run_experiment
+    from dpprecond.experiments.tuning import NOT_CHARGED, select_best, tuned_config_text
+
+    cfg = _load(args.config, args.output)
+    if not cfg.tune_grid:
+        raise ValueError(f"{args.config} has no [tuning.grid.<method>] tables to tune.")
+    print(NOT_CHARGED)
+    run_experiment(cfg, tuning=True, progress=not args.no_progress)
+    best = select_best(cfg, load_records(cfg, tuning=True))
+    out = Path(cfg.output)
+    (out / "tuning.json").write_text(json.dumps(best, indent=1), encoding="utf-8")
+    (out / "tuned.toml").write_text(tuned_config_text(cfg, best), encoding="utf-8")
+    for method, b in best.items():
+        print(f"{method:>16}: {b['params']}  validation accuracy {b['validation_accuracy']:.4f}")
+    print(f"wrote {out / 'tuned.toml'} (tuned values as defaults) and {out / 'tuning.json'}")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    """``experiment report``."""
+    from dpprecond.experiments.report import write_report
+
+    for path in args.config:
+        cfg = _load(path, args.output)
+        md = write_report(cfg)
+        print(f"wrote {md}")
+    return 0

@@ -1,0 +1,287 @@
+"""Tables, figures and paired tests from the finished runs of an experiment.
+
+:func:`write_report` writes into the experiment's output directory:
+
+- ``results.csv`` (one row per run) and ``results.json`` (runs with their accuracy curves);
+- ``report.md``: per (clients, partition) setting, the final test accuracy of every method
+  at every epsilon (mean +- std over seeds, best per column in bold), the rounds each
+  method needs to reach DP-FedGD's final accuracy (per-round protocol), and the exact
+  McNemar test of the reference method (SOFIM) against every other method on the final
+  test predictions, plus an account of the runs still missing;
+- figures drawn by :func:`dpprecond.plots.line_figure`: accuracy against round (or against
+  T for the per-T protocol) and accuracy against epsilon.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpprecond.experiments.config import ExperimentConfig, expand_runs, run_id
+from dpprecond.experiments.runner import DataCache, load_records
+from dpprecond.experiments.stats import mcnemar_exact, rounds_to_reach
+from dpprecond.experiments.tuning import NOT_CHARGED
+from dpprecond.plots import line_figure
+
+__all__ = ["accuracy_table", "eps_label", "write_report"]
+
+CSV_FIELDS = ("id", "method", "algorithm", "clients", "partition", "epsilon", "rounds", "seed",
+              "final_accuracy", "noise_multiplier", "epsilon_spent", "n_releases", "seconds",
+              "params")
+
+
+def eps_label(eps: float | None) -> str:
+    """``"non-private"`` for ``None``, else the number."""
+    return "non-private" if eps is None else f"{eps:g}"
+
+
+def _setting(spec: dict[str, Any]) -> tuple[int, str]:
+    return int(spec["clients"]), str(spec["partition"])
+
+
+def _setting_title(cfg: ExperimentConfig, setting: tuple[int, str]) -> str:
+    K, part = setting
+    part = f"Dirichlet({cfg.alpha:g})" if part == "dirichlet" else "IID"
+    return f"{cfg.data}, K = {K}, {part}"
+
+
+def _fmt(values: list[float], n_seeds: int) -> str:
+    cell = f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
+    return cell if len(values) >= n_seeds else f"{cell} (n={len(values)})"
+
+
+def accuracy_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
+                   rounds: int | None = None) -> list[str]:
+    """Markdown rows: methods x epsilons, final accuracy % (mean ± std), best bold."""
+    cols = list(cfg.epsilons)
+    cell: dict[tuple[str, Any], list[float]] = defaultdict(list)
+    for r in recs:
+        if rounds is None or r["spec"]["rounds"] == rounds:
+            cell[(r["spec"]["method"], r["spec"]["epsilon"])].append(r["final_accuracy"])
+    best = {e: max((np.mean(v) for (m, ee), v in cell.items() if ee == e), default=None)
+            for e in cols}
+    lines = ["| method | " + " | ".join(f"ε = {eps_label(e)}" for e in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for m in cfg.methods:
+        row = []
+        for e in cols:
+            v = cell.get((m.label, e))
+            if not v:
+                row.append("not run")
+                continue
+            text = _fmt(v, len(cfg.seeds))
+            row.append(f"**{text}**" if best[e] is not None and np.isclose(np.mean(v), best[e])
+                       else text)
+        lines.append(f"| {m.label} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _mean_curves(recs: list[dict[str, Any]]) -> dict[tuple[str, Any], tuple[np.ndarray, ...]]:
+    curves: dict[tuple[str, Any], list[list[float]]] = defaultdict(list)
+    for r in recs:
+        curves[(r["spec"]["method"], r["spec"]["epsilon"])].append(r["accuracy"])
+    return {k: (np.mean(v, axis=0), np.std(v, axis=0), len(v)) for k, v in curves.items()}
+
+
+def _rounds_table(cfg: ExperimentConfig, recs: list[dict[str, Any]]) -> list[str]:
+    curves = _mean_curves(recs)
+    cols = list(cfg.epsilons)
+    lines = ["| method | " + " | ".join(f"ε = {eps_label(e)}" for e in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for m in cfg.methods:
+        row = []
+        for e in cols:
+            if ("fedgd", e) not in curves or (m.label, e) not in curves:
+                row.append("")
+                continue
+            target = curves[("fedgd", e)][0][-1]
+            hit = rounds_to_reach(curves[(m.label, e)][0], target - 1e-12)
+            row.append("never" if hit is None else str(hit))
+        lines.append(f"| {m.label} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
+                   y_test: np.ndarray) -> list[str]:
+    by_key = {(r["spec"]["method"], r["spec"]["epsilon"], r["spec"]["seed"],
+               r["spec"]["rounds"]): r for r in recs}
+    ref = cfg.reference
+    cols = list(cfg.epsilons)
+    lines = [f"| {ref} vs | " + " | ".join(f"ε = {eps_label(e)}" for e in cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for m in cfg.methods:
+        if m.label == ref:
+            continue
+        row = []
+        for e in cols:
+            tests = []
+            for (meth, ee, seed, T), r in by_key.items():
+                other = by_key.get((m.label, ee, seed, T))
+                if meth == ref and ee == e and other is not None:
+                    tests.append(mcnemar_exact(r["predictions"], other["predictions"], y_test))
+            if not tests:
+                row.append("")
+                continue
+            better = sum(t.p_value < 0.05 and t.b > t.c for t in tests)
+            worse = sum(t.p_value < 0.05 and t.b < t.c for t in tests)
+            med = float(np.median([t.p_value for t in tests]))
+            row.append(f"{better}↑ {worse}↓ /{len(tests)}, p̃ = {med:.2g}")
+        lines.append(f"| {m.label} | " + " | ".join(row) + " |")
+    return lines
+
+
+def _write_csv_json(out: Path, recs: list[dict[str, Any]]) -> None:
+    with (out / "results.csv").open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_FIELDS)
+        for r in recs:
+            s = r["spec"]
+            w.writerow([r["id"], s["method"], s["algorithm"], s["clients"], s["partition"],
+                        eps_label(s["epsilon"]), s["rounds"], s["seed"],
+                        f"{r['final_accuracy']:.6f}", f"{r['noise_multiplier']:.6g}",
+                        "" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.6f}",
+                        r["n_releases"], f"{r['seconds']:.3f}",
+                        json.dumps(s["params"], sort_keys=True)])
+    clean = [{k: v for k, v in r.items() if k != "predictions"} for r in recs]
+    (out / "results.json").write_text(json.dumps(clean), encoding="utf-8")
+
+
+def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[str, Any]]],
+             out: Path) -> list[Path]:
+    paths = []
+    vs_eps: dict[str, dict[str, tuple[list[float], list[float], list[float]]]] = {}
+    private = [e for e in cfg.epsilons if e is not None]
+    for setting, recs in sorted(settings.items()):
+        title = _setting_title(cfg, setting)
+        tag = f"K{setting[0]}_{setting[1]}"
+        panels: dict[str, dict[str, Any]] = {}
+        if cfg.protocol == "per-round":
+            curves = _mean_curves(recs)
+            for e in cfg.epsilons:
+                series = {m.label: (np.arange(1, len(c[0]) + 1), c[0], c[1])
+                          for m in cfg.methods if (c := curves.get((m.label, e)))}
+                if series:
+                    panels[f"ε = {eps_label(e)}"] = series
+            if panels:
+                paths.append(line_figure(panels, out / f"accuracy_vs_round_{tag}.png",
+                                         xlabel="round", ylabel="test accuracy",
+                                         suptitle=title))
+        else:
+            for e in cfg.epsilons:
+                series = {}
+                for m in cfg.methods:
+                    xs, ys, ss = [], [], []
+                    for T in cfg.rounds_list:
+                        v = [r["final_accuracy"] for r in recs if r["spec"]["method"] == m.label
+                             and r["spec"]["epsilon"] == e and r["spec"]["rounds"] == T]
+                        if v:
+                            xs.append(T)
+                            ys.append(float(np.mean(v)))
+                            ss.append(float(np.std(v)))
+                    if xs:
+                        series[m.label] = (xs, ys, ss)
+                if series:
+                    panels[f"ε = {eps_label(e)}"] = series
+            if panels:
+                paths.append(line_figure(panels, out / f"accuracy_vs_T_{tag}.png",
+                                         xlabel="T (separate run calibrated per T)",
+                                         ylabel="final test accuracy", suptitle=title))
+        T_final = cfg.rounds if cfg.protocol == "per-round" else max(cfg.rounds_list)
+        series = {}
+        for m in cfg.methods:
+            xs, ys, ss = [], [], []
+            for e in private:
+                v = [r["final_accuracy"] for r in recs if r["spec"]["method"] == m.label
+                     and r["spec"]["epsilon"] == e and r["spec"]["rounds"] == T_final]
+                if v:
+                    xs.append(e)
+                    ys.append(float(np.mean(v)))
+                    ss.append(float(np.std(v)))
+            if xs:
+                series[m.label] = (xs, ys, ss)
+        if series:
+            vs_eps[title] = series
+    if vs_eps:
+        paths.append(line_figure(vs_eps, out / "accuracy_vs_epsilon.png", xlabel="epsilon",
+                                 ylabel="final test accuracy", logx=True,
+                                 ncols=min(2, len(vs_eps)),
+                                 suptitle=f"{cfg.data}: final accuracy vs epsilon "
+                                          "(delta = " f"{cfg.delta:g})"))
+    return paths
+
+
+def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
+                 cache: DataCache | None = None) -> Path:
+    """Write the CSV/JSON results, figures and ``report.md``; return the markdown path.
+
+    ``y_test`` (the test labels, for the McNemar tests) is loaded from the data set when
+    not given.
+    """
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    recs = load_records(cfg, with_predictions=True)
+    expected = expand_runs(cfg)
+    _write_csv_json(out, recs)
+    if y_test is None and recs:
+        y_test = (cache or DataCache(cfg)).get(cfg.data, cfg.features)[3]
+    settings: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in recs:
+        settings[_setting(r["spec"])].append(r)
+    figures = _figures(cfg, settings, out)
+    compute = sum(r["seconds"] for r in recs)
+    lines = [f"# Experiment `{cfg.name}`", "",
+             f"Data: {cfg.data} ({cfg.features} features); clients {list(cfg.clients)}; "
+             f"partitions {list(cfg.partitions)} (Dirichlet alpha = {cfg.alpha:g}); "
+             f"delta = {cfg.delta:g}; clip norm C = {cfg.clip_norm:g}; accountant "
+             f"{cfg.accountant}; protocol {cfg.protocol}, "
+             + (f"T = {cfg.rounds}" if cfg.protocol == "per-round"
+                else f"T in {list(cfg.rounds_list)}")
+             + f"; seeds {list(cfg.seeds)}.", "",
+             "Every method uses the same client mechanism (per-record clipping, each client "
+             "adds its own Gaussian noise) and its noise is calibrated for its own release "
+             "schedule, so a given ε is the same total privacy loss per client for every "
+             "method. " + NOT_CHARGED + " (Only if the method values come from "
+             "`dpprecond experiment tune`.)", "",
+             f"Finished runs: {len(recs)} of {len(expected)}; compute time of the finished "
+             f"runs {compute / 60:.1f} min (sum of run times).", ""]
+    finished = {r["id"] for r in recs}
+    missing = [s for s in expected if run_id(s) not in finished]
+    if missing:
+        groups: dict[str, int] = defaultdict(int)
+        for s in missing:
+            groups[f"K = {s['clients']}, {s['partition']}, seed {s['seed']}"] += 1
+        lines += ["**Not run yet** (finish with `dpprecond experiment run <this file>`; "
+                  "finished runs are kept):", ""]
+        lines += [f"- {k}: {v} runs" for k, v in sorted(groups.items())] + [""]
+    methods = ", ".join(f"`{m.label}` ({m.algorithm}: "
+                        + ", ".join(f"{k}={v}" for k, v in m.params.items()) + ")"
+                        for m in cfg.methods)
+    lines += [f"Methods: {methods}.", ""]
+    T_final = cfg.rounds if cfg.protocol == "per-round" else max(cfg.rounds_list)
+    for setting, srecs in sorted(settings.items()):
+        title = _setting_title(cfg, setting)
+        lines += [f"## {title}", "",
+                  f"Final test accuracy (%) after T = {T_final} rounds, mean ± std over "
+                  "seeds; best per column in bold.", ""]
+        lines += [*accuracy_table(cfg, srecs, T_final), ""]
+        if cfg.protocol == "per-round" and any(m.label == "fedgd" for m in cfg.methods):
+            lines += ["Rounds needed to reach DP-FedGD's final accuracy (seed-mean curves; "
+                      "'never' = not within T):", ""]
+            lines += [*_rounds_table(cfg, srecs), ""]
+        if y_test is not None:
+            lines += [f"Exact McNemar test of `{cfg.reference}` against each method on the "
+                      "final test predictions, per seed: ↑ = seeds where "
+                      f"`{cfg.reference}` is significantly better (p < 0.05), ↓ = "
+                      "significantly worse, p̃ = median p-value over seeds.", ""]
+            final = [r for r in srecs if r["spec"]["rounds"] == T_final]
+            lines += [*_mcnemar_table(cfg, final, y_test), ""]
+    if figures:
+        lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures] + [""]
+    md = out / "report.md"
+    md.write_text("\n".join(lines), encoding="utf-8")
+    return md

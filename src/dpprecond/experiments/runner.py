@@ -1,0 +1,201 @@
+"""Run the independent, resumable runs of an experiment.
+
+Each run is one :class:`~dpprecond.experiments.config.RunSpec`; its result is written to
+``<output>/runs/<run_id>.json`` (history, final accuracy, noise, epsilon, wall time) and
+its final test predictions to ``<output>/runs/<run_id>.npy`` (for the paired McNemar
+tests), atomically (a temporary file renamed into place). A run whose JSON exists is never
+redone, so an interrupted sweep resumes where it stopped.
+
+Seeding of a run with seed ``s`` (identical for every method, so methods are paired):
+``sim, part, val = SeedSequence(s).spawn(3)``; ``part`` draws the client partition,
+``val`` the validation split (tuning only), ``sim`` is the root of the method's own
+randomness (initialization, noise per (round, client)); the first two match
+:func:`dpprecond.fl.simulator.run_federated`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dpprecond.experiments.config import (
+    BASELINE_ALGORITHMS,
+    ExperimentConfig,
+    RunSpec,
+    expand_runs,
+    run_id,
+)
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.partition import make_partition
+from dpprecond.fl.simulator import ClientData, FLConfig, FLResult, simulate
+
+__all__ = ["DataCache", "execute_run", "load_records", "run_experiment", "validation_split"]
+
+logger = logging.getLogger(__name__)
+
+
+class DataCache:
+    """Loads each (data, features) once per process: ``(X_train, y_train, X_test, y_test, k)``."""
+
+    def __init__(self, cfg: ExperimentConfig | None = None,
+                 loader: Callable[[str], tuple[np.ndarray, ...]] | None = None) -> None:
+        self.cfg = cfg
+        self.loader = loader
+        self._store: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def get(self, data: str, features: str) -> tuple[Any, ...]:
+        """The arrays of ``data`` with ``features`` (loaded on first use)."""
+        key = (data, features)
+        if key not in self._store:
+            if self.loader is not None:
+                self._store[key] = tuple(self.loader(data))
+            else:
+                from dpprecond.cli.fl import load_features
+
+                cfg = self.cfg
+                ds, _ = load_features(data, cfg.data_path if cfg else None, features,
+                                      cfg.checkpoint if cfg else None,
+                                      cfg.cache_dir if cfg else None)
+                self._store[key] = (ds.X_train, ds.y_train, ds.X_test, ds.y_test,
+                                    ds.n_classes)
+        return self._store[key]
+
+
+def validation_split(y: np.ndarray, fraction: float,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified ``(train_idx, val_idx)`` of the *training* data (``fraction`` per class)."""
+    train, val = [], []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        n_val = max(1, round(fraction * len(idx))) if len(idx) > 1 else 0
+        val.append(idx[:n_val])
+        train.append(idx[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
+def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: np.ndarray,
+                y_eval: np.ndarray, sim_seq: np.random.SeedSequence,
+                progress: bool) -> FLResult:
+    algorithm, params = spec["algorithm"], dict(spec["params"])
+    common = dict(n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
+                  target_epsilon=spec["epsilon"], target_delta=float(spec["delta"]),
+                  accountant=spec["accountant"])
+    if algorithm in BASELINE_ALGORITHMS:
+        from dpprecond.fl.fedfc import run_fedfc
+        from dpprecond.fl.fednew import run_fednew
+        from dpprecond.fl.scaffold import run_scaffold
+
+        if algorithm in ("scaffold", "fedavg"):
+            params.setdefault("control_variates", algorithm == "scaffold")
+            fn: Callable[..., FLResult] = run_scaffold
+        else:
+            fn = run_fedfc if algorithm == "fedfc" else run_fednew
+        return fn(model, data, X_test=X_eval, y_test=y_eval, seed=sim_seq,
+                  progress=progress, **common, **params)
+    from dpprecond.fl.server import make_optimizer
+
+    lr = params.pop("learning_rate", None)
+    optimizer = make_optimizer(algorithm, lr, **params)
+    return simulate(model, data, optimizer, FLConfig(**common), X_test=X_eval,
+                    y_test=y_eval, seed=sim_seq, progress=progress)
+
+
+def execute_run(spec: RunSpec, cache: DataCache, *,
+                progress: bool = False) -> tuple[dict[str, Any], np.ndarray]:
+    """Run one spec; return its record and the final predictions on its evaluation set."""
+    X_tr, y_tr, X_te, y_te, n_classes = cache.get(spec["data"], spec["features"])
+    sim_seq, part_seq, val_seq = np.random.SeedSequence(int(spec["seed"])).spawn(3)
+    if spec.get("evaluation", "test") == "validation":
+        tr, va = validation_split(y_tr, float(spec["validation_fraction"]),
+                                  np.random.default_rng(val_seq))
+        X_tr, y_tr, X_eval, y_eval = X_tr[tr], y_tr[tr], X_tr[va], y_tr[va]
+    else:
+        X_eval, y_eval = X_te, y_te
+    parts = make_partition(y_tr, int(spec["clients"]), spec["partition"],
+                           float(spec["alpha"]), np.random.default_rng(part_seq))
+    data = ClientData.from_partition(X_tr, y_tr, parts, n_classes)
+    model = LinearSoftmax(X_tr.shape[1], n_classes)
+    start = time.perf_counter()
+    result = _run_method(spec, model, data, X_eval, y_eval, sim_seq, progress)
+    seconds = time.perf_counter() - start
+    pred = np.argmax(model.logits(result.params, X_eval), axis=1).astype(np.int16)
+    eps = result.epsilon
+    record = {"id": run_id(spec), "spec": spec,
+              "final_accuracy": result.final_accuracy,
+              "accuracy": [h["test_accuracy"] for h in result.history],
+              "noise_multiplier": result.noise_multiplier,
+              "epsilon_spent": None if math.isinf(eps) else eps,
+              "n_releases": getattr(result, "n_releases", len(result.history)),
+              "seconds": seconds}
+    return record, pred
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as fh:
+        np.save(fh, array)
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: bool = True,
+                   max_runs: int | None = None, cache: DataCache | None = None,
+                   on_record: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """Run every missing run of ``cfg`` (or of its tuning grid); return how many ran.
+
+    Finished runs (their JSON exists under ``<output>/runs``) are skipped; ``max_runs``
+    stops after that many new runs. Progress: one bar over the sweep, one over the rounds
+    of the current run.
+    """
+    runs_dir = Path(cfg.output) / ("tuning" if tuning else "runs")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    specs = expand_runs(cfg, tuning=tuning)
+    todo = [s for s in specs if not (runs_dir / f"{run_id(s)}.json").exists()]
+    logger.info("%s: %d runs, %d already done", cfg.name, len(specs), len(specs) - len(todo))
+    cache = cache or DataCache(cfg)
+    done = 0
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), disable=not progress,
+               desc=f"{cfg.name} {'tuning' if tuning else 'sweep'}", unit="run")
+    for spec in todo:
+        if max_runs is not None and done >= max_runs:
+            break
+        bar.set_postfix_str(f"{spec['method']} K={spec['clients']} {spec['partition']} "
+                            f"eps={spec['epsilon']} seed={spec['seed']}")
+        record, pred = execute_run(spec, cache, progress=progress)
+        rid = record["id"]
+        _write_atomic(runs_dir / f"{rid}.npy", lambda p, a=pred: _save_npy(p, a))
+        _write_atomic(runs_dir / f"{rid}.json",
+                      lambda p, r=record: p.write_text(json.dumps(r), encoding="utf-8"))
+        if on_record is not None:
+            on_record(record)
+        done += 1
+        bar.update(1)
+    bar.close()
+    return done
+
+
+def load_records(cfg: ExperimentConfig, *, tuning: bool = False,
+                 with_predictions: bool = False) -> list[dict[str, Any]]:
+    """The records of the finished runs of ``cfg`` (only runs of its current grid)."""
+    runs_dir = Path(cfg.output) / ("tuning" if tuning else "runs")
+    out = []
+    for spec in expand_runs(cfg, tuning=tuning):
+        path = runs_dir / f"{run_id(spec)}.json"
+        if path.exists():
+            rec = json.loads(path.read_text(encoding="utf-8"))
+            if with_predictions:
+                rec["predictions"] = np.load(path.with_suffix(".npy"))
+            out.append(rec)
+    return out

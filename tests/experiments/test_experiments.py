@@ -1,0 +1,237 @@
+"""Experiment runner: config parsing, resumable tiny sweep, report, tuning, McNemar."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpprecond.experiments.config import expand_runs, load_config, parse_config, run_id
+from dpprecond.experiments.report import write_report
+from dpprecond.experiments.runner import (
+    DataCache,
+    load_records,
+    run_experiment,
+    validation_split,
+)
+from dpprecond.experiments.stats import mcnemar_exact, rounds_to_reach
+from dpprecond.experiments.tuning import NOT_CHARGED, select_best, tuned_config_text
+
+TINY = """
+name = "tiny"
+output = "out"
+[data]
+name = "blobs"
+[federation]
+clients = [3]
+partitions = ["iid", "dirichlet"]
+alpha = 0.5
+[privacy]
+epsilons = [2, "inf"]
+clip_norm = 1.0
+accountant = "rdp"
+[protocol]
+kind = "per-round"
+rounds = 3
+seeds = [0, 1]
+reference = "sofim"
+[methods.fedgd]
+algorithm = "fedgd"
+learning_rate = 0.5
+[methods.sofim]
+algorithm = "sofim"
+[methods.scaffold]
+algorithm = "scaffold"
+local_steps = 2
+[methods.fedfc]
+algorithm = "fedfc"
+[methods.fednew]
+algorithm = "fednew"
+rho = 5.0
+[tuning]
+validation_fraction = 0.2
+epsilons = [2]
+[tuning.grid.fedgd]
+learning_rate = [0.1, 1.0]
+"""
+
+
+def blobs(_: str) -> tuple:
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((3, 4)) * 3
+    y = rng.integers(0, 3, 260)
+    X = centers[y] + rng.standard_normal((260, 4))
+    return X[:200], y[:200], X[200:], y[200:], 3
+
+
+def tiny_config(tmp_path: Path, text: str = TINY):  # noqa: ANN201
+    import tomllib
+
+    return parse_config(tomllib.loads(text), base_dir=tmp_path)
+
+
+def test_parse_and_expand(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    assert cfg.epsilons == (2.0, None)
+    assert cfg.output == tmp_path / "out"
+    runs = expand_runs(cfg)
+    assert len(runs) == 1 * 2 * 2 * 2 * 5
+    assert [r["seed"] for r in runs[:20]] == [0] * 20  # seed-major
+    assert len({run_id(r) for r in runs}) == len(runs)
+    per_t = tiny_config(tmp_path, TINY.replace('kind = "per-round"',
+                                               'kind = "per-T"\nrounds_list = [1, 2]'))
+    assert sorted({r["rounds"] for r in expand_runs(per_t)}) == [1, 2]
+    tune = expand_runs(cfg, tuning=True)
+    assert {r["evaluation"] for r in tune} == {"validation"}
+    assert len(tune) == 2 * 1 * (2 + 4)  # partitions x eps x (fedgd grid + 4 untuned)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ('[bogus]\nx = 1', "Unknown keys"),
+    ('[methods.x]\nalgorithm = "nope"', "algorithm"),
+    ('[protocol]\nkind = "per-T"', "rounds_list"),
+])
+def test_bad_configs_are_named(tmp_path: Path, bad: str, match: str) -> None:
+    import tomllib
+
+    base = '[data]\nname = "digits"\n'
+    if "methods" not in bad:
+        base += '[methods.fedgd]\nalgorithm = "fedgd"\n'
+    with pytest.raises(ValueError, match=match):
+        parse_config(tomllib.loads(base + bad), base_dir=tmp_path)
+
+
+def test_shipped_configs_parse() -> None:
+    root = Path(__file__).resolve().parents[2] / "experiments"
+    names = {p.stem for p in root.glob("*.toml")}
+    assert {"digits", "fashion-mnist", "cifar10", "pathmnist", "cifar10-per-T",
+            "pathmnist-per-T"} <= names
+    for path in root.glob("*.toml"):
+        cfg = load_config(path)
+        assert len(expand_runs(cfg)) > 0
+        assert {m.algorithm for m in cfg.methods} >= {"fedgd", "sofim", "scaffold", "fedfc",
+                                                       "fednew", "fedavg", "adam", "yogi"}
+
+
+def test_tiny_sweep_resumes_and_reports(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    cache = DataCache(cfg, loader=blobs)
+    total = len(expand_runs(cfg))
+    assert run_experiment(cfg, progress=False, max_runs=7, cache=cache) == 7
+    assert run_experiment(cfg, progress=False, cache=cache) == total - 7  # resumes
+    assert run_experiment(cfg, progress=False, cache=cache) == 0  # nothing redone
+    recs = load_records(cfg, with_predictions=True)
+    assert len(recs) == total
+    for r in recs:
+        assert len(r["accuracy"]) == 3
+        assert r["predictions"].shape == (60,)
+        if r["spec"]["epsilon"] is not None:
+            assert r["epsilon_spent"] <= 2.0 + 1e-9
+        expected = {"scaffold": 3 * 2, "fedfc": 3 + 1, "fednew": 3 + 1}
+        assert r["n_releases"] == expected.get(r["spec"]["algorithm"], 3)
+    md = write_report(cfg, cache=cache)
+    text = md.read_text()
+    # One section per (K, partition), accuracy + rounds + McNemar tables, figures exist.
+    assert text.count("## blobs, K = 3") == 2
+    assert "Finished runs: 40 of 40" in text
+    assert NOT_CHARGED in text
+    table = [ln for ln in text.splitlines() if ln.startswith("| fedgd |")]
+    assert len(table) >= 2
+    header = next(ln for ln in text.splitlines() if ln.startswith("| method |"))
+    assert header.count("|") == 4  # method + 2 epsilons
+    rows = [ln for ln in text.splitlines() if re.match(r"\| (fedgd|sofim|scaffold|fedfc|"
+                                                       r"fednew) \| .*±", ln)]
+    assert any("**" in ln for ln in rows)
+    assert all(re.search(r"\d+\.\d\d ± \d+\.\d\d", ln) for ln in rows)
+    assert "sofim vs" in text and "p̃ =" in text
+    for png in re.findall(r"\]\((.+?\.png)\)", text):
+        assert (md.parent / png).stat().st_size > 1000
+    with (md.parent / "results.csv").open() as fh:
+        rows_csv = list(csv.DictReader(fh))
+    assert len(rows_csv) == total
+    assert {r["epsilon"] for r in rows_csv} == {"2", "non-private"}
+    assert len(json.loads((md.parent / "results.json").read_text())) == total
+
+
+def test_partial_report_lists_missing_runs(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    cache = DataCache(cfg, loader=blobs)
+    run_experiment(cfg, progress=False, max_runs=5, cache=cache)
+    text = write_report(cfg, cache=cache).read_text()
+    assert "Not run yet" in text and "Finished runs: 5 of 40" in text
+    assert "not run" in text
+
+
+def test_changed_hyperparameter_is_a_new_run(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path)
+    cfg2 = tiny_config(tmp_path, TINY.replace("learning_rate = 0.5", "learning_rate = 0.25"))
+    a = {run_id(s) for s in expand_runs(cfg)}
+    b = {run_id(s) for s in expand_runs(cfg2)}
+    assert len(a - b) == 8 and len(a & b) == 32
+
+
+def test_tuning_uses_validation_split_only(tmp_path: Path) -> None:
+    cfg = dataclasses.replace(tiny_config(tmp_path), methods=tiny_config(tmp_path).methods[:1])
+    cache = DataCache(cfg, loader=blobs)
+    run_experiment(cfg, tuning=True, progress=False, cache=cache)
+    recs = load_records(cfg, tuning=True, with_predictions=True)
+    assert len(recs) == 4
+    for r in recs:
+        assert r["predictions"].shape == (40,)  # 20% of the 200 training rows, not test
+    best = select_best(cfg, recs)
+    assert best["fedgd"]["params"]["learning_rate"] in (0.1, 1.0)
+    text = tuned_config_text(cfg, best)
+    assert "NOT charged" in text
+    import tomllib
+
+    tuned = parse_config(tomllib.loads(text), base_dir=tmp_path)
+    assert tuned.method("fedgd").params == best["fedgd"]["params"]
+
+
+def test_validation_split_is_stratified_and_disjoint() -> None:
+    y = np.repeat(np.arange(4), [50, 30, 20, 100])
+    tr, va = validation_split(y, 0.1, np.random.default_rng(0))
+    assert len(np.intersect1d(tr, va)) == 0 and len(tr) + len(va) == len(y)
+    assert np.bincount(y[va]).tolist() == [5, 3, 2, 10]
+
+
+def test_mcnemar_exact_matches_binomial() -> None:
+    y = np.zeros(100, dtype=int)
+    a = y.copy()
+    b = y.copy()
+    a[:3] = 1   # a wrong on 3 where b is right  -> c = 3
+    b[10:22] = 1  # b wrong on 12 where a is right -> b = 12
+    res = mcnemar_exact(a, b, y)
+    assert (res.b, res.c) == (12, 3)
+    expected = min(1.0, 2 * stats.binom.cdf(3, 15, 0.5))
+    assert res.p_value == pytest.approx(expected)
+    assert mcnemar_exact(y, y, y).p_value == 1.0
+    with pytest.raises(ValueError, match="same shape"):
+        mcnemar_exact(a[:5], b, y)
+
+
+def test_rounds_to_reach() -> None:
+    assert rounds_to_reach(np.array([0.1, 0.5, 0.7]), 0.5) == 2
+    assert rounds_to_reach(np.array([0.1, 0.2]), 0.5) is None
+
+
+def test_cli_run_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dpprecond.cli import main
+
+    text = TINY.replace('name = "blobs"', 'name = "digits"').replace(
+        'partitions = ["iid", "dirichlet"]', 'partitions = ["iid"]').replace(
+        "seeds = [0, 1]", "seeds = [0]").replace('epsilons = [2, "inf"]', 'epsilons = ["inf"]')
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    out = tmp_path / "res"
+    assert main(["experiment", "run", str(path), "--output", str(out), "--no-progress"]) == 0
+    assert "5 new runs" in capsys.readouterr().out
+    assert main(["experiment", "report", str(path), "--output", str(out)]) == 0
+    assert (out / "report.md").exists()
+    assert main(["experiment", "run", str(tmp_path / "missing.toml")]) == 2
