@@ -17,7 +17,8 @@ from dpprecond import __version__
 __all__ = ["build_parser", "main"]
 
 #: Sub-command modules, in the order of ``dpprecond --help``.
-SUBCOMMANDS = ("dpprecond.cli.pca", "dpprecond.cli.fl", "dpprecond.cli.demo")
+SUBCOMMANDS = ("dpprecond.cli.pca", "dpprecond.cli.fl", "dpprecond.cli.demo",
+               "dpprecond.cli.experiment")
 
 
 def build_parser() -> argparse.ArgumentParser:
