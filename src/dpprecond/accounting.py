@@ -117,17 +117,21 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     def eps_at(scale: float) -> float:
         return epsilon_of(make_event(scale), delta, accountant)
 
-    # Bracket the root on a log scale: epsilon decreases in the scale.
-    lo, hi = 1e-2, 1.0
-    while eps_at(hi) > epsilon:
-        lo, hi = hi, hi * 4.0
-        if hi > 1e7:
-            raise ValueError(f"Cannot reach epsilon={epsilon} at delta={delta}: even a noise "
-                             "scale of 1e7 is not enough. Raise epsilon or delta.")
-    while eps_at(lo) <= epsilon:
-        hi, lo = lo, lo / 4.0
-        if lo < 1e-8:
-            return hi
+    # Bracket the root on a log scale, starting at 1 and moving by factors of 2: epsilon
+    # decreases in the scale, and tiny scales (huge privacy losses) are slow to account
+    # with the PLD accountant, so they are only visited when the target needs them.
+    lo, hi = 0.5, 1.0
+    if eps_at(hi) > epsilon:
+        while eps_at(hi) > epsilon:
+            lo, hi = hi, hi * 2.0
+            if hi > 1e7:
+                raise ValueError(f"Cannot reach epsilon={epsilon} at delta={delta}: even a "
+                                 "noise scale of 1e7 is not enough. Raise epsilon or delta.")
+    else:
+        while eps_at(lo) <= epsilon:
+            hi, lo = lo, lo / 2.0
+            if lo < 1e-6:
+                return hi
     root = optimize.brentq(lambda s: math.log(eps_at(s)) - math.log(epsilon), lo, hi,
                            rtol=rel_tol / 10, xtol=1e-12)
     scale = root
