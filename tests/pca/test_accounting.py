@@ -8,6 +8,7 @@ from dp_accounting import dp_event, rdp
 
 from dpprecond.accounting import RDP_ORDERS
 from dpprecond.pca import fit_private_pca
+from dpprecond.pca.api import DEFAULT_OPTIONS
 from dpprecond.pca.budget import trial_multipliers
 from dpprecond.pca.noise import symmetric_gaussian
 
@@ -27,7 +28,7 @@ def _expected_event(method, z, opts):
     head = [G(z["z_mean"])] if "z_mean" in z else []
     if method == "select":
         tail = [G(z["z0"]), dp_event.RepeatAndSelectDpEvent(G(z["z_run"]), opts.get(
-            "mean_trials", 10.0), 1)]
+            "mean_trials", DEFAULT_OPTIONS["select"]["mean_trials"]), 1)]
     elif method == "fixed":
         it = dp_event.ComposedDpEvent([G(z["zH"]), G(z["zZ"])])
         tail = [G(z["z0"]), dp_event.SelfComposedDpEvent(it, opts.get("n_iter", 2))]
@@ -66,7 +67,8 @@ def test_reported_epsilon_is_dp_accountings(spiked, method, opts, center):
     # one scale factor: every multiplier is c / sqrt(share)
     c = res.info["scale"]
     if method == "select":
-        share0 = opts.get("init_share", 0.25) * (0.9 if center else 1.0)
+        share0 = opts.get("init_share", DEFAULT_OPTIONS["select"]["init_share"])
+        share0 *= 0.9 if center else 1.0
         assert z["z0"] == pytest.approx(c / math.sqrt(share0))
 
 

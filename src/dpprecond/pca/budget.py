@@ -15,7 +15,8 @@ Splits (choices, documented parameters with these defaults):
 
 - ``mean_share`` (only with ``center="private"``, default 0.1): the private mean;
   the PCA gets the rest.
-- ``init_share`` (default 1/4): Algorithm 1's release ``A^T A + W`` inside the PCA part;
+- ``init_share`` (default 1/2 for selection, 1/4 for the fixed method): Algorithm 1's
+  release ``A^T A + W`` inside the PCA part;
   the remaining ``1 - init_share`` is one run's budget ``rho_run`` (noise multiplier
   ``z_run``).
 - ``score_share`` (default 0.1, selection only): the noisy score of a trial. A trial with
