@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(records))
     print("sin-theta: spectral sin of the largest principal angle to the exact top-5 subspace "
           "(0 is exact, 1 is orthogonal);\ncapt. var: variance captured relative to the exact "
-          "top-5 subspace; eps spent comes from dp_accounting.")
+          "top-5 subspace; eps spent comes from dp_accounting (below the target when the "
+          "selection's gap test fails\nand only the init and one more Gram release are "
+          "made, see docs/pca.md).")
     if importlib.util.find_spec("dpprecond.cli.fl") is not None:
         from dpprecond.cli.fl import run_demo
 

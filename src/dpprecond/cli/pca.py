@@ -108,7 +108,7 @@ def format_table(records: list[dict[str, Any]]) -> str:
         radius = "-" if r.get("clip_radius") is None else f"{r['clip_radius']:.3g}"
         iters = "-" if r.get("n_iter") is None else str(r["n_iter"])
         secs = "-" if r.get("fit_seconds") is None else f"{r['fit_seconds']:.2f}"
-        note = "  (early exit: init only)" if r.get("early_exit") else ""
+        note = "  (gap test failed: no trial ran)" if r.get("early_exit") else ""
         lines.append(f"{r['method']:<14}{tgt:>11}{spent:>11}{r['sin_theta']:>11.4f}"
                      f"{r['sin_theta_frobenius']:>9.4f}{r['captured_variance']:>11.4f}"
                      f"{radius:>9}{iters:>5}{secs:>8}{note}")
