@@ -57,8 +57,9 @@ clip_grid, t_max, small_gap, accountant : optional
     components_ : ndarray of shape (n_components, n_features)
         Orthonormal rows spanning the private top-k subspace.
     epsilon_ : float
-        Epsilon spent at ``delta_`` (from ``dp_accounting``; ``inf`` for ``"exact"``; the
-        init's alone after an early exit).
+        Epsilon spent at ``delta_`` (from ``dp_accounting``; ``inf`` for ``"exact"``; below
+        the target when the selection's gap test failed: the init's and one more Gram
+        release's with ``small_gap="refine"``, the init's alone with ``"return_init"``).
     delta_ : float
     dp_event_ : dp_accounting.DpEvent
         All releases of the fit, composable with other events.
@@ -71,7 +72,7 @@ clip_grid, t_max, small_gap, accountant : optional
         Selected (``"select"``) or given (``"fixed"``) clip radius and iterations
         (``nan``/``None`` where not applicable).
     early_exit_ : bool
-        True when selection stopped after the init (h <= 0).
+        True when the selection's gap test on the init failed (h <= 0) and no trial ran.
     n_clipped_ : int
         Rows scaled down to norm 1 (data-owner diagnostic, not a private release).
     n_features_in_ : int
