@@ -235,3 +235,14 @@ def test_cli_run_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["experiment", "report", str(path), "--output", str(out)]) == 0
     assert (out / "report.md").exists()
     assert main(["experiment", "run", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_where_runs_part_of_the_grid_first(tmp_path: Path) -> None:
+    from dpprecond.cli.experiment import _where
+
+    cfg = tiny_config(tmp_path)
+    cache = DataCache(cfg, loader=blobs)
+    where = _where(["partition=iid", "seed=1", "epsilon=inf"])
+    assert where == {"partition": "iid", "seed": 1, "epsilon": None}
+    assert run_experiment(cfg, progress=False, cache=cache, where=where) == 5
+    assert run_experiment(cfg, progress=False, cache=cache) == 35

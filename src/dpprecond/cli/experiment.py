@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
     r.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
     r.add_argument("--output", default=None, help="override the file's output directory")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    r.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="run only this part of the grid first, e.g. --where clients=20 "
+                        "--where partition=iid --where seed=0 (repeatable)")
     r.set_defaults(func=run)
     t = sub.add_parser("tune", help="tune on a validation split of the training data")
     t.add_argument("config")
@@ -55,6 +58,27 @@ def _load(path: str, output: str | None) -> Any:
     return dataclasses.replace(cfg, output=Path(output)) if output else cfg
 
 
+def _where(items: list[str]) -> dict[str, Any]:
+    """``["clients=20", "epsilon=inf"]`` -> ``{"clients": 20, "epsilon": None}``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--where expects KEY=VALUE, got {item!r}.")
+        if key == "epsilon" and value.lower() in ("inf", "none", "non-private"):
+            out[key] = None
+            continue
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """``experiment run``."""
     from dpprecond.experiments.config import expand_runs
@@ -63,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.output)
     total = len(expand_runs(cfg))
     start = time.perf_counter()
-    n = run_experiment(cfg, progress=not args.no_progress, max_runs=args.max_runs)
+    n = run_experiment(cfg, progress=not args.no_progress, max_runs=args.max_runs,
+                       where=_where(args.where))
     print(f"{cfg.name}: {n} new runs in {time.perf_counter() - start:.1f} s "
           f"({total} in the grid); results in {cfg.output}/runs")
     print(f"next: dpprecond experiment report {args.config}")

@@ -152,16 +152,20 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: bool = True,
                    max_runs: int | None = None, cache: DataCache | None = None,
-                   on_record: Callable[[dict[str, Any]], None] | None = None) -> int:
+                   on_record: Callable[[dict[str, Any]], None] | None = None,
+                   where: dict[str, Any] | None = None) -> int:
     """Run every missing run of ``cfg`` (or of its tuning grid); return how many ran.
 
     Finished runs (their JSON exists under ``<output>/runs``) are skipped; ``max_runs``
-    stops after that many new runs. Progress: one bar over the sweep, one over the rounds
-    of the current run.
+    stops after that many new runs; ``where`` (e.g. ``{"clients": 20, "seed": 0}``) runs
+    only the matching part of the grid first (the run ids are those of the full grid, so
+    the rest can follow later). Progress: one bar over the sweep, one over the rounds of
+    the current run.
     """
     runs_dir = Path(cfg.output) / ("tuning" if tuning else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
-    specs = expand_runs(cfg, tuning=tuning)
+    specs = [s for s in expand_runs(cfg, tuning=tuning)
+             if all(s.get(k) == v for k, v in (where or {}).items())]
     todo = [s for s in specs if not (runs_dir / f"{run_id(s)}.json").exists()]
     logger.info("%s: %d runs, %d already done", cfg.name, len(specs), len(specs) - len(todo))
     cache = cache or DataCache(cfg)
