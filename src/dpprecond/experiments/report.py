@@ -107,10 +107,9 @@ def _rounds_table(cfg: ExperimentConfig, recs: list[dict[str, Any]]) -> list[str
 
 
 def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
-                   y_test: np.ndarray) -> list[str]:
+                   y_test: np.ndarray, ref: str) -> list[str]:
     by_key = {(r["spec"]["method"], r["spec"]["epsilon"], r["spec"]["seed"],
                r["spec"]["rounds"]): r for r in recs}
-    ref = cfg.reference
     cols = list(cfg.epsilons)
     lines = [f"| {ref} vs | " + " | ".join(f"ε = {eps_label(e)}" for e in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
@@ -273,13 +272,15 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
             lines += ["Rounds needed to reach DP-FedGD's final accuracy (seed-mean curves; "
                       "'never' = not within T):", ""]
             lines += [*_rounds_table(cfg, srecs), ""]
-        if y_test is not None:
-            lines += [f"Exact McNemar test of `{cfg.reference}` against each method on the "
-                      "final test predictions, per seed: ↑ = seeds where "
-                      f"`{cfg.reference}` is significantly better (p < 0.05), ↓ = "
-                      "significantly worse, p̃ = median p-value over seeds.", ""]
+        refs = [cfg.reference] + [m.label for m in cfg.methods if m.label != cfg.reference
+                                  and m.algorithm.startswith("sofim")]
+        for ref in refs if y_test is not None else []:
+            lines += [f"Exact McNemar test of `{ref}` against each method on the "
+                      f"final test predictions, per seed: ↑ = seeds where `{ref}` is "
+                      "significantly better (p < 0.05), ↓ = significantly worse, "
+                      "p̃ = median p-value over seeds.", ""]
             final = [r for r in srecs if r["spec"]["rounds"] == T_final]
-            lines += [*_mcnemar_table(cfg, final, y_test), ""]
+            lines += [*_mcnemar_table(cfg, final, y_test, ref), ""]
     if figures:
         lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures] + [""]
     md = out / "report.md"
