@@ -70,7 +70,7 @@ def blobs(_: str) -> tuple:
     return X[:200], y[:200], X[200:], y[200:], 3
 
 
-def tiny_config(tmp_path: Path, text: str = TINY):  # noqa: ANN201
+def tiny_config(tmp_path: Path, text: str = TINY):
     import tomllib
 
     return parse_config(tomllib.loads(text), base_dir=tmp_path)

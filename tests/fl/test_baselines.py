@@ -24,8 +24,8 @@ from dpprecond.fl.fedfc import (
 from dpprecond.fl.fednew import run_fednew
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.scaffold import local_steps_events, run_fedavg, run_scaffold
-from dpprecond.fl.simulator import FLConfig, simulate
 from dpprecond.fl.server import sgd
+from dpprecond.fl.simulator import FLConfig, simulate
 from tests.fl.conftest import make_problem
 
 T = 4
@@ -40,7 +40,7 @@ def grad(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return Xt.T @ P / len(y)
 
 
-def blocks(data):  # noqa: ANN001, ANN201
+def blocks(data):
     return [(data.X[a:b], data.y[a:b]) for a, b in zip(data.bounds[:-1], data.bounds[1:],
                                                          strict=True)]
 
@@ -50,7 +50,7 @@ def second_moment(X: np.ndarray) -> np.ndarray:
     return Xt.T @ Xt / len(X)
 
 
-def ref_scaffold(data, k: int, L: int, lr_l: float, lr_g: float,  # noqa: ANN001
+def ref_scaffold(data, k: int, L: int, lr_l: float, lr_g: float,
                  cv: bool) -> np.ndarray:
     d1 = data.X.shape[1] + 1
     W = np.zeros((d1, k))
@@ -73,7 +73,7 @@ def ref_scaffold(data, k: int, L: int, lr_l: float, lr_g: float,  # noqa: ANN001
 
 
 @pytest.mark.parametrize("cv", [True, False])
-def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None:  # noqa: ANN001
+def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     res = run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                        local_steps=3, local_lr=0.2, global_lr=0.7, control_variates=cv,
@@ -83,7 +83,7 @@ def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None
     assert res.noise_multiplier == 0 and math.isinf(res.epsilon)
 
 
-def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:  # noqa: ANN001
+def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:
     """One local step of size eta with global step 1 is one DP-FedGD step of size eta."""
     model = LinearSoftmax(client_data.X.shape[1], 3)
     a = run_fedavg(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
@@ -94,7 +94,7 @@ def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:  # noqa: A
     np.testing.assert_allclose(a.params, b.params, rtol=1e-10, atol=1e-12)
 
 
-def test_fedfc_reduces_to_non_private(client_data, problem) -> None:  # noqa: ANN001
+def test_fedfc_reduces_to_non_private(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     res = run_fedfc(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                     learning_rate=0.6, gamma=0.3, row_clip=math.inf, clip_norm=math.inf,
@@ -108,7 +108,7 @@ def test_fedfc_reduces_to_non_private(client_data, problem) -> None:  # noqa: AN
     np.testing.assert_allclose(res.params, W.ravel(), rtol=1e-9, atol=1e-12)
 
 
-def test_fednew_reduces_to_non_private(client_data, problem) -> None:  # noqa: ANN001
+def test_fednew_reduces_to_non_private(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     h, rho, alpha, lr = 0.5, 2.0, 0.1, 0.9
     res = run_fednew(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
@@ -132,7 +132,7 @@ def test_fednew_reduces_to_non_private(client_data, problem) -> None:  # noqa: A
     np.testing.assert_allclose(res.params, W, rtol=1e-9, atol=1e-12)
 
 
-def test_event_lists_match_releases_and_budget(client_data, problem) -> None:  # noqa: ANN001
+def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
     """Every release is one event; every method meets the same epsilon for its schedule."""
     model = LinearSoftmax(client_data.X.shape[1], 3)
     kw = dict(X_test=problem[2], y_test=problem[3], n_rounds=T, target_epsilon=2.0,
@@ -207,7 +207,7 @@ def test_covariance_noise_is_symmetric_with_the_stated_std() -> None:
     assert abs(np.mean(noise)) < 5 * std / math.sqrt(len(noise))
 
 
-def test_noise_is_reproducible_and_seed_dependent(client_data, problem) -> None:  # noqa: ANN001
+def test_noise_is_reproducible_and_seed_dependent(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     kw = dict(X_test=problem[2], y_test=problem[3], n_rounds=2, noise_multiplier=1.0,
               clip_norm=1.0)
@@ -218,7 +218,7 @@ def test_noise_is_reproducible_and_seed_dependent(client_data, problem) -> None:
         assert not np.allclose(a.params, c.params)
 
 
-def test_bad_inputs_are_named(client_data, problem) -> None:  # noqa: ANN001
+def test_bad_inputs_are_named(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     with pytest.raises(ValueError, match="clip_norm"):
         run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3],
