@@ -246,3 +246,20 @@ def test_where_runs_part_of_the_grid_first(tmp_path: Path) -> None:
     assert where == {"partition": "iid", "seed": 1, "epsilon": None}
     assert run_experiment(cfg, progress=False, cache=cache, where=where) == 5
     assert run_experiment(cfg, progress=False, cache=cache) == 35
+
+
+def test_per_t_protocol_runs_and_reports(tmp_path: Path) -> None:
+    text = TINY.replace('kind = "per-round"', 'kind = "per-T"\nrounds_list = [1, 3]').replace(
+        'partitions = ["iid", "dirichlet"]', 'partitions = ["iid"]').replace(
+        "seeds = [0, 1]", "seeds = [0]")
+    cfg = tiny_config(tmp_path, text)
+    cache = DataCache(cfg, loader=blobs)
+    assert run_experiment(cfg, progress=False, cache=cache) == 2 * 2 * 5
+    recs = load_records(cfg)
+    assert sorted({len(r["accuracy"]) for r in recs}) == [1, 3]
+    # each T is its own calibration: the T = 1 run meets epsilon = 2 on its own
+    one = [r for r in recs if r["spec"]["rounds"] == 1 and r["spec"]["epsilon"] == 2.0]
+    assert all(r["epsilon_spent"] == pytest.approx(2.0, rel=1e-2) for r in one)
+    md = write_report(cfg, cache=cache)
+    assert (md.parent / "accuracy_vs_T_K3_iid.png").exists()
+    assert "after T = 3 rounds" in md.read_text()
