@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Dataset", "default_data_root"]
+__all__ = ["Dataset", "check_file_labels", "default_data_root"]
 
 
 def default_data_root() -> Path:
@@ -19,6 +19,18 @@ def default_data_root() -> Path:
     """
     env = os.environ.get("DPPRECOND_DATA")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "dpprecond"
+
+
+def check_file_labels(where: str, labels: np.ndarray, n_classes: int) -> np.ndarray:
+    """Labels read from a data file: integers in ``[0, n_classes)``, returned as int64.
+
+    ``where`` names the file and field in the error message.
+    """
+    if labels.size and (not np.issubdtype(labels.dtype, np.integer)
+                        or labels.min() < 0 or labels.max() >= n_classes):
+        raise ValueError(f"{where} must be integers in [0, {n_classes}), got dtype "
+                         f"{labels.dtype} with range [{labels.min()}, {labels.max()}].")
+    return labels.astype(np.int64)
 
 
 @dataclass(frozen=True)

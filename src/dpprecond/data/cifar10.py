@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond.data.base import Dataset, default_data_root
+from dpprecond.data.base import Dataset, check_file_labels, default_data_root
 
 __all__ = [
     "CIFAR10_ARCHIVE_MD5",
@@ -141,11 +141,7 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     if labels.ndim != 1 or labels.shape[0] != data.shape[0]:
         raise ValueError(f"{path}: b'labels' must hold one label per image ({data.shape[0]}), "
                          f"got shape {labels.shape}.")
-    if labels.size and (not np.issubdtype(labels.dtype, np.integer)
-                        or labels.min() < 0 or labels.max() >= _N_CLASSES):
-        raise ValueError(f"{path}: labels must be integers in [0, {_N_CLASSES}), got dtype "
-                         f"{labels.dtype} with range [{labels.min()}, {labels.max()}].")
-    return data, labels.astype(np.int64)
+    return data, check_file_labels(f"{path}: labels", labels, _N_CLASSES)
 
 
 def _to_hwc_unit(data: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpprecond.data.base import Dataset, default_data_root
+from dpprecond.data.base import Dataset, check_file_labels, default_data_root
 
 __all__ = ["PATHMNIST_FILENAME", "PATHMNIST_KEYS", "default_pathmnist_file", "load_pathmnist"]
 
@@ -74,13 +74,10 @@ def _split(archive: np.lib.npyio.NpzFile, split: str,
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
         raise ValueError(f"{path}: {split}_labels must have shape ({images.shape[0]}, 1) or "
                          f"({images.shape[0]},), got {labels.shape}.")
-    if labels.size and (not np.issubdtype(labels.dtype, np.integer)
-                        or labels.min() < 0 or labels.max() >= _N_CLASSES):
-        raise ValueError(f"{path}: {split}_labels must be integers in [0, {_N_CLASSES}), got "
-                         f"dtype {labels.dtype} with range [{labels.min()}, {labels.max()}].")
+    labels = check_file_labels(f"{path}: {split}_labels", labels, _N_CLASSES)
     X = images.reshape(images.shape[0], -1).astype(np.float64)
     X /= 255.0
-    return X, labels.astype(np.int64), tuple(int(s) for s in images.shape[1:])
+    return X, labels, tuple(int(s) for s in images.shape[1:])
 
 
 def load_pathmnist(path: str | os.PathLike | None = None, *, merge_val: bool = False) -> Dataset:
