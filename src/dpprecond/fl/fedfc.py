@@ -39,6 +39,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 from dp_accounting import dp_event
@@ -141,6 +142,50 @@ def fedfc_events(z_cov: float, z_grad: float, n_rounds: int) -> list[dp_event.Dp
     return [accounting.gaussian(z_cov)] + [accounting.gaussian(z_grad)] * T
 
 
+class CovarianceRun(NamedTuple):
+    """Validated inputs, noise multipliers and streams of a covariance-then-gradients run."""
+
+    row_clip: float
+    X_test: np.ndarray
+    y_test: np.ndarray
+    z_cov: float
+    z_grad: float
+    init_seq: np.random.SeedSequence
+    noise_root: np.random.SeedSequence
+    cov_root: np.random.SeedSequence
+    data: ClientData
+
+    def second_moments(self) -> Iterator[np.ndarray]:
+        """Each client's private second-moment release (the run's first release)."""
+        return private_second_moments(
+            self.data.X, self.data.bounds, self.row_clip, self.z_cov,
+            client_mod.round_generators(self.cov_root, 0, self.data.n_clients))
+
+
+def setup_covariance_run(data: ClientData, d1: int, *, n_rounds: int, row_clip: float | None,
+                         X_test: Any, y_test: Any, clip_norm: float,
+                         target_epsilon: float | None, target_delta: float,
+                         noise_multiplier: float | None, covariance_share: float,
+                         accountant: str, seed: int | np.random.SeedSequence) -> CovarianceRun:
+    """Shared set-up of DP-FedFC and DP-FedNew: validate, calibrate the split, spawn streams.
+
+    ``row_clip`` defaults to ``sqrt(d1)`` (the norm of ``[x, 1]`` for pixels in [-1, 1]).
+    """
+    row_clip = math.sqrt(d1) if row_clip is None else check_positive("row_clip", row_clip,
+                                                                     allow_inf=True)
+    X_test = check_array("X_test", X_test)
+    y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
+    z_cov, z_grad = resolve_noise(n_rounds, clip_norm, target_epsilon, target_delta,
+                                  noise_multiplier, covariance_share, accountant)
+    if z_cov and math.isinf(row_clip):
+        raise ValueError("A private run needs a finite row_clip; got row_clip=inf.")
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
+        check_int("seed", seed, low=0))
+    init_seq, noise_root, cov_root = root.spawn(3)
+    return CovarianceRun(row_clip, X_test, y_test, z_cov, z_grad, init_seq, noise_root,
+                         cov_root, data)
+
+
 def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
               y_test: np.ndarray, n_rounds: int = 70, learning_rate: float = 0.5,
               gamma: float = 1.0, row_clip: float | None = None, covariance_share: float = 0.2,
@@ -181,22 +226,19 @@ def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
     lr = check_positive("learning_rate", learning_rate)
     gamma = check_positive("gamma", gamma)
     d1 = model.n_features + 1
-    row_clip = math.sqrt(d1) if row_clip is None else check_positive("row_clip", row_clip,
-                                                                     allow_inf=True)
-    X_test = check_array("X_test", X_test)
-    y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
-    z_cov, z_grad = resolve_noise(n_rounds, clip_norm, target_epsilon, target_delta,
-                                  noise_multiplier, covariance_share, accountant)
-    if z_cov and math.isinf(row_clip):
-        raise ValueError("A private run needs a finite row_clip; got row_clip=inf.")
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
-        check_int("seed", seed, low=0))
-    init_seq, noise_root, cov_root = root.spawn(3)
+    run = setup_covariance_run(data, d1, n_rounds=n_rounds, row_clip=row_clip, X_test=X_test,
+                               y_test=y_test, clip_norm=clip_norm,
+                               target_epsilon=target_epsilon, target_delta=target_delta,
+                               noise_multiplier=noise_multiplier,
+                               covariance_share=covariance_share, accountant=accountant,
+                               seed=seed)
+    row_clip, X_test, y_test, z_cov, z_grad = (run.row_clip, run.X_test, run.y_test,
+                                               run.z_cov, run.z_grad)
+    init_seq, noise_root = run.init_seq, run.noise_root
     K = data.n_clients
     start = time.perf_counter()
     mean_C = np.zeros((d1, d1))
-    for C_i in private_second_moments(data.X, data.bounds, row_clip, z_cov,
-                                      client_mod.round_generators(cov_root, 0, K)):
+    for C_i in run.second_moments():
         mean_C += C_i / K
     events: list[dp_event.DpEvent] = [accounting.gaussian(z_cov)]
     w, V = psd_part(mean_C)

@@ -37,7 +37,6 @@ the budget split ``covariance_share`` (see
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import numpy as np
@@ -46,14 +45,12 @@ from tqdm.auto import tqdm
 
 from dpprecond import accounting
 from dpprecond._validation import (
-    check_array,
     check_int,
-    check_labels,
     check_positive,
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.baseline_common import BaselineResult, history_record, split_epsilon_after
-from dpprecond.fl.fedfc import fedfc_events, private_second_moments, psd_part, resolve_noise
+from dpprecond.fl.fedfc import fedfc_events, psd_part, setup_covariance_run
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.simulator import ClientData
 
@@ -110,24 +107,20 @@ def run_fednew(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
     alpha = check_positive("alpha", alpha, allow_zero=True)
     h = check_positive("hessian_scale", hessian_scale)
     d1, k = model.n_features + 1, model.n_classes
-    row_clip = math.sqrt(d1) if row_clip is None else check_positive("row_clip", row_clip,
-                                                                     allow_inf=True)
-    X_test = check_array("X_test", X_test)
-    y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
-    z_cov, z_grad = resolve_noise(n_rounds, clip_norm, target_epsilon, target_delta,
-                                  noise_multiplier, covariance_share, accountant)
-    if z_cov and math.isinf(row_clip):
-        raise ValueError("A private run needs a finite row_clip; got row_clip=inf.")
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
-        check_int("seed", seed, low=0))
-    init_seq, noise_root, cov_root = root.spawn(3)
+    run = setup_covariance_run(data, d1, n_rounds=n_rounds, row_clip=row_clip, X_test=X_test,
+                               y_test=y_test, clip_norm=clip_norm,
+                               target_epsilon=target_epsilon, target_delta=target_delta,
+                               noise_multiplier=noise_multiplier,
+                               covariance_share=covariance_share, accountant=accountant,
+                               seed=seed)
+    row_clip, X_test, y_test, z_cov, z_grad = (run.row_clip, run.X_test, run.y_test,
+                                               run.z_cov, run.z_grad)
+    init_seq, noise_root = run.init_seq, run.noise_root
     K = data.n_clients
     start = time.perf_counter()
     # Each client's (H_i + (alpha + rho) I)^{-1} on the feature side, (K, d1, d1).
     solvers = np.empty((K, d1, d1))
-    for i, C_i in enumerate(private_second_moments(data.X, data.bounds, row_clip, z_cov,
-                                                   client_mod.round_generators(cov_root, 0,
-                                                                               K))):
+    for i, C_i in enumerate(run.second_moments()):
         w, V = psd_part(C_i)
         solvers[i] = (V / (h * w + alpha + rho)) @ V.T
     events: list[dp_event.DpEvent] = [accounting.gaussian(z_cov)]
