@@ -9,6 +9,16 @@ from dpprecond.fl.partition import iid_partition
 from dpprecond.fl.simulator import ClientData
 
 
+def mean_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Reference mean cross-entropy gradient of a linear softmax head with bias (plain numpy)."""
+    Xt = np.hstack([X, np.ones((len(X), 1))])
+    Z = Xt @ W
+    P = np.exp(Z - Z.max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    P[np.arange(len(y)), y] -= 1
+    return Xt.T @ P / len(y)
+
+
 def make_problem(n: int = 240, d: int = 6, k: int = 3, seed: int = 0,
                  scale: float = 2.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gaussian blobs: (X_train, y_train, X_test, y_test)."""

@@ -27,17 +27,9 @@ from dpprecond.fl.scaffold import local_steps_events, run_fedavg, run_scaffold
 from dpprecond.fl.server import sgd
 from dpprecond.fl.simulator import FLConfig, simulate
 from tests.fl.conftest import make_problem
+from tests.fl.conftest import mean_gradient as grad
 
 T = 4
-
-
-def grad(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    Xt = np.hstack([X, np.ones((len(X), 1))])
-    Z = Xt @ W
-    P = np.exp(Z - Z.max(1, keepdims=True))
-    P /= P.sum(1, keepdims=True)
-    P[np.arange(len(y)), y] -= 1
-    return Xt.T @ P / len(y)
 
 
 def blocks(data):

@@ -13,15 +13,7 @@ import pytest
 from dpprecond.fl import server
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.simulator import ClientData, FLConfig, simulate
-
-
-def mean_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    Xt = np.hstack([X, np.ones((len(X), 1))])
-    Z = Xt @ W
-    P = np.exp(Z - Z.max(1, keepdims=True))
-    P /= P.sum(1, keepdims=True)
-    P[np.arange(len(y)), y] -= 1
-    return Xt.T @ P / len(y)
+from tests.fl.conftest import mean_gradient
 
 
 def reference_run(algorithm: str, data: ClientData, n_rounds: int, lr: float,
