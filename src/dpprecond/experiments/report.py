@@ -150,6 +150,27 @@ def _write_csv_json(out: Path, recs: list[dict[str, Any]]) -> None:
     (out / "results.json").write_text(json.dumps(clean), encoding="utf-8")
 
 
+def _final_accuracy_series(cfg: ExperimentConfig, recs: list[dict[str, Any]],
+                           points: list[tuple[float, Any, int]]) -> dict[str, tuple]:
+    """Per method: (x, mean, std) of the final accuracy over seeds at each point.
+
+    ``points`` lists ``(x, epsilon, rounds)``; points without finished runs are skipped.
+    """
+    series = {}
+    for m in cfg.methods:
+        xs, ys, ss = [], [], []
+        for x, eps, rounds in points:
+            v = [r["final_accuracy"] for r in recs if r["spec"]["method"] == m.label
+                 and r["spec"]["epsilon"] == eps and r["spec"]["rounds"] == rounds]
+            if v:
+                xs.append(x)
+                ys.append(float(np.mean(v)))
+                ss.append(float(np.std(v)))
+        if xs:
+            series[m.label] = (xs, ys, ss)
+    return series
+
+
 def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[str, Any]]],
              out: Path) -> list[Path]:
     paths = []
@@ -172,18 +193,8 @@ def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[st
                                          suptitle=title))
         else:
             for e in cfg.epsilons:
-                series = {}
-                for m in cfg.methods:
-                    xs, ys, ss = [], [], []
-                    for T in cfg.rounds_list:
-                        v = [r["final_accuracy"] for r in recs if r["spec"]["method"] == m.label
-                             and r["spec"]["epsilon"] == e and r["spec"]["rounds"] == T]
-                        if v:
-                            xs.append(T)
-                            ys.append(float(np.mean(v)))
-                            ss.append(float(np.std(v)))
-                    if xs:
-                        series[m.label] = (xs, ys, ss)
+                series = _final_accuracy_series(
+                    cfg, recs, [(T, e, T) for T in cfg.rounds_list])
                 if series:
                     panels[f"ε = {eps_label(e)}"] = series
             if panels:
@@ -191,18 +202,7 @@ def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[st
                                          xlabel="T (separate run calibrated per T)",
                                          ylabel="final test accuracy", suptitle=title))
         T_final = cfg.rounds if cfg.protocol == "per-round" else max(cfg.rounds_list)
-        series = {}
-        for m in cfg.methods:
-            xs, ys, ss = [], [], []
-            for e in private:
-                v = [r["final_accuracy"] for r in recs if r["spec"]["method"] == m.label
-                     and r["spec"]["epsilon"] == e and r["spec"]["rounds"] == T_final]
-                if v:
-                    xs.append(e)
-                    ys.append(float(np.mean(v)))
-                    ss.append(float(np.std(v)))
-            if xs:
-                series[m.label] = (xs, ys, ss)
+        series = _final_accuracy_series(cfg, recs, [(e, e, T_final) for e in private])
         if series:
             vs_eps[title] = series
     if vs_eps:
