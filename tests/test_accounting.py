@@ -16,6 +16,7 @@ from dpprecond.accounting import (
     epsilon_of,
     gaussian,
     gaussian_gdp_epsilon,
+    gaussian_precision,
 )
 
 
@@ -55,6 +56,42 @@ def test_calibrate_noise_hits_target_and_is_minimal(eps: float, acc: str) -> Non
     assert got <= eps
     assert got == pytest.approx(eps, rel=1e-3)
     assert epsilon_of(make(s * 0.99), delta, acc) > eps
+
+
+def _discretized_pld_epsilon(event: dp_event.DpEvent, delta: float) -> float:
+    """dp_accounting's PLD accountant itself (FFT composition of discretized PLDs)."""
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def test_gaussian_composition_is_evaluated_exactly() -> None:
+    # Mixed multipliers: 20 x z=6, one z=2 and a no-op compose to one Gaussian with
+    # precision 20/36 + 1/4, i.e. mu-GDP with mu^2 = that precision.
+    event = compose([dp_event.SelfComposedDpEvent(gaussian(6.0), 20), gaussian(2.0),
+                     gaussian(math.inf)])
+    precision = 20 / 36 + 1 / 4
+    assert gaussian_precision(event) == pytest.approx(precision, rel=1e-15)
+    delta = 1e-5
+    got = epsilon_of(event, delta, "pld")
+    assert got == pytest.approx(gaussian_gdp_epsilon(math.sqrt(precision), delta), rel=1e-9)
+    # The discretized PLD is a pessimistic estimate of the same distribution: above the
+    # exact value by its rounding error only.
+    pld = _discretized_pld_epsilon(event, delta)
+    assert got <= pld <= got * (1 + 1e-4)
+
+
+def test_only_plain_gaussian_compositions_take_the_exact_path() -> None:
+    sampled = dp_event.PoissonSampledDpEvent(0.01, gaussian(1.0))
+    assert gaussian_precision(sampled) is None
+    assert gaussian_precision(compose([gaussian(1.0), sampled])) is None
+    assert gaussian_precision(dp_event.NonPrivateDpEvent()) is None
+    assert gaussian_precision(dp_event.NoOpDpEvent()) == 0.0
+    # Subsampled events still go through the accountant, unchanged.
+    event = dp_event.SelfComposedDpEvent(sampled, 100)
+    assert epsilon_of(event, 1e-5, "pld") == _discretized_pld_epsilon(event, 1e-5)
+    assert math.isinf(epsilon_of(compose([gaussian(1.0), dp_event.NonPrivateDpEvent()]),
+                                 1e-5, "pld"))
 
 
 def test_trivial_events() -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "epsilon_of",
     "gaussian",
     "gaussian_gdp_epsilon",
+    "gaussian_precision",
     "make_accountant",
 ]
 
@@ -87,15 +88,57 @@ def compose(events: Sequence[dp_event.DpEvent]) -> dp_event.DpEvent:
     return dp_event.ComposedDpEvent(list(events))
 
 
+def gaussian_precision(event: dp_event.DpEvent) -> float | None:
+    """``sum_i z_i^-2`` if ``event`` composes only Gaussian releases (and no-ops), else None.
+
+    A composition of Gaussian mechanisms without subsampling, with noise multipliers
+    ``z_i``, has exactly the privacy loss distribution of *one* Gaussian mechanism with
+    multiplier ``(sum_i z_i^-2)^(-1/2)``: each privacy loss is ``N(1/(2 z_i^2), 1/z_i^2)``
+    and independent normals add to a normal (equivalently, mu-GDP composes as
+    ``mu^2 = sum mu_i^2``; Dong, Roth and Su, 2019, Cor. 3.3). :func:`epsilon_of` with the
+    PLD accountant uses this to return dp_accounting's exact Gaussian-mechanism epsilon
+    (Balle and Wang, 2018) instead of a discretized FFT composition: the same privacy loss
+    distribution, without the rounding error, in microseconds instead of about a second per
+    evaluation. Subsampled Gaussians and every other event go to the accountant.
+    """
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_event.GaussianDpEvent):
+        z = float(event.noise_multiplier)
+        if z == math.inf:
+            return 0.0
+        return 1.0 / z**2 if z > 0 else None
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = gaussian_precision(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        total = 0.0
+        for e in event.events:
+            inner = gaussian_precision(e)
+            if inner is None:
+                return None
+            total += inner
+        return total
+    return None
+
+
 def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: float,
                accountant: AccountantName = "rdp") -> float:
     """Epsilon at ``delta`` of an event (or of the composition of a list of events).
 
-    Returns ``inf`` for a non-private event and ``0`` for a no-op.
+    Returns ``inf`` for a non-private event and ``0`` for a no-op. With ``"pld"``, a
+    composition of unsampled Gaussian releases is evaluated exactly as one Gaussian
+    mechanism (:func:`gaussian_precision`); anything else goes through the accountant.
     """
     delta = check_delta(delta)
     if not isinstance(event, dp_event.DpEvent):
         event = compose(list(event))
+    if accountant == "pld":
+        precision = gaussian_precision(event)
+        if precision is not None:
+            # Exact: the composition is one Gaussian mechanism (see gaussian_precision).
+            return 0.0 if precision == 0 else float(
+                dp_accounting.get_epsilon_gaussian(precision ** -0.5, delta))
     acc = make_accountant(accountant)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
