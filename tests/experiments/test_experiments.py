@@ -140,7 +140,8 @@ def test_tiny_sweep_resumes_and_reports(tmp_path: Path) -> None:
     # One section per (K, partition), accuracy + rounds + McNemar tables, figures exist.
     assert text.count("## blobs, K = 3") == 2
     assert "Finished runs: 40 of 40" in text
-    assert NOT_CHARGED in text
+    # Written values, not tuned: the report must not claim a tuning that did not happen.
+    assert NOT_CHARGED not in text and "not tuned on this data" in text
     table = [ln for ln in text.splitlines() if ln.startswith("| fedgd |")]
     assert len(table) >= 2
     header = next(ln for ln in text.splitlines() if ln.startswith("| method |"))
@@ -166,6 +167,10 @@ def test_partial_report_lists_missing_runs(tmp_path: Path) -> None:
     text = write_report(cfg, cache=cache).read_text()
     assert "Not run yet" in text and "Finished runs: 5 of 40" in text
     assert "not run" in text
+    # A config written by `tune` says so, and says the tuning is not charged.
+    tuned = dataclasses.replace(cfg, tuned_from="blobs")
+    text = write_report(tuned, cache=cache).read_text()
+    assert NOT_CHARGED in text and "from the experiment 'blobs'" in text
 
 
 def test_changed_hyperparameter_is_a_new_run(tmp_path: Path) -> None:
@@ -192,6 +197,7 @@ def test_tuning_uses_validation_split_only(tmp_path: Path) -> None:
 
     tuned = parse_config(tomllib.loads(text), base_dir=tmp_path)
     assert tuned.method("fedgd").params == best["fedgd"]["params"]
+    assert tuned.tuned_from == cfg.name
 
 
 def test_validation_split_is_stratified_and_disjoint() -> None:

@@ -5,6 +5,7 @@ methods with their hyperparameters (see ``experiments/*.toml``)::
 
     name = "digits"
     output = "results/digits"
+    # tuned_from = "digits"    # written by `dpprecond experiment tune` into its output file
 
     [data]
     name = "digits"            # digits | fashion-mnist | cifar10 | pathmnist
@@ -115,6 +116,7 @@ class ExperimentConfig:
     tune_epsilons: tuple[float | None, ...] = (1.0,)
     tune_seeds: tuple[int, ...] = (0,)
     tune_grid: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    tuned_from: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
 
     def method(self, label: str) -> MethodSpec:
@@ -153,7 +155,7 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".") -> Expe
     tables or method algorithms raise ``ValueError`` naming them.
     """
     known = {"name", "output", "data", "federation", "privacy", "protocol", "methods",
-             "tuning", "description"}
+             "tuning", "description", "tuned_from"}
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"Unknown keys in the experiment file: {sorted(unknown)}; "
@@ -214,7 +216,8 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".") -> Expe
                                            low_open=True),
         tune_epsilons=tuple(_epsilon(e) for e in tuning.get("epsilons", [1.0])),
         tune_seeds=_ints("tuning.seeds", tuning.get("seeds", [0])),
-        tune_grid=grid, source=raw)
+        tune_grid=grid,
+        tuned_from=str(raw["tuned_from"]) if "tuned_from" in raw else None, source=raw)
 
 
 def load_config(path: str | os.PathLike) -> ExperimentConfig:

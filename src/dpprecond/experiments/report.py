@@ -106,6 +106,15 @@ def _rounds_table(cfg: ExperimentConfig, recs: list[dict[str, Any]]) -> list[str
     return lines
 
 
+def _tuning_note(cfg: ExperimentConfig) -> str:
+    """Where the hyperparameters come from (tuned, and then not charged, or as written)."""
+    if cfg.tuned_from is not None:
+        return (f"The method values were tuned by `dpprecond experiment tune` from the "
+                f"experiment {cfg.tuned_from!r}. {NOT_CHARGED}")
+    return ("The method values are those written in the experiment file; they were not "
+            "tuned on this data by `dpprecond experiment tune`.")
+
+
 def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
                    y_test: np.ndarray, ref: str) -> list[str]:
     by_key = {(r["spec"]["method"], r["spec"]["epsilon"], r["spec"]["seed"],
@@ -244,8 +253,7 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
              "Every method uses the same client mechanism (per-record clipping, each client "
              "adds its own Gaussian noise) and its noise is calibrated for its own release "
              "schedule, so a given ε is the same total privacy loss per client for every "
-             "method. " + NOT_CHARGED + " (Only if the method values come from "
-             "`dpprecond experiment tune`.)", "",
+             "method. " + _tuning_note(cfg), "",
              f"Finished runs: {len(recs)} of {len(expected)}; compute time of the finished "
              f"runs {compute / 60:.1f} min (sum of run times).", ""]
     finished = {r["id"] for r in recs}

@@ -70,6 +70,7 @@ def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) ->
     for key in ("name", "output", "description"):
         if key in raw:
             lines.append(f"{key} = {_toml_value(raw[key])}")
+    lines.append(f"tuned_from = {_toml_value(cfg.name)}")
     for table in ("data", "federation", "privacy", "protocol"):
         if table in raw:
             lines.append(f"\n[{table}]")
