@@ -160,6 +160,28 @@ def test_tiny_sweep_resumes_and_reports(tmp_path: Path) -> None:
     assert len(json.loads((md.parent / "results.json").read_text())) == total
 
 
+def test_parallel_jobs_give_the_same_runs(tmp_path: Path) -> None:
+    serial = tiny_config(tmp_path)
+    parallel = dataclasses.replace(serial, output=tmp_path / "parallel")
+    run_experiment(serial, progress=False, cache=DataCache(serial, loader=blobs),
+                   where={"seed": 0})
+    seen: list[str] = []
+    n = run_experiment(parallel, progress=False, cache=DataCache(parallel, loader=blobs),
+                       where={"seed": 0}, jobs=2, on_record=lambda r: seen.append(r["id"]))
+    a = {r["id"]: r for r in load_records(serial, with_predictions=True)}
+    b = {r["id"]: r for r in load_records(parallel, with_predictions=True)}
+    assert n == len(seen) == len(b) == len(a) == 20 and set(seen) == set(a)
+    for rid, r in a.items():
+        assert b[rid]["accuracy"] == r["accuracy"]
+        assert b[rid]["noise_multiplier"] == r["noise_multiplier"]
+        np.testing.assert_array_equal(b[rid]["predictions"], r["predictions"])
+    # Resume and max_runs work the same way with workers.
+    assert run_experiment(parallel, progress=False, cache=DataCache(parallel, loader=blobs),
+                          jobs=2, max_runs=3) == 3
+    with pytest.raises(ValueError, match="jobs"):
+        run_experiment(parallel, progress=False, jobs=0)
+
+
 def test_partial_report_lists_missing_runs(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path)
     cache = DataCache(cfg, loader=blobs)

@@ -33,6 +33,9 @@ def register(subparsers: Any) -> None:
     r.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
     r.add_argument("--output", default=None, help="override the file's output directory")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    r.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at a time, each in its own process with one BLAS thread "
+                        "(default 1)")
     r.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="run only this part of the grid first, e.g. --where clients=20 "
                         "--where partition=iid --where seed=0 (repeatable)")
@@ -41,6 +44,9 @@ def register(subparsers: Any) -> None:
     t.add_argument("config")
     t.add_argument("--output", default=None)
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="runs at a time, each in its own process with one BLAS thread "
+                        "(default 1)")
     t.set_defaults(func=tune)
     s = sub.add_parser("report", help="tables, figures and McNemar tests of finished runs")
     s.add_argument("config", nargs="+", help="experiment TOML file(s)")
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     total = len(expand_runs(cfg))
     start = time.perf_counter()
     n = run_experiment(cfg, progress=not args.no_progress, max_runs=args.max_runs,
+                       jobs=args.jobs,
                        where=_where(args.where))
     print(f"{cfg.name}: {n} new runs in {time.perf_counter() - start:.1f} s "
           f"({total} in the grid); results in {cfg.output}/runs")
@@ -106,7 +113,7 @@ def tune(args: argparse.Namespace) -> int:
     if not cfg.tune_grid:
         raise ValueError(f"{args.config} has no [tuning.grid.<method>] tables to tune.")
     print(NOT_CHARGED)
-    run_experiment(cfg, tuning=True, progress=not args.no_progress)
+    run_experiment(cfg, tuning=True, progress=not args.no_progress, jobs=args.jobs)
     best = select_best(cfg, load_records(cfg, tuning=True))
     out = Path(cfg.output)
     (out / "tuning.json").write_text(json.dumps(best, indent=1), encoding="utf-8")

@@ -21,12 +21,14 @@ import math
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpprecond._validation import check_int
 from dpprecond.experiments.config import (
     BASELINE_ALGORITHMS,
     ExperimentConfig,
@@ -150,44 +152,84 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
+def _save_run(runs_dir: Path, record: dict[str, Any], pred: np.ndarray) -> None:
+    """Write the predictions, then the JSON (whose existence marks the run as finished)."""
+    rid = record["id"]
+    _write_atomic(runs_dir / f"{rid}.npy", lambda p: _save_npy(p, pred))
+    _write_atomic(runs_dir / f"{rid}.json",
+                  lambda p: p.write_text(json.dumps(record), encoding="utf-8"))
+
+
+_WORKER_CACHE: DataCache | None = None
+
+
+def _init_worker(cache: DataCache) -> None:
+    """Worker process set-up: the shared data cache and one BLAS thread per process."""
+    global _WORKER_CACHE
+    _WORKER_CACHE = cache
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)  # the processes are the parallelism
+
+
+def _execute_and_save(spec: RunSpec, runs_dir: Path) -> dict[str, Any]:
+    assert _WORKER_CACHE is not None
+    record, pred = execute_run(spec, _WORKER_CACHE, progress=False)
+    _save_run(runs_dir, record, pred)
+    return record
+
+
 def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: bool = True,
                    max_runs: int | None = None, cache: DataCache | None = None,
                    on_record: Callable[[dict[str, Any]], None] | None = None,
-                   where: dict[str, Any] | None = None) -> int:
+                   where: dict[str, Any] | None = None, jobs: int = 1) -> int:
     """Run every missing run of ``cfg`` (or of its tuning grid); return how many ran.
 
     Finished runs (their JSON exists under ``<output>/runs``) are skipped; ``max_runs``
     stops after that many new runs; ``where`` (e.g. ``{"clients": 20, "seed": 0}``) runs
     only the matching part of the grid first (the run ids are those of the full grid, so
-    the rest can follow later). Progress: one bar over the sweep, one over the rounds of
-    the current run.
+    the rest can follow later). ``jobs > 1`` runs that many runs at a time in worker
+    processes with one BLAS thread each (the data is loaded once, before the workers
+    start); a run's result is the one a single process with one BLAS thread gives
+    (``OPENBLAS_NUM_THREADS=1``; a multi-threaded BLAS may sum in another order and differ
+    in the last bits). Progress: one bar over the sweep,
+    and with ``jobs == 1`` one over the rounds of the current run.
     """
+    jobs = check_int("jobs", jobs, low=1)
     runs_dir = Path(cfg.output) / ("tuning" if tuning else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
     specs = [s for s in expand_runs(cfg, tuning=tuning)
              if all(s.get(k) == v for k, v in (where or {}).items())]
     todo = [s for s in specs if not (runs_dir / f"{run_id(s)}.json").exists()]
     logger.info("%s: %d runs, %d already done", cfg.name, len(specs), len(specs) - len(todo))
-    cache = cache or DataCache(cfg)
-    done = 0
     bar = tqdm(total=len(specs), initial=len(specs) - len(todo), disable=not progress,
                desc=f"{cfg.name} {'tuning' if tuning else 'sweep'}", unit="run")
-    for spec in todo:
-        if max_runs is not None and done >= max_runs:
-            break
-        bar.set_postfix_str(f"{spec['method']} K={spec['clients']} {spec['partition']} "
-                            f"eps={spec['epsilon']} seed={spec['seed']}")
-        record, pred = execute_run(spec, cache, progress=progress)
-        rid = record["id"]
-        _write_atomic(runs_dir / f"{rid}.npy", lambda p, a=pred: _save_npy(p, a))
-        _write_atomic(runs_dir / f"{rid}.json",
-                      lambda p, r=record: p.write_text(json.dumps(r), encoding="utf-8"))
+    if max_runs is not None:
+        todo = todo[:max_runs]
+    cache = cache or DataCache(cfg)
+
+    def finished(record: dict[str, Any]) -> None:
         if on_record is not None:
             on_record(record)
-        done += 1
         bar.update(1)
+
+    if jobs > 1 and len(todo) > 1:
+        for key in dict.fromkeys((s["data"], s["features"]) for s in todo):
+            cache.get(*key)  # load once in the parent; forked workers share it
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_init_worker,
+                                 initargs=(cache,)) as pool:
+            futures = [pool.submit(_execute_and_save, spec, runs_dir) for spec in todo]
+            for future in as_completed(futures):
+                finished(future.result())
+    else:
+        for spec in todo:
+            bar.set_postfix_str(f"{spec['method']} K={spec['clients']} {spec['partition']} "
+                                f"eps={spec['epsilon']} seed={spec['seed']}")
+            record, pred = execute_run(spec, cache, progress=progress)
+            _save_run(runs_dir, record, pred)
+            finished(record)
     bar.close()
-    return done
+    return len(todo)
 
 
 def load_records(cfg: ExperimentConfig, *, tuning: bool = False,
