@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -161,6 +161,39 @@ class CovarianceRun(NamedTuple):
             self.data.X, self.data.bounds, self.row_clip, self.z_cov,
             client_mod.round_generators(self.cov_root, 0, self.data.n_clients))
 
+    def gradient_rounds(self, model: LinearSoftmax, step: Callable[[np.ndarray], np.ndarray],
+                        *, n_rounds: int, clip_norm: float, target_delta: float,
+                        accountant: str, progress: bool,
+                        ) -> tuple[np.ndarray, list[dict[str, float]], list[dp_event.DpEvent]]:
+        """The ``n_rounds`` gradient rounds that follow the covariance release.
+
+        Every round each client releases its noisy clipped mean gradient
+        (:func:`dpprecond.fl.client.full_batch_messages`, one ``Gaussian(z_grad)``);
+        ``step`` maps the ``(K, n_params)`` messages to the server's update. Returns the
+        final parameters, the per-round history and every release event in order (the
+        covariance release first).
+        """
+        data, K = self.data, self.data.n_clients
+        events: list[dp_event.DpEvent] = [accounting.gaussian(self.z_cov)]
+        params = model.init_params(np.random.default_rng(self.init_seq))
+        x_sq = np.einsum("ij,ij->i", data.X, data.X)
+        history: list[dict[str, float]] = []
+        for t in tqdm(range(n_rounds), disable=not progress, desc="rounds", unit="round"):
+            start = time.perf_counter()
+            U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds,
+                                               clip_norm, self.z_grad,
+                                               client_mod.round_generators(self.noise_root, t,
+                                                                           K),
+                                               x_sq_norms=x_sq)
+            events.append(accounting.gaussian(self.z_grad))
+            update = step(U)
+            params = params + update
+            eps = split_epsilon_after(self.z_cov, self.z_grad, t + 1, float(target_delta),
+                                      accountant)
+            history.append(history_record(model, params, self.X_test, self.y_test, t, eps,
+                                          update, time.perf_counter() - start))
+        return params, history, events
+
 
 def setup_covariance_run(data: ClientData, d1: int, *, n_rounds: int, row_clip: float | None,
                          X_test: Any, y_test: Any, clip_norm: float,
@@ -232,36 +265,25 @@ def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
                                noise_multiplier=noise_multiplier,
                                covariance_share=covariance_share, accountant=accountant,
                                seed=seed)
-    row_clip, X_test, y_test, z_cov, z_grad = (run.row_clip, run.X_test, run.y_test,
-                                               run.z_cov, run.z_grad)
-    init_seq, noise_root = run.init_seq, run.noise_root
+    row_clip, z_cov, z_grad = run.row_clip, run.z_cov, run.z_grad
     K = data.n_clients
     start = time.perf_counter()
     mean_C = np.zeros((d1, d1))
     for C_i in run.second_moments():
         mean_C += C_i / K
-    events: list[dp_event.DpEvent] = [accounting.gaussian(z_cov)]
     w, V = psd_part(mean_C)
     P = (V / (w + gamma)) @ V.T
     logger.info("DP-FedFC: K=%d, T=%d, z_cov=%.4g, z_grad=%.4g, covariance %.2f s", K,
                 n_rounds, z_cov, z_grad, time.perf_counter() - start)
-    params = model.init_params(np.random.default_rng(init_seq))
-    x_sq = np.einsum("ij,ij->i", data.X, data.X)
     k = model.n_classes
-    history: list[dict[str, float]] = []
-    for t in tqdm(range(n_rounds), disable=not progress, desc="rounds", unit="round"):
-        start = time.perf_counter()
-        U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds,
-                                           clip_norm, z_grad,
-                                           client_mod.round_generators(noise_root, t, K),
-                                           x_sq_norms=x_sq)
-        events.append(accounting.gaussian(z_grad))
+
+    def step(U: np.ndarray) -> np.ndarray:
         G = U.mean(axis=0).reshape(d1, k)
-        update = (-lr * (P @ G)).ravel()
-        params = params + update
-        eps = split_epsilon_after(z_cov, z_grad, t + 1, float(target_delta), accountant)
-        history.append(history_record(model, params, X_test, y_test, t, eps, update,
-                                      time.perf_counter() - start))
+        return (-lr * (P @ G)).ravel()
+
+    params, history, events = run.gradient_rounds(
+        model, step, n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
+        accountant=accountant, progress=progress)
     return BaselineResult(params, history, z_grad, history[-1]["epsilon"], float(target_delta),
                           {"method": "fedfc", "n_rounds": n_rounds, "learning_rate": lr,
                            "gamma": gamma, "row_clip": row_clip,

@@ -41,15 +41,12 @@ import time
 
 import numpy as np
 from dp_accounting import dp_event
-from tqdm.auto import tqdm
 
-from dpprecond import accounting
 from dpprecond._validation import (
     check_int,
     check_positive,
 )
-from dpprecond.fl import client as client_mod
-from dpprecond.fl.baseline_common import BaselineResult, history_record, split_epsilon_after
+from dpprecond.fl.baseline_common import BaselineResult
 from dpprecond.fl.fedfc import fedfc_events, psd_part, setup_covariance_run
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.simulator import ClientData
@@ -113,9 +110,7 @@ def run_fednew(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
                                noise_multiplier=noise_multiplier,
                                covariance_share=covariance_share, accountant=accountant,
                                seed=seed)
-    row_clip, X_test, y_test, z_cov, z_grad = (run.row_clip, run.X_test, run.y_test,
-                                               run.z_cov, run.z_grad)
-    init_seq, noise_root = run.init_seq, run.noise_root
+    row_clip, z_cov, z_grad = run.row_clip, run.z_cov, run.z_grad
     K = data.n_clients
     start = time.perf_counter()
     # Each client's (H_i + (alpha + rho) I)^{-1} on the feature side, (K, d1, d1).
@@ -123,29 +118,21 @@ def run_fednew(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
     for i, C_i in enumerate(run.second_moments()):
         w, V = psd_part(C_i)
         solvers[i] = (V / (h * w + alpha + rho)) @ V.T
-    events: list[dp_event.DpEvent] = [accounting.gaussian(z_cov)]
     logger.info("DP-FedNew: K=%d, T=%d, z_cov=%.4g, z_grad=%.4g, curvature %.2f s", K,
                 n_rounds, z_cov, z_grad, time.perf_counter() - start)
-    params = model.init_params(np.random.default_rng(init_seq))
-    x_sq = np.einsum("ij,ij->i", data.X, data.X)
     lam = np.zeros((K, d1, k))
     y_bar = np.zeros((d1, k))
-    history: list[dict[str, float]] = []
-    for t in tqdm(range(n_rounds), disable=not progress, desc="rounds", unit="round"):
-        start = time.perf_counter()
-        U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds,
-                                           clip_norm, z_grad,
-                                           client_mod.round_generators(noise_root, t, K),
-                                           x_sq_norms=x_sq)
-        events.append(accounting.gaussian(z_grad))
+
+    def step(U: np.ndarray) -> np.ndarray:
+        nonlocal lam, y_bar
         Y = np.matmul(solvers, U.reshape(K, d1, k) - lam + rho * y_bar)
         y_bar = Y.mean(axis=0)
         lam += rho * (Y - y_bar)
-        update = (-lr * y_bar).ravel()
-        params = params + update
-        eps = split_epsilon_after(z_cov, z_grad, t + 1, float(target_delta), accountant)
-        history.append(history_record(model, params, X_test, y_test, t, eps, update,
-                                      time.perf_counter() - start))
+        return (-lr * y_bar).ravel()
+
+    params, history, events = run.gradient_rounds(
+        model, step, n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
+        accountant=accountant, progress=progress)
     return BaselineResult(params, history, z_grad, history[-1]["epsilon"], float(target_delta),
                           {"method": "fednew", "n_rounds": n_rounds, "learning_rate": lr,
                            "rho": rho, "alpha": alpha, "hessian_scale": h,
