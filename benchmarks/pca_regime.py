@@ -43,13 +43,13 @@ from dpprecond.data.synthetic import coherent_spiked, describe
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.budget import plan_fixed
 from dpprecond.pca.core import (
-    RowsByNorm,
     TrialSpec,
     clip_grid,
     private_init,
     run_trials,
 )
 from dpprecond.pca.metrics import sin_theta
+from dpprecond.pca.rows import DenseRows
 
 ORACLE_ITERS = (1, 2, 4, 8, 16, 32)
 METHODS = ("analyze_gauss", "power", "fixed", "select")
@@ -59,7 +59,7 @@ def oracle(A: np.ndarray, S: np.ndarray, V: np.ndarray, k: int, eps: float, delt
            rng: np.random.Generator) -> tuple[float, float, int]:
     """Best sin-theta over the (R, T) grid (T = 0 is Analyze Gauss), chosen non-privately."""
     n = A.shape[0]
-    rows = RowsByNorm.build(A)
+    rows = DenseRows(A)
     # The private grid extended by two smaller radii, to see whether its lower end binds.
     grid = clip_grid(n, k)
     radii = np.concatenate([grid[0] / np.array([4.0, 2.0]), grid])

@@ -93,16 +93,16 @@ def test_scaled_rows_paths_match_reference(quantile, heavy):
     else:
         row_scale = rng.uniform(0.2, 2.0, (2000, 1))
     X = rng.standard_normal((2000, 15)) * row_scale
-    from dpprecond.pca.core import ScaledRows
-    from dpprecond.pca.preprocess import preprocess, row_scales
+    from dpprecond.pca.rows import ClippedRows
 
-    A = preprocess(X, 2.5).A
+    rows = ClippedRows.from_data(X, 2.5, block_bytes=8 * 15 * 256)  # several blocks
+    A = rows.materialize()
     X0 = orthonormalize(rng.standard_normal((15, 3)))
     P = A @ X0
     B = np.linalg.inv(np.linalg.cholesky(P.T @ P)).T  # any preconditioner, for the scale of y
     R = float(np.quantile(np.linalg.norm(P @ B, axis=1), quantile))
     spec = [TrialSpec(R, 3, 0.0, 0.0, np.random.default_rng(0))]
-    implicit, c1 = run_trials(ScaledRows.build(X, row_scales(X, 2.5)), A.T @ A, X0, spec)
+    implicit, c1 = run_trials(rows, A.T @ A, X0, spec)
     ref = _reference_alg2(A, X0, R, 3, 0.0, 0.0, np.random.default_rng(0))
     assert np.allclose(implicit[0], ref, atol=1e-9)
     if quantile < 1.0:

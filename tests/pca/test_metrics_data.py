@@ -16,7 +16,8 @@ from dpprecond.pca import (
     sin_theta_frobenius,
 )
 from dpprecond.pca.metrics import top_right_singular_vectors
-from dpprecond.pca.preprocess import preprocess, scaled_gram
+from dpprecond.pca.preprocess import preprocess
+from dpprecond.pca.rows import ClippedRows
 
 
 def test_sin_theta_known_angles():
@@ -97,7 +98,8 @@ def test_preprocess_centering():
     mean = X.mean(axis=0)
     pub = preprocess(X, 3.0, center=mean)
     assert np.allclose(pub.mean, mean)
-    assert np.allclose(pub.A.mean(axis=0), 0.0, atol=1e-12)  # no row above 1 here
+    # no row above 1 here; rows carry the factor SHRINK = 1 - 2^-30 (clipping.py)
+    assert np.allclose(pub.A.mean(axis=0), 0.0, atol=1e-9)
     exact = preprocess(X, 3.0, center="private", mean_noise_multiplier=0.0,
                        rng=np.random.default_rng(1))
     assert np.allclose(exact.mean, mean)
@@ -111,15 +113,23 @@ def test_preprocess_centering():
     assert np.linalg.norm(far.A, axis=1).max() <= 1.0 + 1e-12
 
 
-def test_scaled_gram_and_sorted_rows_match_the_plain_path():
+def test_block_gram_matches_the_materialized_rows():
+    """The Gram pass (raw fast path for unclipped blocks, clipped blocks otherwise) equals
+    A^T A of the materialized rows, with and without centering; tiny blocks force many
+    blocks of both kinds."""
     rng = np.random.default_rng(4)
     X = rng.standard_normal((300, 7)) * rng.uniform(0.1, 3, (300, 1))
-    plain = preprocess(X, 2.0)
-    S, n_over = scaled_gram(X, 2.0)
-    assert n_over == plain.n_clipped > 0
-    assert np.allclose(S, plain.A.T @ plain.A, atol=1e-12)
-    srt = preprocess(X, 2.0, sort_by_norm=True)
-    assert np.all(np.diff(srt.norms) >= -1e-12)  # sorted up to rounding
-    assert np.allclose(srt.norms, np.linalg.norm(srt.A, axis=1))
-    assert np.allclose(srt.A.T @ srt.A, S, atol=1e-12)
-    assert srt.n_clipped == plain.n_clipped
+    X[:100] *= 0.1  # the first blocks have no clipped row: the raw path runs
+    rows = ClippedRows.from_data(X, 2.0, block_bytes=8 * 7 * 64)
+    A = rows.materialize()
+    assert rows.n_clipped == preprocess(X, 2.0).n_clipped > 0
+    assert np.allclose(rows.gram(), A.T @ A, atol=1e-12)
+    assert np.allclose(rows.norms, np.linalg.norm(A, axis=1))
+    assert np.linalg.norm(A, axis=1).max() <= 1.0
+    centered = rows.centered(A.mean(axis=0))
+    C = centered.materialize()
+    assert np.allclose(centered.gram(), C.T @ C, atol=1e-12)
+    assert np.allclose(centered.times(np.eye(7)), C)
+    assert np.allclose(centered.t_times(np.ones((300, 1))), C.sum(axis=0)[:, None])
+    idx = np.array([0, 5, 64, 65, 200, 299])
+    assert np.array_equal(centered.rows(idx), C[idx])

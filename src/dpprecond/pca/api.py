@@ -35,7 +35,6 @@ from dpprecond.pca.baselines import (
     random_orthonormal,
 )
 from dpprecond.pca.core import (
-    ScaledRows,
     TrialSpec,
     clip_grid,
     flip_signs,
@@ -45,7 +44,8 @@ from dpprecond.pca.core import (
     run_trials,
     select,
 )
-from dpprecond.pca.preprocess import preprocess, row_scales, scaled_gram
+from dpprecond.pca.noise import gaussian_matrix
+from dpprecond.pca.rows import ClippedRows, mean_sensitivity
 
 __all__ = ["METHODS", "PCAResult", "check_dense", "check_pca_input", "fit_private_pca"]
 
@@ -338,22 +338,30 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
     info["noise_multipliers"] = dict(z)
     info["scale"] = plan.scale
 
-    # -- rows -------------------------------------------------------------------------------
-    if center is None:
-        # A = diag(scale) X is never materialized: S from X, iterations scale on the fly.
-        x_norms = np.sqrt(np.einsum("ij,ij->i", X, X))
-        S, n_clipped = scaled_gram(X, row_norm, x_norms)
-        scale = row_scales(X, row_norm, x_norms)
-        A = (ScaledRows(X, x_norms * scale, scale) if method in ("select", "fixed")
-             else None)
-        mean_used, n_clipped_centered = None, 0
-    else:
-        rows = preprocess(X, row_norm, center=center,
-                          mean_noise_multiplier=z.get("z_mean", 0.0), rng=mean_stream)
-        S = rows.A.T @ rows.A
-        A = ScaledRows(rows.A, rows.norms)
-        mean_used, n_clipped, n_clipped_centered = (rows.mean, rows.n_clipped,
-                                                    rows.n_clipped_centered)
+    # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
+    rows = ClippedRows.from_data(X, row_norm)
+    n_clipped = rows.n_clipped
+    mean_used = None
+    # Rounding of the block sums: every noise std is inflated by the bound of
+    # ClippedRows.rounding_slack (below 1e-6 relatively for n <= 1e7); events keep z.
+    fp = 1.0 + rows.rounding_slack()
+    z = {key: val * fp for key, val in z.items()}
+    if center is not None:
+        if isinstance(center, str):  # "private": Gaussian mean of the step-1 rows
+            mu = rows.column_sum() / n
+            mu += gaussian_matrix((d,), z.get("z_mean", 0.0) * mean_sensitivity(n),
+                                  mean_stream)
+        else:
+            with np.errstate(over="ignore"):
+                mu = center / row_norm
+            if not np.all(np.isfinite(mu)):
+                raise ValueError(f"center / row_norm overflows (row_norm={row_norm:g}); give "
+                                 "a public mean in the units of X that is within range.")
+        rows = rows.centered(mu)
+        mean_used = mu * row_norm
+    n_clipped_centered = rows.n_clipped_centered
+    S = rows.gram()
+    A = rows
     info["n_clipped_centered"] = n_clipped_centered
     event = plan.event
     eigvals = None
@@ -406,7 +414,7 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
         elif res.early_exit:  # small_gap == "refine"
             refined = refine_init(S, init, z["z_run"], main_stream)
             V, eigvals = refined.X0, refined.eigvals[:k]
-            event = compose([plan.init_event, gaussian(z["z_run"])])
+            event = compose([plan.init_event, gaussian(plan.noise_multipliers["z_run"])])
             info["note"] = (
                 "Small gap: the released init's eigengap is below the noise bound (h <= 0), "
                 "so no trial ran; the trial budget (noise multiplier z_run, which costs at "
@@ -418,7 +426,10 @@ def fit_private_pca(X: Any, n_components: int, *, method: str = "select",
         eps = math.inf
     else:
         eps = epsilon_of(event, delta, acc)
-    explained = None if eigvals is None else np.asarray(eigvals) * row_norm**2 / n
+    explained = None
+    if eigvals is not None:  # in the units of X (inf if row_norm^2 overflows)
+        with np.errstate(over="ignore"):
+            explained = np.asarray(eigvals) / n * row_norm * row_norm
     info["fit_seconds"] = time.perf_counter() - t_start
     return PCAResult(components=flip_signs(np.ascontiguousarray(V)), dp_event=event,
                      epsilon=eps, delta=delta, n_clipped=n_clipped, method=method,

@@ -1,7 +1,7 @@
 """The private PCA kernels: Algorithms 1-3 of the spec.
 
 Privacy unit: one row of ``A`` (replace-one adjacency); every row of ``A`` has l2 norm at
-most 1 (see :mod:`dpprecond.pca.preprocess`). The functions here are pure functions of
+most 1 as computed (see :mod:`dpprecond.pca.rows`). The functions here are pure functions of
 arrays, noise multipliers and an explicit ``numpy.random.Generator``: they *release* noisy
 statistics with the sensitivities below and return what they released; the cost of those
 releases is described by :mod:`dpprecond.pca.budget` and computed by
@@ -40,12 +40,11 @@ from scipy import linalg
 from threadpoolctl import threadpool_limits
 
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
+from dpprecond.pca.rows import DenseRows, RowSource
 
 __all__ = [
     "SQRT2",
     "InitRelease",
-    "RowsByNorm",
-    "ScaledRows",
     "SelectionResult",
     "TrialSpec",
     "clip_grid",
@@ -226,60 +225,7 @@ def _preconditioner(H: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
     return (V / np.sqrt(w)) @ V.T, float(1.0 / np.sqrt(w[0]))
 
 
-@dataclass(frozen=True)
-class ScaledRows:
-    """The rows ``a_i = scale_i x_i`` of ``A`` without materializing ``A``.
-
-    ``scale`` is ``None`` when ``X`` already holds the rows of ``A``. ``norms`` are the l2
-    norms of the rows of ``A``. A row can be clipped in a trial only if
-    ``||a_i|| ||B||_2 > R`` (because ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``), so
-    :func:`run_trials` computes ``y_i`` only for those candidate rows (all of them with one
-    GEMM on ``X`` when they are many). The screening is exact: other rows are provably not
-    clipped.
-    """
-
-    X: np.ndarray
-    norms: np.ndarray
-    scale: np.ndarray | None = None
-
-    @classmethod
-    def build(cls, A: np.ndarray, scale: np.ndarray | None = None) -> ScaledRows:
-        """Wrap ``A`` (or ``X`` with per-row ``scale``); computes the row norms."""
-        norms = np.sqrt(np.einsum("ij,ij->i", A, A))
-        if scale is not None:
-            norms *= scale
-        return cls(A, norms, scale)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.X.shape
-
-    def rows(self, idx: np.ndarray) -> np.ndarray:
-        """Materialize the rows ``idx`` of ``A``."""
-        out = self.X[idx]
-        if self.scale is not None:
-            out *= self.scale[idx, None]
-        return out
-
-    def times(self, M: np.ndarray) -> np.ndarray:
-        """``A @ M`` with one pass over ``X``."""
-        out = self.X @ M
-        if self.scale is not None:
-            out *= self.scale[:, None]
-        return out
-
-    def t_times(self, D: np.ndarray) -> np.ndarray:
-        """``A^T @ D`` with one pass over ``X``."""
-        if self.scale is not None:
-            D = D * self.scale[:, None]
-        return self.X.T @ D
-
-
-#: Former name (rows were once sorted by norm); kept for the benchmark scripts.
-RowsByNorm = ScaledRows
-
-
-def run_trials(A: np.ndarray | ScaledRows, S: np.ndarray, X0: np.ndarray,
+def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                trials: list[TrialSpec], *,
                max_batch_columns: int = 1024) -> tuple[list[np.ndarray], np.ndarray]:
     """Algorithm 2 for several independent trials from the shared start ``X0``, batched.
@@ -297,7 +243,8 @@ def run_trials(A: np.ndarray | ScaledRows, S: np.ndarray, X0: np.ndarray,
 
     Computation (exact, cheaper than the formulas): ``H`` uses ``X_t^T S X_t`` with the
     precomputed ``S = A^T A``; ``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T``.
-    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (:class:`ScaledRows`), so
+    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (because
+    ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``; the screening is exact), so
     ``y_i`` is computed for those candidate rows only: one GEMM of the candidates (or of all
     of ``A`` when they are more than a quarter of the rows) with the stacked
     ``[X_1 B_1 ... X_L B_L]`` of all live trials (trials sorted by ``T``; the live ones are
@@ -311,7 +258,7 @@ def run_trials(A: np.ndarray | ScaledRows, S: np.ndarray, X0: np.ndarray,
     n_clipped_last : ndarray of int
         Rows clipped in each trial's last iteration (diagnostic; not a private release).
     """
-    rows = A if isinstance(A, ScaledRows) else ScaledRows.build(A)
+    rows = DenseRows(A) if isinstance(A, np.ndarray) else A
     norms = rows.norms
     n, d = rows.shape
     k = X0.shape[1]
@@ -443,7 +390,7 @@ class SelectionResult:
     tau_hi: float
 
 
-def select(A: np.ndarray | ScaledRows, S: np.ndarray, init: InitRelease, *, z_run: float,
+def select(A: np.ndarray | RowSource, S: np.ndarray, init: InitRelease, *, z_run: float,
            mean_trials: float, score_share: float, h_share: float,
            radii: np.ndarray, iters: np.ndarray, rng: np.random.Generator,
            beta: float = 0.01, h_floor_factor: float = 4.0,

@@ -1,0 +1,68 @@
+"""Hole 1 of the privacy issue: a finite row of huge norm must not break the sensitivity.
+
+Rows are divided by the public ``row_norm`` and scaled down to norm 1 when still above it,
+so two inputs that agree after that map are the *same* input to every release. With the
+same seed they must give the same output, whatever the raw norm of a row (1e8, 1e300).
+Before the fix, the Gram matrix was computed as ``X^T X / row_norm^2`` minus a correction,
+which cancels catastrophically for a huge row (and overflows to NaN at 1e155 and above).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpprecond.pca import fit_private_pca
+
+METHODS = ["analyze_gauss", "fixed", "select", "power", "exact"]
+
+
+def _base(seed: int = 0, n: int = 2000, d: int = 6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    X /= np.linalg.norm(X, axis=1).max()
+    return X
+
+
+@pytest.mark.parametrize("norm", [1e8, 1e154, 1e300])
+@pytest.mark.parametrize("method", METHODS)
+def test_a_huge_row_is_the_same_input_as_its_unit_version(method: str, norm: float) -> None:
+    X = _base()
+    X[0] = 0.0
+    X[0, 0] = 1.0  # a unit row: unchanged by the scaling
+    Y = X.copy()
+    Y[0, 0] = norm  # scaled down to the same unit row
+    eps = None if method == "exact" else 1.0
+    a = fit_private_pca(X, 2, method=method, epsilon=eps, delta=1e-6, row_norm=1.0, rng=3)
+    b = fit_private_pca(Y, 2, method=method, epsilon=eps, delta=1e-6, row_norm=1.0, rng=3)
+    assert np.all(np.isfinite(b.components))
+    np.testing.assert_allclose(b.components, a.components, rtol=0, atol=1e-9)
+    if a.explained_variance is not None:
+        np.testing.assert_allclose(b.explained_variance, a.explained_variance, rtol=1e-9)
+
+
+@pytest.mark.parametrize("top", [1e8, 1e300, 1.7e308])
+def test_noiseless_gram_of_a_huge_row_matches_the_clipped_rows(top: float) -> None:
+    """The issue's repro: ``||triu(S - A^T A)||_F`` was about 20 for a row of norm 1e8."""
+    X = _base()
+    direction = X[0] / np.linalg.norm(X[0])
+    X[0] = direction / np.abs(direction).max() * top  # largest entry = top (finite)
+    A = X.copy()
+    A[0] = direction  # what the row is scaled down to
+    res = fit_private_pca(X, 6, method="analyze_gauss", epsilon=1.0, delta=1e-6, row_norm=1.0,
+                          rng=0, add_noise=False)
+    ref = np.linalg.eigvalsh(A.T @ A)[::-1] / X.shape[0]
+    np.testing.assert_allclose(res.explained_variance, ref, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("row_norm", [1e-300, 1e-100, 1e100, 1e300])
+def test_extreme_row_norm_bounds_give_the_scaled_problem(row_norm: float) -> None:
+    """Rescaling the data and its public bound together changes nothing."""
+    X = _base()
+    Y = X * row_norm
+    a = fit_private_pca(X, 2, method="analyze_gauss", epsilon=1.0, delta=1e-6, row_norm=1.0,
+                        rng=5)
+    b = fit_private_pca(Y, 2, method="analyze_gauss", epsilon=1.0, delta=1e-6,
+                        row_norm=row_norm, rng=5)
+    assert np.all(np.isfinite(b.components))
+    np.testing.assert_allclose(b.components, a.components, atol=1e-8)
