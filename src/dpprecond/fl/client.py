@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpprecond.fl.models import FLModel, clip_factors
+from dpprecond.fl.models import FLModel, clip_rows_safely
 
 __all__ = [
     "client_level_aggregate",
@@ -120,8 +120,9 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     Y = np.tile(params, (n_clients, 1))
     for _ in range(local_steps):
         Y -= local_lr * model.clipped_grad_sums(Y, X, y, bounds, np.inf) / sizes
-    D = (params - Y) / (local_lr * local_steps)
-    D *= clip_factors(np.linalg.norm(D, axis=1), clip_norm)[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        D = (params - Y) / (local_lr * local_steps)
+    D = clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
     total = D.sum(axis=0)
     if noise_multiplier:
         total += noise_multiplier * 2.0 * clip_norm * server_rng.standard_normal(total.shape[0])

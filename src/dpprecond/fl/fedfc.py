@@ -62,7 +62,7 @@ from dpprecond.fl.baseline_common import (
     history_record,
     split_epsilon_after,
 )
-from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.models import LinearSoftmax, clip_rows_safely
 from dpprecond.fl.simulator import ClientData
 
 __all__ = [
@@ -83,12 +83,12 @@ def covariance_sensitivity(row_clip: float) -> float:
 
 
 def clip_rows(X: np.ndarray, row_clip: float) -> np.ndarray:
-    """``[X, 1]`` with every row scaled to norm at most ``row_clip`` (copy), (n, d + 1)."""
+    """``[X, 1]`` with every row scaled to norm at most ``row_clip`` (copy), (n, d + 1).
+
+    Overflow-safe for every finite input (:func:`dpprecond.fl.models.clip_rows_safely`).
+    """
     Xt = np.hstack([X, np.ones((X.shape[0], 1), dtype=X.dtype)])
-    if not math.isinf(row_clip):
-        norms = np.sqrt(np.einsum("ij,ij->i", Xt, Xt))
-        Xt *= np.minimum(1.0, row_clip / np.maximum(norms, 1e-300))[:, None]
-    return Xt
+    return clip_rows_safely(Xt, row_clip)
 
 
 def private_second_moments(X: np.ndarray, bounds: np.ndarray, row_clip: float,

@@ -21,11 +21,20 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["FLModel", "LinearSoftmax", "TorchModel", "block_products", "clip_factors"]
+from dpprecond.clipping import SHRINK, clip_to_radius, safe_row_norms
+
+__all__ = [
+    "FLModel",
+    "LinearSoftmax",
+    "TorchModel",
+    "block_products",
+    "clip_factors",
+    "clip_rows_safely",
+]
 
 
 @runtime_checkable
@@ -66,6 +75,23 @@ def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
         return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
 
 
+def clip_rows_safely(G: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Rows of ``G`` clipped to norm ``clip_norm``, for any input (a new array).
+
+    A row with a non-finite entry (a per-example gradient that overflowed) is replaced by
+    zero: a deterministic function of that example, so the sensitivity is kept. Finite rows
+    are clipped with the overflow-safe factors of :mod:`dpprecond.clipping` (norm at most
+    ``clip_norm`` as computed). ``clip_norm = inf`` returns the rows unchanged.
+    """
+    if np.isinf(clip_norm):
+        return np.array(G, dtype=np.float64)
+    G = np.where(np.isfinite(G).all(axis=1)[:, None], G, 0.0)
+    nu, pre = safe_row_norms(G)
+    G *= pre[:, None]
+    G *= clip_to_radius(nu, pre, clip_norm)[:, None]
+    return G
+
+
 def block_products(X: np.ndarray, R: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """``X_i^T R_i`` for every contiguous row block ``i``, shape (K, d, k).
 
@@ -101,8 +127,12 @@ def block_products(X: np.ndarray, R: np.ndarray, bounds: np.ndarray) -> np.ndarr
 
 
 def _softmax_residuals(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``softmax(logits) - onehot(y)`` (in place on ``logits``) and per-row losses."""
-    logits -= logits.max(axis=1, keepdims=True)
+    """Return ``softmax(logits) - onehot(y)`` (in place on ``logits``) and per-row losses.
+
+    ``logits`` may hold ``-inf`` (a class infinitely less likely) but no ``nan``/``+inf``.
+    """
+    with np.errstate(invalid="ignore"):
+        logits -= logits.max(axis=1, keepdims=True)
     np.exp(logits, out=logits)
     total = logits.sum(axis=1, keepdims=True)
     logits /= total
@@ -110,6 +140,27 @@ def _softmax_residuals(logits: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, n
     losses = -np.log(np.maximum(logits[rows, y], 1e-300))
     logits[rows, y] -= 1.0
     return logits, losses
+
+
+#: Rows whose squared norm reaches this go through the overflow-safe path.
+_SQ_LIMIT = 1e280
+
+
+class _HardRows(NamedTuple):
+    """Rows of ``[x, 1]`` that the plain computation cannot handle, computed safely.
+
+    ``idx`` are the row indices, ``Y = [x, 1] * pre`` (``pre`` a power of two, exact),
+    ``nu = ||Y||``, and ``shifted`` their logits minus the row maximum (``<= 0``, ``-inf``
+    allowed); ``failed`` marks rows whose scaled logits still overflow (astronomically large
+    parameters): they contribute nothing.
+    """
+
+    idx: np.ndarray
+    Y: np.ndarray
+    pre: np.ndarray
+    nu: np.ndarray
+    shifted: np.ndarray
+    failed: np.ndarray
 
 
 class LinearSoftmax:
@@ -145,9 +196,59 @@ class LinearSoftmax:
         return np.zeros(self.n_params)
 
     def logits(self, params: np.ndarray, X: np.ndarray) -> np.ndarray:
-        """``X W[:d] + b``, shape (n, n_classes)."""
+        """``X W[:d] + b``, shape (n, n_classes) (plain: may overflow for huge rows)."""
         W = self._unflatten(params)
         return X @ W[:-1] + W[-1]
+
+    def shifted_logits(self, params: np.ndarray, X: np.ndarray,
+                       bounds: np.ndarray | None = None,
+                       x_sq_norms: np.ndarray | None = None) -> tuple[np.ndarray, _HardRows]:
+        """Logits minus their row maximum, finite or ``-inf``, for every finite input.
+
+        ``params`` is shared (n_params,) or one per client (K, n_params) with ``bounds``.
+        Rows whose squared norm is out of range or whose plain logits are not finite are
+        recomputed from ``[x, 1] * pre`` (``pre`` an exact power of two bringing the
+        largest entry near 1): their logits are ``(Y W - max) / pre``, which can only
+        round towards ``-inf``. Returns the shifted logits and the recomputed rows.
+        """
+        n = X.shape[0]
+        if params.ndim == 1:
+            with np.errstate(over="ignore", invalid="ignore"):
+                L = self.logits(params, X)
+        else:
+            L = np.empty((n, self.n_classes), dtype=np.result_type(X, params))
+            with np.errstate(over="ignore", invalid="ignore"):
+                for i in range(len(bounds) - 1):
+                    lo, hi = bounds[i], bounds[i + 1]
+                    L[lo:hi] = self.logits(params[i], X[lo:hi])
+        sq = np.einsum("ij,ij->i", X, X) if x_sq_norms is None else x_sq_norms
+        hard = ~(sq < _SQ_LIMIT) | ~np.isfinite(L).all(axis=1)
+        idx = np.flatnonzero(hard)
+        with np.errstate(invalid="ignore"):
+            L -= L.max(axis=1, keepdims=True)
+        Xt = np.hstack([X[idx], np.ones((idx.size, 1), dtype=X.dtype)])
+        nu, pre = safe_row_norms(Xt)
+        top = np.abs(Xt).max(axis=1) if idx.size else np.zeros(0)
+        # scale every hard row (also ones with an ordinary norm but overflowing logits)
+        pre = np.where(pre == 1.0, np.ldexp(1.0, np.clip(-np.frexp(top)[1], -1000, 1000)),
+                       pre)
+        Y = Xt * pre[:, None]
+        nu = np.sqrt(np.einsum("ij,ij->i", Y, Y))
+        shifted = np.zeros((idx.size, self.n_classes))
+        failed = np.zeros(idx.size, dtype=bool)
+        if idx.size:
+            owner = (np.zeros(idx.size, dtype=np.int64) if params.ndim == 1
+                     else np.searchsorted(bounds, idx, side="right") - 1)
+            Ws = (self._unflatten(params)[None] if params.ndim == 1
+                  else params.reshape(-1, self.n_features + 1, self.n_classes))
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaled = np.einsum("nd,ndk->nk", Y, Ws[owner])
+                failed = ~np.isfinite(scaled).all(axis=1)
+                scaled[failed] = 0.0
+                shifted = scaled - scaled.max(axis=1, keepdims=True)
+                shifted /= pre[:, None]
+            L[idx] = shifted
+        return L, _HardRows(idx, Y, pre, nu, shifted, failed)
 
     def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                           bounds: np.ndarray, clip_norm: float, *,
@@ -157,29 +258,42 @@ class LinearSoftmax:
         Cost: one forward product ``X W`` (all clients at once when ``params`` is shared)
         and one product ``X_i^T R_i`` per client on contiguous row blocks, whose total is
         one ``X^T R``; the per-example norms come from ``||x~|| ||r||`` in O(n (d + k)).
+
+        Overflow safety (every finite record): a record whose squared norm is out of range
+        or whose logits overflow is handled apart (:meth:`shifted_logits`): its gradient
+        ``x~ r^T`` is formed as ``(x~ pre) (r f)^T`` with ``pre`` an exact power of two and
+        ``f = min(1 / pre, C / (||x~ pre|| ||r||))``, so no factor overflows or becomes
+        subnormal and its norm is at most ``C`` as computed (:mod:`dpprecond.clipping`).
+        A record whose scaled logits still overflow contributes nothing (a deterministic
+        function of the record and the public parameters, so the sensitivity is kept).
         """
         n_clients = len(bounds) - 1
         k = self.n_classes
-        if params.ndim == 1:
-            R, _ = _softmax_residuals(self.logits(params, X), y)
-        else:
-            R = np.empty((X.shape[0], k), dtype=np.result_type(X, params))
-            for i in range(n_clients):
-                lo, hi = bounds[i], bounds[i + 1]
-                R[lo:hi] = self.logits(params[i], X[lo:hi])
-            R, _ = _softmax_residuals(R, y)
+        if x_sq_norms is None:
+            x_sq_norms = np.einsum("ij,ij->i", X, X)
+        L, hard = self.shifted_logits(params, X, bounds, x_sq_norms)
+        R, _ = _softmax_residuals(L, y)
+        R[hard.idx] = 0.0  # hard rows are added below from their scaled form
+        hard_R = _softmax_residuals(hard.shifted.copy(), y[hard.idx])[0]
+        hard_R[hard.failed] = 0.0
         if not np.isinf(clip_norm):
-            if x_sq_norms is None:
-                x_sq_norms = np.einsum("ij,ij->i", X, X)
             x_norms = np.sqrt(x_sq_norms + 1.0)
+            x_norms[hard.idx] = 1.0
             r_norms = np.sqrt(np.einsum("ij,ij->i", R, R))
-            R *= clip_factors(x_norms * r_norms, clip_norm)[:, None]
+            R *= clip_factors(x_norms * r_norms, clip_norm)[:, None] * SHRINK
+            hr = np.sqrt(np.einsum("ij,ij->i", hard_R, hard_R))
+            hard_R *= clip_to_radius(hard.nu * hr, hard.pre, clip_norm)[:, None]
+        else:
+            hard_R /= hard.pre[:, None]
         out = np.empty((n_clients, self.n_features + 1, k), dtype=R.dtype)
         out[:, :-1] = block_products(X, R, bounds)
         nonempty = np.diff(bounds) > 0  # empty blocks (a Poisson sample of 0) sum to 0
         out[:, -1] = 0.0
         if nonempty.any():
             out[nonempty, -1] = np.add.reduceat(R, bounds[:-1][nonempty], axis=0)
+        if hard.idx.size:
+            owner = np.searchsorted(bounds, hard.idx, side="right") - 1
+            np.add.at(out, owner, np.einsum("nd,nk->ndk", hard.Y, hard_R))
         return out.reshape(n_clients, self.n_params)
 
     def per_example_grads(self, params: np.ndarray, X: np.ndarray,
@@ -196,8 +310,8 @@ class LinearSoftmax:
         return np.sqrt((np.einsum("ij,ij->i", X, X) + 1.0) * np.einsum("ij,ij->i", R, R))
 
     def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """Mean cross-entropy and accuracy on (X, y)."""
-        logits = self.logits(params, X)
+        """Mean cross-entropy and accuracy on (X, y) (finite logits for every finite row)."""
+        logits, _ = self.shifted_logits(params, X)
         acc = float(np.mean(np.argmax(logits, axis=1) == y))
         _, losses = _softmax_residuals(logits, y)
         return float(losses.mean()), acc
@@ -296,8 +410,7 @@ class TorchModel:
             lo, hi = bounds[i], bounds[i + 1]
             p = params if params.ndim == 1 else params[i]
             G = self._per_example(p, X[lo:hi], y[lo:hi])
-            G *= clip_factors(np.linalg.norm(G, axis=1), clip_norm)[:, None]
-            out[i] = G.sum(axis=0)
+            out[i] = clip_rows_safely(G, clip_norm).sum(axis=0)
         return out
 
     def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
