@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "SeedLike",
     "check_array",
     "check_choice",
     "check_delta",
@@ -23,6 +24,7 @@ __all__ = [
     "check_labels",
     "check_positive",
     "check_random_state",
+    "check_seed",
 ]
 
 
@@ -177,3 +179,33 @@ def check_random_state(seed: Any) -> np.random.Generator:
         return np.random.default_rng(seed.randint(0, 2**31 - 1))
     raise TypeError(f"Expected random_state to be None, an int, a SeedSequence or a "
                     f"numpy Generator, got {type(seed).__name__}.")
+
+
+#: What every entry point accepts as ``seed`` (``None``: fresh OS entropy).
+SeedLike = int | np.random.SeedSequence | np.random.Generator | None
+
+
+def check_seed(seed: Any, name: str = "seed") -> np.random.SeedSequence:
+    """The root ``SeedSequence`` of a run from ``None``, an int, a SeedSequence or a Generator.
+
+    ``None`` (the default of every entry point) draws fresh entropy from the operating
+    system, so the noise of a release cannot be predicted. A fixed seed is for reproducible
+    research: anyone who knows it can regenerate the noise, so never publish a release made
+    with a seed you also publish. A ``Generator`` contributes a child of its seed sequence
+    (it is advanced, like spawning).
+    """
+    if seed is None:
+        return np.random.SeedSequence()
+    if isinstance(seed, np.random.SeedSequence):
+        return seed
+    if isinstance(seed, np.random.Generator):
+        seq = seed.bit_generator.seed_seq
+        if isinstance(seq, np.random.SeedSequence):
+            return seq.spawn(1)[0]
+        return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+        if int(seed) < 0:
+            raise ValueError(f"Expected {name} >= 0, got {name}={seed}.")
+        return np.random.SeedSequence(int(seed))
+    raise TypeError(f"Expected {name} to be None (fresh OS entropy), an int >= 0, a "
+                    f"SeedSequence or a numpy Generator, got {type(seed).__name__}.")

@@ -91,7 +91,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--warmup-rounds", type=int, default=0)
     g.add_argument("--weight-decay", type=float, default=0.0)
     g = p.add_argument_group("output")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None,
+                   help="seed of all randomness, for reproducible research only (anyone who "
+                        "knows it can regenerate the noise); default: fresh OS entropy")
     g.add_argument("--out", default="fl-out", help="output directory (JSON + PNG)")
     g.add_argument("--progress", action="store_true", help="tqdm bar instead of round lines")
     p.set_defaults(func=run)
@@ -140,8 +142,10 @@ def run(args: argparse.Namespace) -> int:
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=args.weighting,
                       accountant=args.accountant).validated()
+    seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
-          f"({args.partition}), T={args.rounds}, epsilon={args.epsilon}, delta={args.delta}")
+          f"({args.partition}), T={args.rounds}, epsilon={args.epsilon}, delta={args.delta}, "
+          f"seed={seed}")
 
     def line(rec: dict[str, float]) -> None:
         if not args.progress:
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_demo() -> None:
+def run_demo(seed: int = 0) -> None:
     """DP-FedSOFIM (paper, authors' and lagged forms) vs DP-FedGD on digits, 5 IID clients.
 
     Uses the RDP accountant to keep the demo short (slightly more noise than PLD).
@@ -188,7 +192,8 @@ def run_demo() -> None:
     for eps in (2.0, 8.0, None):
         config = FLConfig(n_rounds=40, target_epsilon=eps, accountant="rdp")
         accs = [run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
-                              algorithm=a, n_clients=5, config=config).final_accuracy
+                              algorithm=a, n_clients=5, config=config,
+                              seed=seed).final_accuracy
                 for a in algorithms]
         label = "inf" if eps is None else f"{eps:g}"
         print(f"{label:>10} " + " ".join(f"{acc:>15.4f}" for acc in accs))

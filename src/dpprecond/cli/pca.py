@@ -45,7 +45,8 @@ def load_pca_matrix(data: str,
 
 
 def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[float],
-                  delta: float, row_norm: float, seed: int, center: str | None = None,
+                  delta: float, row_norm: float, seed: int | None,
+                  center: str | None = None,
                   options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Fit every (method, epsilon) and return one record per fit, with its metrics.
 
@@ -140,7 +141,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--clip-radius", type=float, help="R for --method fixed")
     p.add_argument("--n-iter", type=int, help="T for --method fixed / power")
     p.add_argument("--mean-trials", type=float, help="mean number of trials for select")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the noise, for reproducible research only (anyone who knows "
+                        "it can regenerate the noise); default: fresh OS entropy")
     p.add_argument("--json", dest="json_path", help="write all results to this JSON file")
     p.set_defaults(func=run)
 
@@ -161,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
                                          ("mean_trials", args.mean_trials)) if val is not None}
     center = None if args.center == "none" else "private"
     print(f"data: {desc}, k={args.n_components}, delta={args.delta:g}, row_norm={row_norm:g}, "
-          f"center={args.center}, seed={args.seed}")
+          f"center={args.center}, "
+          f"seed={'fresh OS entropy' if args.seed is None else args.seed}")
     records = run_pca_table(X, args.n_components, methods, epsilons, args.delta, row_norm,
                             args.seed, center=center, options=options)
     print(format_table(records))

@@ -47,11 +47,13 @@ from tqdm.auto import tqdm
 
 from dpprecond import accounting
 from dpprecond._validation import (
+    SeedLike,
     check_array,
     check_epsilon,
     check_int,
     check_labels,
     check_positive,
+    check_seed,
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.baseline_common import (
@@ -199,7 +201,7 @@ def setup_covariance_run(data: ClientData, d1: int, *, n_rounds: int, row_clip: 
                          X_test: Any, y_test: Any, clip_norm: float,
                          target_epsilon: float | None, target_delta: float,
                          noise_multiplier: float | None, covariance_share: float,
-                         accountant: str, seed: int | np.random.SeedSequence) -> CovarianceRun:
+                         accountant: str, seed: SeedLike) -> CovarianceRun:
     """Shared set-up of DP-FedFC and DP-FedNew: validate, calibrate the split, spawn streams.
 
     ``row_clip`` defaults to ``sqrt(d1)`` (the norm of ``[x, 1]`` for pixels in [-1, 1]).
@@ -212,8 +214,7 @@ def setup_covariance_run(data: ClientData, d1: int, *, n_rounds: int, row_clip: 
                                   noise_multiplier, covariance_share, accountant)
     if z_cov and math.isinf(row_clip):
         raise ValueError("A private run needs a finite row_clip; got row_clip=inf.")
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
-        check_int("seed", seed, low=0))
+    root = check_seed(seed)
     init_seq, noise_root, cov_root = root.spawn(3)
     return CovarianceRun(row_clip, X_test, y_test, z_cov, z_grad, init_seq, noise_root,
                          cov_root, data)
@@ -224,7 +225,8 @@ def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
               gamma: float = 1.0, row_clip: float | None = None, covariance_share: float = 0.2,
               clip_norm: float = 10.0, target_epsilon: float | None = 1.0,
               target_delta: float = 1e-5, noise_multiplier: float | None = None,
-              accountant: str = "pld", seed: int | np.random.SeedSequence = 0,
+              accountant: str = "pld",
+                 seed: SeedLike = None,
               progress: bool = False) -> BaselineResult:
     """Run DP-FedFC (see the module docstring for the mechanism and its accounting).
 
@@ -247,8 +249,9 @@ def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
         Share of the budget (``mu^2``) spent on the covariance release.
     clip_norm, target_epsilon, target_delta, noise_multiplier, accountant
         Gradient clipping and privacy (``noise_multiplier`` = overall GDP scale).
-    seed : int or SeedSequence
-        Root of all randomness.
+    seed : None, int, SeedSequence or Generator
+        Root of all randomness; ``None`` (default) is fresh OS entropy, a fixed seed is for
+        reproducible research only (see :func:`dpprecond._validation.check_seed`).
     progress : bool
         tqdm bar over rounds.
     """

@@ -43,6 +43,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import (
+    SeedLike,
     check_int,
     check_positive,
 )
@@ -67,7 +68,8 @@ def run_fednew(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
                row_clip: float | None = None, covariance_share: float = 0.2,
                clip_norm: float = 10.0, target_epsilon: float | None = 1.0,
                target_delta: float = 1e-5, noise_multiplier: float | None = None,
-               accountant: str = "pld", seed: int | np.random.SeedSequence = 0,
+               accountant: str = "pld",
+                 seed: SeedLike = None,
                progress: bool = False) -> BaselineResult:
     """Run DP-FedNew (see the module docstring for the algorithm and its accounting).
 
@@ -90,8 +92,9 @@ def run_fednew(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
     row_clip, covariance_share, clip_norm, target_epsilon, target_delta, noise_multiplier,
     accountant
         As in :func:`dpprecond.fl.fedfc.run_fedfc`.
-    seed : int or SeedSequence
-        Root of all randomness.
+    seed : None, int, SeedSequence or Generator
+        Root of all randomness; ``None`` (default) is fresh OS entropy, a fixed seed is for
+        reproducible research only (see :func:`dpprecond._validation.check_seed`).
     progress : bool
         tqdm bar over rounds.
     """

@@ -40,12 +40,14 @@ from tqdm.auto import tqdm
 
 from dpprecond import accounting
 from dpprecond._validation import (
+    SeedLike,
     check_array,
     check_delta,
     check_epsilon,
     check_int,
     check_labels,
     check_positive,
+    check_seed,
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import calibrate_noise_multiplier
@@ -87,7 +89,8 @@ def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test
                  global_lr: float = 1.0, control_variates: bool = True,
                  clip_norm: float = 10.0, target_epsilon: float | None = 1.0,
                  target_delta: float = 1e-5, noise_multiplier: float | None = None,
-                 accountant: str = "pld", seed: int | np.random.SeedSequence = 0,
+                 accountant: str = "pld",
+                 seed: SeedLike = None,
                  progress: bool = False) -> BaselineResult:
     """DP-SCAFFOLD (``control_variates=True``) or DP-FedAvg (``False``), full participation.
 
@@ -113,8 +116,9 @@ def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test
         SCAFFOLD's correction (``False`` gives DP-FedAvg with full-batch local steps).
     clip_norm, target_epsilon, target_delta, noise_multiplier, accountant
         Privacy settings (see above); ``clip_norm=inf`` only for non-private runs.
-    seed : int or SeedSequence
-        Root: ``spawn(2)`` gives the init stream and the noise root.
+    seed : None, int, SeedSequence or Generator
+        Root: ``spawn(2)`` gives the init stream and the noise root; ``None`` (default) is
+        fresh OS entropy, a fixed seed is for reproducible research only.
     progress : bool
         tqdm bar over rounds.
 
@@ -138,8 +142,7 @@ def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test
         z = scaffold_noise_multiplier(check_epsilon(target_epsilon, "target_epsilon"),
                                       check_delta(target_delta, "target_delta"), n_rounds,
                                       local_steps, accountant)
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
-        check_int("seed", seed, low=0))
+    root = check_seed(seed)
     init_seq, noise_root = root.spawn(2)
     K = data.n_clients
     sizes = data.sizes.astype(np.float64)[:, None]

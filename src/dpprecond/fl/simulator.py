@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from dpprecond import accounting
 from dpprecond._validation import (
+    SeedLike,
     check_array,
     check_choice,
     check_delta,
@@ -36,6 +37,7 @@ from dpprecond._validation import (
     check_int,
     check_labels,
     check_positive,
+    check_seed,
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import MECHANISMS, calibrate_noise_multiplier, training_event
@@ -227,7 +229,8 @@ class FLResult:
 
 def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation,
              config: FLConfig, *, X_test: np.ndarray, y_test: np.ndarray,
-             seed: int | np.random.SeedSequence = 0, progress: bool = False,
+             seed: SeedLike = None,
+             progress: bool = False,
              callback: Callable[[dict[str, float]], None] | None = None) -> FLResult:
     """Run ``config.n_rounds`` rounds of DP federated training with full participation.
 
@@ -247,8 +250,11 @@ def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation
         Privacy and training settings.
     X_test, y_test : ndarray
         Held-out data for the per-round accuracy and loss.
-    seed : int or SeedSequence
+    seed : None, int, SeedSequence or Generator
         Root of all randomness: model init, and noise/sampling streams per (round, client).
+        ``None`` (default) draws fresh OS entropy, so the noise is unpredictable; a fixed
+        seed is for reproducible research only (anyone who knows it can regenerate the
+        noise).
     progress : bool
         Show a tqdm progress bar.
     callback : callable, optional
@@ -266,8 +272,7 @@ def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation
     if X_test.shape[1] != data.X.shape[1]:
         raise ValueError(f"X_test has {X_test.shape[1]} features but the training data has "
                          f"{data.X.shape[1]}.")
-    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(
-        check_int("seed", seed, low=0))
+    root = check_seed(seed)
     init_seq, noise_root = root.spawn(2)
     z = config.resolve_noise_multiplier()
     K = data.n_clients
@@ -317,12 +322,16 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
                   partition: Literal["iid", "dirichlet"] = "iid", alpha: float = 0.5,
                   config: FLConfig | None = None, learning_rate: float | None = None,
                   optimizer_kwargs: dict[str, Any] | None = None,
-                  model: FLModel | None = None, seed: int = 0, progress: bool = False,
+                  model: FLModel | None = None,
+                  seed: SeedLike = None,
+                  progress: bool = False,
                   callback: Callable[[dict[str, float]], None] | None = None) -> FLResult:
     """Partition, build the model and optimizer, calibrate, and :func:`simulate`.
 
-    The partition uses the stream ``SeedSequence(seed).spawn(2)[1]`` and the simulation
-    ``SeedSequence(seed).spawn(2)[0]``; defaults follow the paper (linear softmax head,
+    The partition uses the stream ``root.spawn(2)[1]`` and the simulation
+    ``root.spawn(2)[0]`` with ``root = SeedSequence(seed)``; ``seed=None`` (default) draws
+    fresh OS entropy (the noise is unpredictable), a fixed seed is for reproducible research
+    only. Defaults follow the paper (linear softmax head,
     full participation, published server settings). ``algorithm`` is one of
     ``"fedgd"``, ``"sofim"``, ``"sofim-momentum"``, ``"adam"``, ``"yogi"``.
     """
@@ -330,7 +339,7 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     X_train = check_array("X_train", X_train)
     n_clients = check_int("n_clients", n_clients, low=1, high=X_train.shape[0])
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
-    sim_seq, part_seq = np.random.SeedSequence(check_int("seed", seed, low=0)).spawn(2)
+    sim_seq, part_seq = check_seed(seed).spawn(2)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)
     model = model or LinearSoftmax(X_train.shape[1], n_classes)
@@ -338,6 +347,7 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     result = simulate(model, data, optimizer, config, X_test=X_test, y_test=y_test,
                       seed=sim_seq, progress=progress, callback=callback)
     result.config.update(algorithm=algorithm, n_clients=n_clients, partition=partition,
-                         alpha=alpha, seed=seed, learning_rate=learning_rate,
+                         alpha=alpha, seed=seed if isinstance(seed, int) else None,
+                         learning_rate=learning_rate,
                          optimizer_kwargs=optimizer_kwargs or {})
     return result
