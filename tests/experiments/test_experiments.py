@@ -27,7 +27,7 @@ TINY = """
 name = "tiny"
 output = "out"
 [data]
-name = "blobs"
+name = "digits"  # the tests inject their own loader (blobs) into the DataCache
 [federation]
 clients = [3]
 partitions = ["iid", "dirichlet"]
@@ -93,7 +93,7 @@ def test_parse_and_expand(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad, match", [
-    ('[bogus]\nx = 1', "Unknown keys"),
+    ('[bogus]\nx = 1', "unknown key 'bogus'"),
     ('[methods.x]\nalgorithm = "nope"', "algorithm"),
     ('[protocol]\nkind = "per-T"', "rounds_list"),
 ])
@@ -138,7 +138,7 @@ def test_tiny_sweep_resumes_and_reports(tmp_path: Path) -> None:
     md = write_report(cfg, cache=cache)
     text = md.read_text()
     # One section per (K, partition), accuracy + rounds + McNemar tables, figures exist.
-    assert text.count("## blobs, K = 3") == 2
+    assert text.count("## digits, K = 3") == 2
     assert "Finished runs: 40 of 40" in text
     # Written values, not tuned: the report must not claim a tuning that did not happen.
     assert NOT_CHARGED not in text and "not tuned on this data" in text
@@ -204,7 +204,8 @@ def test_changed_hyperparameter_is_a_new_run(tmp_path: Path) -> None:
 
 
 def test_tuning_uses_validation_split_only(tmp_path: Path) -> None:
-    cfg = dataclasses.replace(tiny_config(tmp_path), methods=tiny_config(tmp_path).methods[:1])
+    cfg = dataclasses.replace(tiny_config(tmp_path), methods=tiny_config(tmp_path).methods[:1],
+                              reference="fedgd")
     cache = DataCache(cfg, loader=blobs)
     run_experiment(cfg, tuning=True, progress=False, cache=cache)
     recs = load_records(cfg, tuning=True, with_predictions=True)

@@ -8,7 +8,8 @@ Examples::
 
 ``run`` skips the runs already finished (results under the file's ``output`` directory);
 ``report`` writes ``results.csv``, ``results.json``, ``report.md`` and PNG figures there;
-``tune`` writes ``tuned.toml``, an experiment file with the tuned values as defaults.
+``tune`` writes ``<name>-tuned.toml`` next to the experiment file (``experiments/digits.toml``
+gives ``experiments/digits-tuned.toml``), an experiment file with the tuned values.
 """
 
 from __future__ import annotations
@@ -117,10 +118,23 @@ def tune(args: argparse.Namespace) -> int:
     best = select_best(cfg, load_records(cfg, tuning=True))
     out = Path(cfg.output)
     (out / "tuning.json").write_text(json.dumps(best, indent=1), encoding="utf-8")
-    (out / "tuned.toml").write_text(tuned_config_text(cfg, best), encoding="utf-8")
+    source = Path(args.config)
+    tuned = source.with_name(f"{source.stem}-tuned.toml")
+    text = tuned_config_text(cfg, best)
+    if args.output:  # the tuned file must run into the same directory
+        import tomllib
+
+        import tomli_w
+
+        doc = tomllib.loads(text)
+        doc["output"] = str(Path(args.output).resolve())
+        text = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+        text += "\n" + tomli_w.dumps(doc)
+    tuned.write_text(text, encoding="utf-8")
     for method, b in best.items():
         print(f"{method:>16}: {b['params']}  validation accuracy {b['validation_accuracy']:.4f}")
-    print(f"wrote {out / 'tuned.toml'} (tuned values as defaults) and {out / 'tuning.json'}")
+    print(f"wrote {tuned} (tuned values as defaults) and {out / 'tuning.json'}")
+    print(f"next: dpprecond experiment run {tuned}")
     return 0
 
 

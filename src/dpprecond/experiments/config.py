@@ -4,7 +4,7 @@ An experiment file names the data, the federation, the privacy grid, the protoco
 methods with their hyperparameters (see ``experiments/*.toml``)::
 
     name = "digits"
-    output = "results/digits"
+    output = "../results/digits"   # relative to this file's folder
     # tuned_from = "digits"    # written by `dpprecond experiment tune` into its output file
 
     [data]
@@ -50,14 +50,22 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpprecond._validation import check_choice, check_delta, check_fraction, check_positive
+from pydantic import ValidationError
+
+from dpprecond.experiments.schema import (
+    BASELINE_ALGORITHMS,
+    SERVER_ALGORITHMS,
+    ExperimentFile,
+    TuningTable,
+    check_method_params,
+    format_errors,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -71,8 +79,6 @@ __all__ = [
 ]
 
 #: Server-optimizer methods of :mod:`dpprecond.fl.server` and the baselines with local state.
-SERVER_ALGORITHMS = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged", "adam", "yogi")
-BASELINE_ALGORITHMS = ("scaffold", "fedavg", "fedfc", "fednew")
 ALGORITHMS = SERVER_ALGORITHMS + BASELINE_ALGORITHMS
 PROTOCOLS = ("per-round", "per-T")
 
@@ -127,107 +133,84 @@ class ExperimentConfig:
         raise KeyError(f"No method {label!r}; known: {[m.label for m in self.methods]}")
 
 
-def _epsilon(value: Any) -> float | None:
-    if isinstance(value, str):
-        if value.lower() in ("inf", "none", "non-private", "nonprivate"):
-            return None
-        raise ValueError(f"Expected an epsilon number or 'inf' (non-private), got {value!r}.")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Expected an epsilon number or 'inf', got {value!r}.")
-    if math.isinf(value):
-        return None
-    return check_positive("epsilon", float(value))
+def _eps(value: float | int | str) -> float | None:
+    return None if isinstance(value, str) else float(value)
 
 
-def _ints(name: str, value: Any) -> tuple[int, ...]:
-    items = value if isinstance(value, list) else [value]
-    if not items or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                            for v in items):
-        raise ValueError(f"Expected {name} to be a non-empty list of non-negative integers, "
-                         f"got {value!r}.")
-    return tuple(items)
-
-
-def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".") -> ExperimentConfig:
+def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
+                 source: str = "experiment file") -> ExperimentConfig:
     """Validate a TOML document (as a dict) and build an :class:`ExperimentConfig`.
 
-    ``output`` is resolved relative to ``base_dir`` unless absolute. Unknown top-level
-    tables or method algorithms raise ``ValueError`` naming them.
+    Validation is strict (:mod:`dpprecond.experiments.schema`): unknown keys, wrong types,
+    empty grids and unknown method parameters raise ``ValueError`` naming the table and the
+    key (with the closest valid key for a typo). ``output`` is resolved relative to
+    ``base_dir`` (the folder of the file, for :func:`load_config`) unless absolute.
     """
-    known = {"name", "output", "data", "federation", "privacy", "protocol", "methods",
-             "tuning", "description", "tuned_from"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ValueError(f"Unknown keys in the experiment file: {sorted(unknown)}; "
-                         f"expected some of {sorted(known)}.")
-    name = str(raw.get("name", "experiment"))
-    data = raw.get("data", {})
-    if "name" not in data:
-        raise ValueError("The experiment file needs [data] name = 'digits' (or "
-                         "'fashion-mnist', 'cifar10', 'pathmnist').")
-    fed = raw.get("federation", {})
-    priv = raw.get("privacy", {})
-    proto = raw.get("protocol", {})
-    methods_raw = raw.get("methods", {})
-    if not methods_raw:
-        raise ValueError("The experiment file lists no [methods.<label>] tables.")
+    try:
+        doc = ExperimentFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(format_errors(exc, source)) from None
     methods = []
-    for label, table in methods_raw.items():
+    for label, table in doc.methods.items():
         table = dict(table)
-        algorithm = check_choice(f"methods.{label}.algorithm", table.pop("algorithm", label),
-                                 ALGORITHMS)
+        algorithm = table.pop("algorithm", label)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"{source}: methods.{label}.algorithm = {algorithm!r} is not a "
+                             f"known algorithm; expected one of {list(ALGORITHMS)}.")
+        check_method_params(f"{source}: methods.{label}", algorithm, table)
         methods.append(MethodSpec(label, algorithm, table))
-    partitions = tuple(fed.get("partitions", ["iid"]))
-    for p in partitions:
-        check_choice("federation.partitions", p, ("iid", "dirichlet"))
-    protocol = check_choice("protocol.kind", proto.get("kind", "per-round"), PROTOCOLS)
-    rounds_list = _ints("protocol.rounds_list", proto["rounds_list"]) \
-        if "rounds_list" in proto else ()
-    if protocol == "per-T" and not rounds_list:
-        raise ValueError("protocol.kind = 'per-T' needs protocol.rounds_list = [1, 2, ...].")
-    tuning = raw.get("tuning", {})
-    grid = {k: {p: list(v) for p, v in g.items()} for k, g in tuning.get("grid", {}).items()}
-    labels = {m.label for m in methods}
-    for k in grid:
-        if k not in labels:
-            raise ValueError(f"tuning.grid.{k} names no method; methods: {sorted(labels)}.")
-    reference = str(proto.get("reference", "sofim"))
-    if reference not in labels:
-        reference = methods[0].label
-    output = Path(raw.get("output", f"results/{name}"))
+    labels = [m.label for m in methods]
+    by_label = {m.label: m for m in methods}
+    tuning = doc.tuning or TuningTable()
+    for label, grid in tuning.grid.items():
+        if label not in by_label:
+            raise ValueError(f"{source}: tuning.grid.{label} names no method; methods: "
+                             f"{labels}.")
+        for key, values in grid.items():
+            if not values:
+                raise ValueError(f"{source}: tuning.grid.{label}.{key} is empty.")
+            for value in values:
+                m = by_label[label]
+                check_method_params(f"{source}: tuning.grid.{label}", m.algorithm,
+                                    {**m.params, key: value})
+    proto = doc.protocol
+    if proto.reference is None:
+        reference = "sofim" if "sofim" in labels else labels[0]
+    elif proto.reference in labels:
+        reference = proto.reference
+    else:
+        raise ValueError(f"{source}: protocol.reference = {proto.reference!r} names no method; "
+                         f"expected one of {labels}.")
+    output = Path(doc.output if doc.output is not None else f"results/{doc.name}")
     if not output.is_absolute():
         output = Path(base_dir) / output
+    data, fed, priv = doc.data, doc.federation, doc.privacy
     return ExperimentConfig(
-        name=name, output=output, data=str(data["name"]),
-        features=str(data.get("features", "pixels")), data_path=data.get("path"),
-        checkpoint=data.get("checkpoint"), cache_dir=data.get("cache_dir"),
-        clients=_ints("federation.clients", fed.get("clients", [20])), partitions=partitions,
-        alpha=check_positive("federation.alpha", float(fed.get("alpha", 0.5))),
-        epsilons=tuple(_epsilon(e) for e in priv.get("epsilons", [1.0])),
-        delta=check_delta(float(priv.get("delta", 1e-5)), "privacy.delta"),
-        clip_norm=check_positive("privacy.clip_norm", float(priv.get("clip_norm", 10.0))),
-        accountant=check_choice("privacy.accountant", priv.get("accountant", "pld"),
-                                ("pld", "rdp")),
-        protocol=protocol, rounds=_ints("protocol.rounds", proto.get("rounds", 70))[0],
-        rounds_list=rounds_list, seeds=_ints("protocol.seeds", proto.get("seeds", [0])),
-        reference=reference, methods=tuple(methods),
-        validation_fraction=check_fraction("tuning.validation_fraction",
-                                           float(tuning.get("validation_fraction", 0.1)),
-                                           low_open=True),
-        tune_epsilons=tuple(_epsilon(e) for e in tuning.get("epsilons", [1.0])),
-        tune_seeds=_ints("tuning.seeds", tuning.get("seeds", [0])),
-        tune_grid=grid,
-        tuned_from=str(raw["tuned_from"]) if "tuned_from" in raw else None, source=raw)
+        name=doc.name, output=output, data=data.name, features=data.features,
+        data_path=data.path, checkpoint=data.checkpoint, cache_dir=data.cache_dir,
+        clients=tuple(fed.clients), partitions=tuple(fed.partitions), alpha=float(fed.alpha),
+        epsilons=tuple(_eps(e) for e in priv.epsilons), delta=float(priv.delta),
+        clip_norm=float(priv.clip_norm), accountant=priv.accountant,
+        protocol=proto.kind, rounds=proto.rounds, rounds_list=tuple(proto.rounds_list),
+        seeds=tuple(proto.seeds), reference=reference, methods=tuple(methods),
+        validation_fraction=float(tuning.validation_fraction),
+        tune_epsilons=tuple(_eps(e) for e in tuning.epsilons),
+        tune_seeds=tuple(tuning.seeds),
+        tune_grid={k: {p: list(v) for p, v in g.items()} for k, g in tuning.grid.items()},
+        tuned_from=doc.tuned_from, source=raw)
 
 
 def load_config(path: str | os.PathLike) -> ExperimentConfig:
-    """Read and validate an experiment TOML file (``output`` relative to the current dir)."""
+    """Read and validate an experiment TOML file; ``output`` is relative to its folder."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"No experiment file at {path}.")
-    with path.open("rb") as fh:
-        raw = tomllib.load(fh)
-    return parse_config(raw)
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc}).") from None
+    return parse_config(raw, base_dir=path.parent, source=str(path))
 
 
 def run_id(spec: RunSpec) -> str:

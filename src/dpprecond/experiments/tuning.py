@@ -50,37 +50,31 @@ def select_best(cfg: ExperimentConfig,
     return best
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v) if v == v and abs(v) != float("inf") else '"inf"'
-    if v is None:
-        return '"inf"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v))
-
-
 def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) -> str:
-    """A complete experiment file whose method tables hold the tuned values."""
+    """A complete experiment file whose method tables hold the tuned values (TOML, tomli-w).
+
+    The data, federation, privacy and protocol tables are copied from the source file; the
+    ``[tuning]`` table is left out (the output is an experiment to run, not to tune again),
+    and ``tuned_from`` names the source experiment.
+    """
+    import tomli_w
+
     raw = cfg.source
-    lines = [f"# Tuned by `dpprecond experiment tune` from the experiment {cfg.name!r}.",
-             f"# {NOT_CHARGED}"]
-    for key in ("name", "output", "description"):
-        if key in raw:
-            lines.append(f"{key} = {_toml_value(raw[key])}")
-    lines.append(f"tuned_from = {_toml_value(cfg.name)}")
+    doc: dict[str, Any] = {key: raw[key] for key in ("name", "output", "description")
+                           if key in raw}
+    doc["tuned_from"] = cfg.name
     for table in ("data", "federation", "privacy", "protocol"):
         if table in raw:
-            lines.append(f"\n[{table}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in raw[table].items()]
+            doc[table] = dict(raw[table])
+    doc.setdefault("protocol", {})["reference"] = cfg.reference
+    doc["methods"] = {m.label: {"algorithm": m.algorithm,
+                                **best.get(m.label, {}).get("params", m.params)}
+                      for m in cfg.methods}
+    header = [f"# Tuned by `dpprecond experiment tune` from the experiment {cfg.name!r}.",
+              f"# {NOT_CHARGED}"]
     for m in cfg.methods:
-        params = best.get(m.label, {}).get("params", m.params)
-        lines.append(f"\n[methods.{m.label}]")
-        lines.append(f"algorithm = {_toml_value(m.algorithm)}")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in params.items()]
         if m.label in best:
-            lines.append(f"# validation accuracy {best[m.label]['validation_accuracy']:.4f} "
-                         f"(mean of {best[m.label]['n_runs']} tuning runs)")
-    return "\n".join(lines) + "\n"
+            b = best[m.label]
+            header.append(f"# {m.label}: validation accuracy {b['validation_accuracy']:.4f} "
+                          f"(mean of {b['n_runs']} tuning runs)")
+    return "\n".join(header) + "\n" + tomli_w.dumps(doc)
