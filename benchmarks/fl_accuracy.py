@@ -57,7 +57,9 @@ def run_grid(args: argparse.Namespace) -> None:
             res = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                                 algorithm=algorithm, n_clients=args.clients,
                                 partition=partition, alpha=0.5, seed=seed,
-                                config=FLConfig(n_rounds=args.rounds, target_epsilon=eps))
+                                config=FLConfig(n_rounds=args.rounds,
+                                                **({"noise_multiplier": 0.0} if eps is None
+                                                   else {"target_epsilon": eps})))
             rec.update(features=feat, clients=args.clients, rounds=args.rounds,
                        noise_multiplier=res.noise_multiplier,
                        epsilon_spent=None if math.isinf(res.epsilon) else res.epsilon,

@@ -69,7 +69,7 @@ def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None
     model = LinearSoftmax(client_data.X.shape[1], 3)
     res = run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                        local_steps=3, local_lr=0.2, global_lr=0.7, control_variates=cv,
-                       clip_norm=math.inf, target_epsilon=None)
+                       clip_norm=math.inf, noise_multiplier=0.0)
     ref = ref_scaffold(client_data, 3, 3, 0.2, 0.7, cv)
     np.testing.assert_allclose(res.params, ref, rtol=1e-10, atol=1e-12)
     assert res.noise_multiplier == 0 and math.isinf(res.epsilon)
@@ -81,7 +81,7 @@ def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:
     a = run_fedavg(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                    local_steps=1, local_lr=0.3, clip_norm=1.0, noise_multiplier=0.0)
     b = simulate(model, client_data, sgd(0.3), FLConfig(n_rounds=T, clip_norm=1.0,
-                                                        target_epsilon=None),
+                                                        noise_multiplier=0.0),
                  X_test=problem[2], y_test=problem[3])
     np.testing.assert_allclose(a.params, b.params, rtol=1e-10, atol=1e-12)
 
@@ -90,7 +90,7 @@ def test_fedfc_reduces_to_non_private(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     res = run_fedfc(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                     learning_rate=0.6, gamma=0.3, row_clip=math.inf, clip_norm=math.inf,
-                    target_epsilon=None)
+                    noise_multiplier=0.0)
     C = np.mean([second_moment(X) for X, _ in blocks(client_data)], axis=0)
     P = np.linalg.inv(C + 0.3 * np.eye(C.shape[0]))
     W = np.zeros((C.shape[0], 3))
@@ -105,7 +105,7 @@ def test_fednew_reduces_to_non_private(client_data, problem) -> None:
     h, rho, alpha, lr = 0.5, 2.0, 0.1, 0.9
     res = run_fednew(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
                      learning_rate=lr, rho=rho, alpha=alpha, hessian_scale=h,
-                     row_clip=math.inf, clip_norm=math.inf, target_epsilon=None)
+                     row_clip=math.inf, clip_norm=math.inf, noise_multiplier=0.0)
     parts = blocks(client_data)
     K = len(parts)
     d1 = client_data.X.shape[1] + 1
@@ -221,7 +221,7 @@ def test_bad_inputs_are_named(client_data, problem) -> None:
         run_fedfc(model, client_data, X_test=problem[2], y_test=problem[3], gamma=-1.0)
     with pytest.raises(ValueError, match="covariance_share"):
         run_fednew(model, client_data, X_test=problem[2], y_test=problem[3],
-                   covariance_share=1.0)
+                   covariance_share=1.0, target_epsilon=1.0)
     with pytest.raises(TypeError, match="LinearSoftmax"):
         run_fedfc(object(), client_data, X_test=problem[2], y_test=problem[3])  # type: ignore[arg-type]
 

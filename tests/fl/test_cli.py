@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -19,7 +20,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_register_sets_run() -> None:
     args = parse(["fl", "--epsilon", "inf"])
     assert args.func is cli_fl.run
-    assert args.epsilon is None and args.algorithm == "sofim" and args.clients == 20
+    assert math.isinf(args.epsilon) and args.algorithm == "sofim" and args.clients == 20
+    assert cli_fl.privacy_level(args.epsilon, None) == {"noise_multiplier": 0.0}
+    assert cli_fl.privacy_level(None, None) == {"target_epsilon": 1.0}
 
 
 def test_run_writes_history_and_plot(tmp_path, capsys: pytest.CaptureFixture) -> None:
@@ -53,3 +56,10 @@ def test_demo_prints_table(capsys: pytest.CaptureFixture) -> None:
     text = capsys.readouterr().out
     assert "fedgd" in text and "sofim-momentum" in text
     assert len([ln for ln in text.splitlines() if ln.strip().startswith(("2", "8", "inf"))]) == 3
+
+
+def test_cli_refuses_both_levels(capsys) -> None:
+    from dpprecond.cli import main
+
+    assert main(["fl", "--epsilon", "1", "--noise-multiplier", "2", "--rounds", "1"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -71,7 +71,7 @@ def test_streams_are_the_spawn_tree() -> None:
 def test_same_seed_identical_history(problem: tuple, mechanism: str) -> None:
     X, y, Xt, yt = problem
     kw = {"sampling_rate": 0.3, "local_steps": 2} if mechanism == "poisson" else {}
-    config = FLConfig(n_rounds=4, target_epsilon=None, noise_multiplier=1.0, clip_norm=1.0,
+    config = FLConfig(n_rounds=4, noise_multiplier=1.0, clip_norm=1.0,
                       mechanism=mechanism, accountant="rdp", **kw)
 
     def go(seed: int) -> list[dict]:

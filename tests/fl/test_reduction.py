@@ -58,7 +58,7 @@ def test_nonprivate_reduction(client_data: ClientData, problem: tuple, algorithm
     _, _, Xt, yt = problem
     lr, T = 0.2, 6
     model = LinearSoftmax(client_data.X.shape[1], 3)
-    config = FLConfig(n_rounds=T, clip_norm=np.inf, target_epsilon=None, noise_multiplier=0.0,
+    config = FLConfig(n_rounds=T, clip_norm=np.inf, noise_multiplier=0.0,
                       mechanism=mechanism, local_lr=0.05)
     res = simulate(model, client_data, server.make_optimizer(algorithm, lr), config,
                    X_test=Xt, y_test=yt, seed=5)
@@ -70,7 +70,7 @@ def test_nonprivate_reduction(client_data: ClientData, problem: tuple, algorithm
 def test_size_weighting_is_the_pooled_gradient(client_data: ClientData, problem: tuple) -> None:
     _, _, Xt, yt = problem
     model = LinearSoftmax(client_data.X.shape[1], 3)
-    config = FLConfig(n_rounds=1, clip_norm=np.inf, target_epsilon=None, weighting="size")
+    config = FLConfig(n_rounds=1, clip_norm=np.inf, noise_multiplier=0.0, weighting="size")
     res = simulate(model, client_data, server.sgd(1.0), config, X_test=Xt, y_test=yt)
     pooled = mean_gradient(np.zeros((client_data.X.shape[1] + 1, 3)), client_data.X,
                            client_data.y)

@@ -15,9 +15,9 @@ def test_labels_out_of_range(problem: tuple) -> None:
     bad = y.copy()
     bad[0] = 3
     with pytest.raises(ValueError, match=r"y.*\[0, 3\)"):
-        run_federated(X, bad, Xt, yt, 3, config=FLConfig(n_rounds=1))
+        run_federated(X, bad, Xt, yt, 3, config=FLConfig(n_rounds=1, target_epsilon=1.0))
     with pytest.raises(ValueError, match="y_test"):
-        run_federated(X, y, Xt, yt - 1, 3, config=FLConfig(n_rounds=1))
+        run_federated(X, y, Xt, yt - 1, 3, config=FLConfig(n_rounds=1, target_epsilon=1.0))
 
 
 def test_features_with_nan(problem: tuple) -> None:
@@ -25,7 +25,7 @@ def test_features_with_nan(problem: tuple) -> None:
     X = X.copy()
     X[5, 2] = np.nan
     with pytest.raises(ValueError, match=r"X_train contains 1 NaN"):
-        run_federated(X, y, Xt, yt, 3, config=FLConfig(n_rounds=1))
+        run_federated(X, y, Xt, yt, 3, config=FLConfig(n_rounds=1, target_epsilon=1.0))
 
 
 def test_empty_client(problem: tuple) -> None:
@@ -55,13 +55,13 @@ def test_epsilon_not_positive(eps: float) -> None:
 @pytest.mark.parametrize("delta", [0.0, 1.0, -0.1, 2.0])
 def test_delta_outside_unit_interval(delta: float) -> None:
     with pytest.raises(ValueError, match=r"target_delta in the open interval \(0, 1\)"):
-        FLConfig(target_delta=delta).validated()
+        FLConfig(target_delta=delta, target_epsilon=1.0).validated()
 
 
 @pytest.mark.parametrize("clip", [0.0, -2.0])
 def test_clip_norm_not_positive(clip: float) -> None:
     with pytest.raises(ValueError, match="clip_norm > 0"):
-        FLConfig(clip_norm=clip).validated()
+        FLConfig(clip_norm=clip, target_epsilon=1.0).validated()
 
 
 def test_private_run_needs_finite_clip() -> None:
@@ -76,7 +76,7 @@ def test_bad_sofim_hyperparameters_via_run(problem: tuple, kwargs: dict, name: s
     X, y, Xt, yt = problem
     with pytest.raises(ValueError, match=name):
         run_federated(X, y, Xt, yt, 3, algorithm="sofim", optimizer_kwargs=kwargs,
-                      config=FLConfig(n_rounds=1, target_epsilon=None))
+                      config=FLConfig(n_rounds=1, noise_multiplier=0.0))
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -89,17 +89,17 @@ def test_bad_sofim_hyperparameters_via_run(problem: tuple, kwargs: dict, name: s
 ])
 def test_bad_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        FLConfig(**kwargs).validated()
+        FLConfig(**{"target_epsilon": 1.0, **kwargs}).validated()
 
 
 def test_wrong_types() -> None:
     with pytest.raises(TypeError, match="n_rounds"):
-        FLConfig(n_rounds=2.5).validated()
+        FLConfig(n_rounds=2.5, target_epsilon=1.0).validated()
     with pytest.raises(TypeError, match="clip_norm"):
-        FLConfig(clip_norm="10").validated()
+        FLConfig(clip_norm="10", target_epsilon=1.0).validated()
 
 
 def test_feature_mismatch(problem: tuple) -> None:
     X, y, Xt, yt = problem
     with pytest.raises(ValueError, match="features"):
-        run_federated(X, y, Xt[:, :3], yt, 3, config=FLConfig(n_rounds=1))
+        run_federated(X, y, Xt[:, :3], yt, 3, config=FLConfig(n_rounds=1, target_epsilon=1.0))

@@ -37,14 +37,42 @@ def load_features(data: str, data_path: str | None = None, features: str = "pixe
     return featurize(ds, kind=features, checkpoint=checkpoint, cache_dir=cache_dir), desc
 
 
-def _epsilon(text: str) -> float | None:
+def _epsilon(text: str) -> float:
     if text.lower() in ("inf", "none", "nonprivate", "non-private"):
-        return None
+        return math.inf
     try:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--epsilon expects a number or 'inf' (non-private), got {text!r}") from None
+
+
+def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict[str, float]:
+    """FLConfig's privacy arguments from the command line.
+
+    ``--epsilon inf`` is the explicit non-private run (``noise_multiplier=0``); with neither
+    option the target is epsilon 1; giving both is left to FLConfig to refuse.
+    """
+    if epsilon is None and noise_multiplier is None:
+        return {"target_epsilon": 1.0}
+    out: dict[str, float] = {}
+    if epsilon is not None:
+        if math.isinf(epsilon):
+            out["noise_multiplier"] = 0.0
+        else:
+            out["target_epsilon"] = epsilon
+    if noise_multiplier is not None:
+        if "noise_multiplier" in out:
+            raise ValueError("Give --epsilon or --noise-multiplier, not both.")
+        out["noise_multiplier"] = noise_multiplier
+    return out
+
+
+def _level_text(level: dict[str, float]) -> str:
+    if "target_epsilon" in level:
+        return f"epsilon={level['target_epsilon']:g}"
+    z = level["noise_multiplier"]
+    return "non-private" if z == 0 else f"noise multiplier {z:g}"
 
 
 def register(subparsers: Any) -> None:
@@ -69,11 +97,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--weighting", default="uniform", choices=["uniform", "size"])
     g.add_argument("--rounds", type=int, default=70, help="number of rounds T")
     g = p.add_argument_group("privacy")
-    g.add_argument("--epsilon", type=_epsilon, default=1.0,
-                   help="target epsilon of the whole run, or 'inf' for non-private")
+    g.add_argument("--epsilon", type=_epsilon, default=None,
+                   help="target epsilon of the whole run, or 'inf' for a non-private run "
+                        "(default 1 unless --noise-multiplier is given)")
     g.add_argument("--delta", type=float, default=1e-5)
     g.add_argument("--noise-multiplier", type=float, default=None,
-                   help="explicit z (overrides --epsilon calibration)")
+                   help="explicit noise multiplier z instead of --epsilon (not both)")
     g.add_argument("--clip-norm", type=float, default=10.0)
     g.add_argument("--mechanism", default="full-batch",
                    choices=["full-batch", "poisson", "client-level"])
@@ -136,15 +165,15 @@ def run(args: argparse.Namespace) -> int:
 
     ds, feat = load_features(args.data, args.data_path, args.features, args.checkpoint,
                              args.cache_dir)
-    config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm,
-                      target_epsilon=args.epsilon, target_delta=args.delta,
-                      noise_multiplier=args.noise_multiplier, mechanism=args.mechanism,
+    level = privacy_level(args.epsilon, args.noise_multiplier)
+    config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
+                      target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=args.weighting,
                       accountant=args.accountant).validated()
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
-          f"({args.partition}), T={args.rounds}, epsilon={args.epsilon}, delta={args.delta}, "
+          f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
           f"seed={seed}")
 
     def line(rec: dict[str, float]) -> None:
@@ -165,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result.save_json(out / "history.json")
     plot_history({args.algorithm: result.history}, out / "accuracy.png",
-                 f"{args.data}, K={args.clients}, eps={args.epsilon}")
+                 f"{args.data}, K={args.clients}, {_level_text(level)}")
     eps = "inf (non-private)" if math.isinf(result.epsilon) else f"{result.epsilon:.4f}"
     noise = {"full-batch": "std 2zC added by each client",
              "poisson": "std zC per local step, add/remove-one unit",
@@ -190,7 +219,8 @@ def run_demo(seed: int = 0) -> None:
           "lr 0.1, beta 0.9, rho 0.5, delta 1e-5 (RDP accountant); final test accuracy")
     print(f"{'epsilon':>10} " + " ".join(f"{a:>15}" for a in algorithms))
     for eps in (2.0, 8.0, None):
-        config = FLConfig(n_rounds=40, target_epsilon=eps, accountant="rdp")
+        level = {"noise_multiplier": 0.0} if eps is None else {"target_epsilon": eps}
+        config = FLConfig(n_rounds=40, accountant="rdp", **level)
         accs = [run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                               algorithm=a, n_clients=5, config=config,
                               seed=seed).final_accuracy

@@ -88,9 +88,10 @@ def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: n
                 y_eval: np.ndarray, sim_seq: np.random.SeedSequence,
                 progress: bool) -> FLResult:
     algorithm, params = spec["algorithm"], dict(spec["params"])
+    level = ({"noise_multiplier": 0.0} if spec["epsilon"] is None  # "inf": non-private
+             else {"target_epsilon": spec["epsilon"]})
     common = dict(n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
-                  target_epsilon=spec["epsilon"], target_delta=float(spec["delta"]),
-                  accountant=spec["accountant"])
+                  target_delta=float(spec["delta"]), accountant=spec["accountant"], **level)
     if algorithm in BASELINE_ALGORITHMS:
         from dpprecond.fl.fedfc import run_fedfc
         from dpprecond.fl.fednew import run_fednew

@@ -42,6 +42,7 @@ from dpprecond._validation import (
 __all__ = [
     "MECHANISMS",
     "calibrate_noise_multiplier",
+    "check_privacy_level",
     "gdp_epsilon",
     "round_event",
     "training_event",
@@ -49,6 +50,28 @@ __all__ = [
 
 Mechanism = Literal["full-batch", "poisson", "client-level"]
 MECHANISMS: tuple[str, ...] = ("full-batch", "poisson", "client-level")
+
+
+def check_privacy_level(target_epsilon: float | None,
+                        noise_multiplier: float | None) -> None:
+    """Exactly one of ``target_epsilon`` and ``noise_multiplier`` (``0``: non-private).
+
+    Raises ``ValueError`` when both or neither are given, naming both, and checks the one
+    given (``target_epsilon > 0`` finite, ``noise_multiplier >= 0`` finite).
+    """
+    if target_epsilon is not None and noise_multiplier is not None:
+        raise ValueError(
+            f"Give target_epsilon or noise_multiplier, not both (got "
+            f"target_epsilon={target_epsilon!r}, noise_multiplier={noise_multiplier!r}): "
+            "target_epsilon calibrates the noise, noise_multiplier sets it (0 = non-private).")
+    if target_epsilon is None and noise_multiplier is None:
+        raise ValueError("Give the privacy level: target_epsilon=... (the noise is calibrated "
+                         "to it) or noise_multiplier=... (explicit noise; noise_multiplier=0 "
+                         "asks for a non-private run).")
+    if target_epsilon is not None:
+        check_epsilon(target_epsilon, "target_epsilon")
+    else:
+        check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
 
 
 def round_event(noise_multiplier: float, mechanism: Mechanism = "full-batch", *,

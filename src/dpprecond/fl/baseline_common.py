@@ -27,6 +27,7 @@ from dpprecond._validation import (
     check_int,
     check_positive,
 )
+from dpprecond.fl.accounting import check_privacy_level
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.simulator import FLResult
 
@@ -54,13 +55,13 @@ class BaselineResult(FLResult):
 
 def check_privacy(clip_norm: float, target_epsilon: float | None, target_delta: float,
                   noise_multiplier: float | None) -> None:
-    """Validate the privacy arguments shared by the baselines (names the bad one)."""
+    """Validate the privacy arguments shared by the baselines (names the bad one).
+
+    Exactly one of ``target_epsilon`` and ``noise_multiplier`` (``0``: non-private, logged).
+    """
     check_positive("clip_norm", clip_norm, allow_inf=True)
-    if target_epsilon is not None:
-        check_epsilon(target_epsilon, "target_epsilon")
+    check_privacy_level(target_epsilon, noise_multiplier)
     check_delta(target_delta, "target_delta")
-    if noise_multiplier is not None:
-        check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
     private = target_epsilon is not None or bool(noise_multiplier)
     if private and math.isinf(clip_norm):
         raise ValueError("A private run needs a finite clip_norm (the sensitivity is "

@@ -127,12 +127,10 @@ def resolve_noise(n_rounds: int, clip_norm: float, target_epsilon: float | None,
                   covariance_share: float, accountant: str) -> tuple[float, float]:
     """``(z_cov, z_grad)``: calibrated from the target, from an explicit overall scale
     (``noise_multiplier`` is then the scale of the split, i.e. the run is
-    ``1/noise_multiplier``-GDP), or ``(0, 0)`` for a non-private run."""
+    ``1/noise_multiplier``-GDP; ``noise_multiplier=0`` is a non-private run, ``(0, 0)``)."""
     check_privacy(clip_norm, target_epsilon, target_delta, noise_multiplier)
     if noise_multiplier is not None:
         return covariance_split_noise(float(noise_multiplier), n_rounds, covariance_share)
-    if target_epsilon is None:
-        return 0.0, 0.0
     return calibrate_covariance_split(check_epsilon(target_epsilon, "target_epsilon"),
                                       float(target_delta), n_rounds, float(covariance_share),
                                       accountant)
@@ -223,7 +221,7 @@ def setup_covariance_run(data: ClientData, d1: int, *, n_rounds: int, row_clip: 
 def run_fedfc(model: LinearSoftmax, data: ClientData, *, X_test: np.ndarray,
               y_test: np.ndarray, n_rounds: int = 70, learning_rate: float = 0.5,
               gamma: float = 1.0, row_clip: float | None = None, covariance_share: float = 0.2,
-              clip_norm: float = 10.0, target_epsilon: float | None = 1.0,
+              clip_norm: float = 10.0, target_epsilon: float | None = None,
               target_delta: float = 1e-5, noise_multiplier: float | None = None,
               accountant: str = "pld",
                  seed: SeedLike = None,

@@ -87,7 +87,7 @@ def _epsilon_after_releases(z: float, n_releases: int, delta: float, accountant:
 def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test: np.ndarray,
                  n_rounds: int = 70, local_steps: int = 5, local_lr: float = 0.1,
                  global_lr: float = 1.0, control_variates: bool = True,
-                 clip_norm: float = 10.0, target_epsilon: float | None = 1.0,
+                 clip_norm: float = 10.0, target_epsilon: float | None = None,
                  target_delta: float = 1e-5, noise_multiplier: float | None = None,
                  accountant: str = "pld",
                  seed: SeedLike = None,
@@ -98,7 +98,7 @@ def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test
     clipped sum: ``2 * clip_norm``; noise std ``2 z clip_norm`` per coordinate. Accounting:
     ``n_rounds * local_steps`` compositions of ``Gaussian(z)``, ``z`` calibrated for exactly
     that schedule from ``(target_epsilon, target_delta)`` unless ``noise_multiplier`` is
-    given; ``target_epsilon=None`` and no ``noise_multiplier`` is non-private.
+    given (exactly one of the two; ``noise_multiplier=0`` is a non-private run).
 
     Parameters
     ----------
@@ -136,8 +136,6 @@ def run_scaffold(model: FLModel, data: ClientData, *, X_test: np.ndarray, y_test
     y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
     if noise_multiplier is not None:
         z = float(noise_multiplier)
-    elif target_epsilon is None:
-        z = 0.0
     else:
         z = scaffold_noise_multiplier(check_epsilon(target_epsilon, "target_epsilon"),
                                       check_delta(target_delta, "target_delta"), n_rounds,

@@ -32,7 +32,6 @@ from dpprecond._validation import (
     check_array,
     check_choice,
     check_delta,
-    check_epsilon,
     check_fraction,
     check_int,
     check_labels,
@@ -40,7 +39,12 @@ from dpprecond._validation import (
     check_seed,
 )
 from dpprecond.fl import client as client_mod
-from dpprecond.fl.accounting import MECHANISMS, calibrate_noise_multiplier, training_event
+from dpprecond.fl.accounting import (
+    MECHANISMS,
+    calibrate_noise_multiplier,
+    check_privacy_level,
+    training_event,
+)
 from dpprecond.fl.models import FLModel, LinearSoftmax
 from dpprecond.fl.partition import client_weights, make_partition
 from dpprecond.fl.server import GradientTransformation, make_optimizer
@@ -108,14 +112,17 @@ class FLConfig:
         Number of rounds T.
     clip_norm : float
         Clipping norm C (per example, or per client update for ``"client-level"``);
-        ``inf`` disables clipping (only with ``target_epsilon=None`` and no noise).
+        ``inf`` disables clipping (only with ``noise_multiplier=0``, a non-private run).
     target_epsilon : float or None
-        Privacy budget of the whole run; ``None`` is non-private unless a
-        ``noise_multiplier`` is given.
+        Privacy budget of the whole run: the noise multiplier is calibrated so that the
+        run is ``(target_epsilon, target_delta)``-DP. Give exactly one of
+        ``target_epsilon`` and ``noise_multiplier``.
     target_delta : float
         Delta (default 1e-5, as in the paper).
     noise_multiplier : float or None
-        Explicit z (overrides calibration from ``target_epsilon``).
+        Explicit z instead of a target; the reported epsilon is what it spends.
+        ``noise_multiplier=0`` is the one way to ask for a non-private run (logged as a
+        warning).
     mechanism : {"full-batch", "poisson", "client-level"}
         The client mechanism (see :mod:`dpprecond.fl.accounting`).
     sampling_rate, local_steps, local_lr
@@ -128,7 +135,7 @@ class FLConfig:
 
     n_rounds: int = 70
     clip_norm: float = 10.0
-    target_epsilon: float | None = 1.0
+    target_epsilon: float | None = None
     target_delta: float = 1e-5
     noise_multiplier: float | None = None
     mechanism: Literal["full-batch", "poisson", "client-level"] = "full-batch"
@@ -142,11 +149,8 @@ class FLConfig:
         """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
         check_int("n_rounds", self.n_rounds, low=1)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
-        if self.target_epsilon is not None:
-            check_epsilon(self.target_epsilon, "target_epsilon")
+        check_privacy_level(self.target_epsilon, self.noise_multiplier)
         check_delta(self.target_delta, "target_delta")
-        if self.noise_multiplier is not None:
-            check_positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
         check_choice("mechanism", self.mechanism, MECHANISMS)
         check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
         check_int("local_steps", self.local_steps, low=1)
@@ -168,11 +172,12 @@ class FLConfig:
         return self
 
     def resolve_noise_multiplier(self) -> float:
-        """The noise multiplier of the run: explicit, calibrated, or 0 (non-private)."""
+        """The noise multiplier of the run: explicit (0 is non-private) or calibrated."""
         if self.noise_multiplier is not None:
+            if self.noise_multiplier == 0:
+                logger.warning("noise_multiplier=0: a non-private run, with no privacy "
+                               "guarantee.")
             return float(self.noise_multiplier)
-        if self.target_epsilon is None:
-            return 0.0
         return calibrate_noise_multiplier(
             float(self.target_epsilon), float(self.target_delta), int(self.n_rounds),
             self.mechanism, sampling_rate=float(self.sampling_rate),

@@ -1,0 +1,65 @@
+"""Hole 5 of the privacy issue: the privacy level is stated once, and explicitly.
+
+``FLConfig(target_epsilon=1, noise_multiplier=0)`` used to run non-private without a
+word, and ``noise_multiplier=0.5`` with ``target_epsilon=1`` reported epsilon 46. Giving
+both is an error; giving neither is an error; a non-private run is asked for explicitly
+with ``noise_multiplier=0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pytest
+
+from dpprecond.fl.fedfc import run_fedfc
+from dpprecond.fl.fednew import run_fednew
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.partition import iid_partition
+from dpprecond.fl.scaffold import run_scaffold
+from dpprecond.fl.simulator import ClientData, FLConfig, run_federated
+
+from .conftest import make_problem
+
+
+@pytest.mark.parametrize("kwargs", [dict(target_epsilon=1.0, noise_multiplier=0.0),
+                                    dict(target_epsilon=1.0, noise_multiplier=0.5)])
+def test_both_levels_is_an_error(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=r"target_epsilon.*noise_multiplier.*not both"):
+        FLConfig(**{"target_epsilon": 1.0, **kwargs}).validated()
+
+
+def test_no_level_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"target_epsilon=.*or noise_multiplier="):
+        FLConfig().validated()
+
+
+def test_non_private_is_explicit_and_logged(caplog) -> None:
+    X, y, Xt, yt = make_problem(n=120)
+    with caplog.at_level(logging.WARNING, logger="dpprecond"):
+        res = run_federated(X, y, Xt, yt, 3, n_clients=3, seed=0,
+                            config=FLConfig(n_rounds=2, noise_multiplier=0.0))
+    assert math.isinf(res.epsilon)
+    assert any("non-private" in r.message for r in caplog.records)
+
+
+def test_explicit_noise_reports_its_own_epsilon() -> None:
+    X, y, Xt, yt = make_problem(n=120)
+    res = run_federated(X, y, Xt, yt, 3, n_clients=3, seed=0,
+                        config=FLConfig(n_rounds=2, noise_multiplier=5.0))
+    assert 0 < res.epsilon < 2.0
+
+
+@pytest.mark.parametrize("runner", [run_scaffold, run_fedfc, run_fednew],
+                         ids=lambda f: f.__name__)
+def test_baselines_refuse_two_levels(runner) -> None:
+    X, y, Xt, yt = make_problem(n=120)
+    data = ClientData.from_partition(X, y, iid_partition(len(y), 3, 1), 3)
+    with pytest.raises(ValueError, match="not both"):
+        runner(LinearSoftmax(X.shape[1], 3), data, X_test=Xt, y_test=yt, n_rounds=2,
+               target_epsilon=1.0, noise_multiplier=0.0, seed=0)
+    res = runner(LinearSoftmax(X.shape[1], 3), data, X_test=Xt, y_test=yt, n_rounds=2,
+                 noise_multiplier=3.0, seed=0)
+    assert np.isfinite(res.epsilon)
