@@ -287,6 +287,7 @@ class DPFedStrategy(Strategy):
                 failures: dict[int, str], timed_out: list[int],
                 absent: list[int]) -> dict[str, Any]:
         cfg = self.config
+        seconds = time.perf_counter() - self._round_start  # as the simulator: no evaluation
         record: dict[str, Any] = {"round": server_round}
         if self.X_test is not None:
             loss, acc = self.model.evaluate(self._params, self.X_test, self.y_test)
@@ -298,7 +299,7 @@ class DPFedStrategy(Strategy):
                                          local_steps=int(cfg.local_steps),
                                          accountant=cfg.accountant),
             update_norm=float(np.linalg.norm(updates)),
-            seconds=time.perf_counter() - self._round_start,
+            seconds=seconds,
             n_replied=len(replied), clients_replied=replied,
             clients_failed=sorted(failures), clients_timed_out=timed_out,
             clients_absent=absent, failures={str(k): v for k, v in sorted(failures.items())})
