@@ -1,0 +1,127 @@
+"""Ready-made ``server_app`` and ``client_app`` configured by Flower's run config.
+
+These are the components of the example app (``examples/flower-app/pyproject.toml``)::
+
+    [tool.flwr.app.components]
+    serverapp = "dpprecond.adapters.flower.app:server_app"
+    clientapp = "dpprecond.adapters.flower.app:client_app"
+
+Run-config keys (``[tool.flwr.app.config]``; ``""`` means unset). Server: ``algorithm``
+(a name of :func:`dpprecond.fl.server.make_optimizer`), ``learning-rate``, ``n-clients``,
+``n-rounds``, ``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one),
+``target-delta``, ``mechanism``, ``sampling-rate``, ``local-steps``, ``local-lr``,
+``weighting``, ``accountant``, ``round-timeout``, ``connect-timeout``, ``min-replies``,
+``evaluate`` (server-side accuracy on the dataset's public test split), ``output-dir``
+(write ``result.json`` and ``params.npy`` there). Data: ``data`` (a dataset name, or
+``"node-file"`` for each client's own file), ``data-path``, ``features``, ``partition``,
+``alpha``, ``partition-seed``, ``n-features`` and ``n-classes`` (for ``"node-file"``).
+Noise: ``noise-seed`` (testing only, and honoured only by SuperNodes whose node config has
+``allow-seeded-noise=true``; see :mod:`dpprecond.adapters.flower.client_app`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+
+from dpprecond._validation import check_int
+from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
+from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
+from dpprecond.adapters.flower.server_app import make_server_app
+from dpprecond.adapters.flower.strategy import DPFedStrategy
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.server import make_optimizer
+from dpprecond.fl.simulator import FLConfig, FLResult
+
+__all__ = ["client_app", "config_from_run_config", "server_app", "strategy_from_run_config"]
+
+logger = logging.getLogger(__name__)
+
+
+def _optional_float(run_config: dict[str, Any], key: str) -> float | None:
+    value = run_config.get(key, "")
+    if value == "" or value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"Expected run config {key} to be a number or empty, got {value!r}.")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"Expected run config {key} to be a number or empty, got "
+                         f"{value!r}.") from None
+
+
+def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
+    """The :class:`~dpprecond.fl.simulator.FLConfig` described by a Flower run config."""
+    eps = _optional_float(run_config, "target-epsilon")
+    z = _optional_float(run_config, "noise-multiplier")
+    if (eps is None) == (z is None):
+        raise ValueError(f"Set exactly one of run config target-epsilon and noise-multiplier, "
+                         f"got target-epsilon={run_config.get('target-epsilon', '')!r} and "
+                         f"noise-multiplier={run_config.get('noise-multiplier', '')!r}.")
+    return FLConfig(
+        n_rounds=run_config.get("n-rounds", 20), clip_norm=run_config.get("clip-norm", 10.0),
+        target_epsilon=eps, noise_multiplier=z,
+        target_delta=run_config.get("target-delta", 1e-5),
+        mechanism=run_config.get("mechanism", "full-batch"),
+        sampling_rate=run_config.get("sampling-rate", 1.0),
+        local_steps=run_config.get("local-steps", 1),
+        local_lr=run_config.get("local-lr", 0.1),
+        weighting=run_config.get("weighting", "uniform"),
+        accountant=run_config.get("accountant", "pld")).validated()
+
+
+def _load(info: ClientInfo) -> LocalData:
+    if info.run_config.get("data", "digits") == "node-file":
+        return NodeFileData()(info)
+    return PartitionedDataset.from_run_config(dict(info.run_config))(info)
+
+
+def strategy_from_run_config(context: Context) -> DPFedStrategy:
+    """Build the run's :class:`DPFedStrategy` from ``context.run_config``."""
+    rc = dict(context.run_config)
+    config = config_from_run_config(rc)
+    optimizer = make_optimizer(str(rc.get("algorithm", "sofim")),
+                               _optional_float(rc, "learning-rate"))
+    X_test = y_test = None
+    if rc.get("data", "digits") == "node-file":
+        model = LinearSoftmax(check_int("n-features", rc.get("n-features")),
+                              check_int("n-classes", rc.get("n-classes")))
+    else:
+        ds = PartitionedDataset.from_run_config(rc).dataset()
+        model = LinearSoftmax(ds.n_features, ds.n_classes)
+        if rc.get("evaluate", True):
+            X_test, y_test = ds.X_test, ds.y_test
+    noise_seed = rc.get("noise-seed", "")
+    seed = None if noise_seed in ("", None) else int(noise_seed)
+    return DPFedStrategy(model, optimizer, config, check_int("n-clients", rc.get("n-clients")),
+                         X_test=X_test, y_test=y_test, seed=seed,
+                         connect_timeout=float(rc.get("connect-timeout", 120.0)),
+                         min_replies=int(rc.get("min-replies", 1)))
+
+
+def _save(result: FLResult, context: Context) -> None:
+    out = str(context.run_config.get("output-dir", ""))
+    if not out:
+        return
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    result.config.update(algorithm=context.run_config.get("algorithm", "sofim"))
+    result.save_json(path / "result.json")
+    np.save(path / "params.npy", result.params)
+    logger.info("wrote %s and %s", path / "result.json", path / "params.npy")
+
+
+#: ServerApp configured by the run config (``flwr run``).
+server_app = make_server_app(
+    strategy_from_run_config,
+    round_timeout=lambda ctx: float(ctx.run_config.get("round-timeout", 600.0)),
+    on_result=_save)
+
+#: ClientApp: data from the run config (``data``) or the node's own file (``node-file``);
+#: noise from fresh OS entropy unless the node consented to the run config's ``noise-seed``.
+client_app = make_client_app(_load)
