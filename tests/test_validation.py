@@ -83,3 +83,162 @@ def test_random_state() -> None:
         check_random_state("seed")
     with pytest.raises(ValueError, match="random_state >= 0"):
         check_random_state(-1)
+
+
+# --- dtypes: nothing non-numeric is cast to float silently -------------------------------
+
+@pytest.mark.parametrize(("value", "match"), [
+    (np.array([["1.5", "2"]]), r"X to be a numeric array, got dtype <U3 \(text\)"),
+    ([["1.5", "2"]], r"dtype <U3 \(text\)"),
+    (np.array([[b"1.5", b"2"]]), r"dtype \|S3 \(bytes\)"),
+    (np.array([[1, 2]], dtype="datetime64[s]"), r"dtype datetime64\[s\] \(dates\)"),
+    (np.array([[1, 2]], dtype="timedelta64[s]"), r"dtype timedelta64\[s\] \(time spans\)"),
+    (np.zeros((2, 2), dtype=[("a", "f8")]), r"structured"),
+    (np.array([[1.0, "2.5"]], dtype=object), r"object array holding text \(str\)"),
+    (np.array([[1.0, b"2"]], dtype=object), r"object array holding text \(bytes\)"),
+    (np.array([[1.0, np.timedelta64(3, "s")]], dtype=object), r"dates or times \(timedelta64"),
+    (np.array([[1.0, np.datetime64("2020-01-01")]], dtype=object), r"dates or times"),
+    (np.array([[1.0, {}]], dtype=object), r"not 'dict'"),
+    ("abc", r"dtype <U3"),
+    (None, r"got None"),
+])
+def test_non_numeric_arrays_are_refused(value, match) -> None:
+    with pytest.raises(TypeError, match=match):
+        check_array("X", value)
+
+
+def test_every_numpy_float_conversion_of_text_is_refused() -> None:
+    """The exact silent casts of the issue: "1.5" strings and dates read as numbers."""
+    for value in (["1.5", "2"], np.array(["2020-01-01"], dtype="datetime64[D]")):
+        with pytest.raises(TypeError, match="numeric array"):
+            check_array("v", value, ndim=1)
+
+
+@pytest.mark.parametrize("value", [
+    np.ones((2, 2), dtype=complex),
+    np.array([[1 + 0j, 2]]),  # zero imaginary part: refused too, the caller must say np.real
+    np.ones((2, 2), dtype=np.complex64),
+    np.array([[1.0, 2j]], dtype=object),
+])
+def test_complex_is_refused_with_value_error(value) -> None:
+    with pytest.raises(ValueError, match=r"Complex data not supported in X .*np\.real\(X\)"):
+        check_array("X", value)
+
+
+def test_numeric_dtypes_are_accepted_bool_as_zero_one() -> None:
+    from decimal import Decimal
+    from fractions import Fraction
+
+    expected = np.array([[0.0, 1.0], [1.0, 0.0]])
+    for value in (expected.astype(bool), expected.astype(np.int8), expected.astype(np.uint64),
+                  expected.astype(np.float16), expected.astype(np.float32),
+                  expected.astype(np.longdouble), expected.astype(object),
+                  [[False, True], [True, False]],
+                  np.array([[Decimal(0), Fraction(1)], [np.int64(1), np.float32(0)]],
+                           dtype=object)):
+        out = check_array("X", value)
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_int64_extremes_convert_exactly_enough() -> None:
+    big = np.array([[np.iinfo(np.int64).max, np.iinfo(np.int64).min]])
+    np.testing.assert_array_equal(check_array("X", big), [[2.0**63, -(2.0**63)]])
+
+
+def test_values_beyond_float64_are_named_not_called_nan() -> None:
+    if np.finfo(np.longdouble).max <= np.finfo(np.float64).max:
+        pytest.skip("long double is float64 on this platform")
+    x = np.ones((2, 2), dtype=np.longdouble)
+    x[1, 0] = np.longdouble(10) ** 400
+    with pytest.raises(ValueError, match=r"X holds 1 entries beyond the float64 range .*\(1, 0\)"):
+        check_array("X", x)
+
+
+def test_python_int_too_large_for_float() -> None:
+    with pytest.raises(ValueError, match=r"X holds a number too large for float64"):
+        check_array("X", [[2**2000, 1]])
+
+
+def test_sparse_and_masked_input() -> None:
+    sparse = pytest.importorskip("scipy.sparse")
+    with pytest.raises(TypeError, match=r"Sparse input .* X\.toarray\(\)"):
+        check_array("X", sparse.csr_matrix(np.eye(2)))
+    masked = np.ma.masked_array(np.ones((2, 2)), mask=[[0, 1], [0, 0]])
+    with pytest.raises(ValueError, match=r"X is a masked array with 1 masked entries"):
+        check_array("X", masked)
+    np.testing.assert_array_equal(check_array("X", np.ma.masked_array(np.eye(2))), np.eye(2))
+
+
+def test_object_array_with_dict_keeps_numpy_message() -> None:
+    """scikit-learn's estimator checks match this message (check_dtype_object)."""
+    X = np.ones((2, 2), dtype=object)
+    X[0, 0] = {"foo": "bar"}
+    with pytest.raises(TypeError, match=r"argument must be .* string.* number"):
+        check_array("X", X)
+
+
+def test_none_inside_an_object_array_is_a_missing_value() -> None:
+    with pytest.raises(ValueError, match=r"X contains 1 NaN or infinite entries .*\(0, 1\)"):
+        check_array("X", np.array([[1.0, None]], dtype=object))
+
+
+def test_ragged_nested_lists() -> None:
+    with pytest.raises(TypeError, match=r"X to be a numeric array, got list"):
+        check_array("X", [[1.0, 2.0], [3.0]])
+
+
+# --- labels -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("y", "match"), [
+    (["0", "1"], r"integer class labels in y, got dtype <U1; encode"),
+    (np.array([0, None], dtype=object), r"got dtype object"),
+    ([0, 2**70], r"got dtype object"),  # beyond int64: numpy makes it an object array
+    (np.array([0, 1], dtype="datetime64[s]"), r"datetime64"),
+    (np.array([0, 1], dtype="timedelta64[s]"), r"timedelta64"),
+])
+def test_non_numeric_labels_are_type_errors(y, match) -> None:
+    with pytest.raises(TypeError, match=match):
+        check_labels("y", y, 3)
+
+
+@pytest.mark.parametrize(("y", "match"), [
+    ([0, 1 + 0j], r"complex dtype complex128"),
+    ([0.0, np.nan], r"1 non-integer or non-finite value\(s\), first y\[1\]=nan"),
+    ([0.0, np.inf], r"first y\[1\]=inf"),
+    ([0.0, 1.0, 2.5, 0.5], r"2 non-integer .*first y\[2\]=2.5"),
+    ([-1, 0], r"y in \[0, 3\), got values in \[-1, 0\]"),
+    ([0.0, 1e300], r"got values in \[0, 1e\+300\]"),  # no int64 overflow before the check
+    ([0.0, -1e300], r"got values in \[-1e\+300, 0\]"),
+    (np.array([0, 2**64 - 1], dtype=np.uint64), r"got values in \[0, 1.84467e\+19\]"),
+    (np.zeros((3, 1), dtype=int), r"y to be 1-D, got shape \(3, 1\)"),
+    (1, r"y to be 1-D, got shape \(\)"),
+])
+def test_bad_label_values_are_value_errors(y, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_labels("y", y, 3)
+
+
+def test_label_dtypes_accepted() -> None:
+    for y in ([0, 2, 1], np.array([0, 2, 1], np.uint8), np.array([0.0, 2.0, 1.0]),
+              np.array([0, 2, 1], np.float16)):
+        out = check_labels("y", y, 3)
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, [0, 2, 1])
+    np.testing.assert_array_equal(check_labels("y", [True, False], 2), [1, 0])
+    assert check_labels("y", [], 3).dtype == np.int64
+
+
+def test_n_classes_is_checked_and_optional() -> None:
+    with pytest.raises(TypeError, match=r"n_classes to be an integer, got 2.5"):
+        check_labels("y", [0, 1], 2.5)
+    with pytest.raises(TypeError, match=r"n_classes to be an integer, got True"):
+        check_labels("y", [0, 1], True)
+    with pytest.raises(ValueError, match=r"n_classes >= 1, got n_classes=0"):
+        check_labels("y", [], 0)
+    np.testing.assert_array_equal(check_labels("y", [5, 0, 9]), [5, 0, 9])
+    with pytest.raises(ValueError, match=r"y to be class labels 0, 1, 2, ..., got values in "
+                                         r"\[-2, 1\]"):
+        check_labels("y", [-2, 1])
+    with pytest.raises(ValueError, match=r"class labels 0, 1, 2"):
+        check_labels("y", np.array([0, 2**63], dtype=np.uint64))

@@ -7,9 +7,10 @@ expected. Values give ``ValueError``; wrong types give ``TypeError``. Nothing he
 
 from __future__ import annotations
 
+import datetime
 import numbers
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -119,15 +120,117 @@ def check_choice(name: str, value: Any, choices: Iterable[str]) -> str:
     return value
 
 
+# Non-numeric dtype kinds (numpy ``dtype.kind``) and what to say about them.
+_NON_NUMERIC_KINDS = {
+    "U": ("text", "parse the values first (np.asarray({name}, dtype=float) if they are numbers "
+                  "written as text) or encode categories as numbers"),
+    "S": ("bytes", "decode and parse the values first, or encode categories as numbers"),
+    "T": ("text", "parse the values first, or encode categories as numbers"),
+    "M": ("dates", "convert them to numbers explicitly first (e.g. seconds since an epoch)"),
+    "m": ("time spans", "convert them to numbers explicitly first (e.g. "
+                        "{name} / np.timedelta64(1, 's') for seconds)"),
+    "V": ("structured or raw bytes", "pass a plain numeric array (for a structured array, "
+                                     "numpy.lib.recfunctions.structured_to_unstructured)"),
+}
+_DATE_TYPES = (np.datetime64, np.timedelta64, datetime.date, datetime.time, datetime.timedelta)
+
+
+def _refuse_complex(name: str, dtype: Any) -> NoReturn:
+    raise ValueError(f"Complex data not supported in {name} (dtype {dtype}): the library works "
+                     f"on real numbers. Pass np.real({name}) if the imaginary part is zero, or "
+                     "the real and imaginary parts as separate columns.")
+
+
+def _refuse_dtype(name: str, dtype: Any) -> NoReturn:
+    what, fix = _NON_NUMERIC_KINDS.get(np.dtype(dtype).kind, ("non-numeric", "convert it to "
+                                                              "numbers first"))
+    raise TypeError(f"Expected {name} to be a numeric array, got dtype {dtype} ({what}); "
+                    f"{fix.format(name=name)}.")
+
+
+def _check_object_elements(name: str, arr: np.ndarray) -> None:
+    """Refuse the element types an object array must not smuggle in as numbers.
+
+    ``float()`` would accept ``"1.5"``, ``b"2"``, ``np.datetime64`` and ``np.timedelta64``
+    (the latter is a numpy integer); complex elements are refused like complex arrays. Other
+    non-numbers are left to the float conversion: ``None`` becomes NaN (reported as a missing
+    value), a dict or a date fails with an error that names its type.
+    """
+    for t in {type(v) for v in arr.flat}:
+        if issubclass(t, (str, bytes)):
+            raise TypeError(f"Expected {name} to be a numeric array, got an object array "
+                            f"holding text ({t.__name__}); parse the values first or encode "
+                            "categories as numbers.")
+        if issubclass(t, _DATE_TYPES):
+            raise TypeError(f"Expected {name} to be a numeric array, got an object array "
+                            f"holding dates or times ({t.__name__}); convert them to numbers "
+                            "explicitly first.")
+        if issubclass(t, numbers.Complex) and not issubclass(t, numbers.Real):
+            _refuse_complex(name, f"object holding {t.__name__}")
+
+
 def check_array(name: str, value: Any, *, ndim: int | None = 2, min_rows: int = 1,
                 dtype: type = np.float64, copy: bool = False) -> np.ndarray:
     """Convert to a finite float array of the given number of dimensions.
 
-    Refuses NaN and infinity (naming how many entries and the first position), object or
-    string data, and arrays with fewer than ``min_rows`` rows. The input is never changed.
+    Accepted: arrays (and nested sequences) of floats, integers and booleans; booleans are
+    read as 0/1, as scikit-learn does. Object arrays are accepted when every element is a
+    real number (Python or numpy int/float/bool, ``Decimal``, ``Fraction``).
+
+    Refused, before any conversion: text (``str``/``bytes``), dates and time spans
+    (``datetime64``/``timedelta64``, ``datetime`` objects), structured dtypes and other
+    non-numbers with ``TypeError``; complex data with ``ValueError`` (scikit-learn's
+    convention; casting would drop the imaginary part); sparse matrices (``TypeError``) and
+    masked arrays with masked entries (``ValueError``). After conversion: NaN and infinity
+    (naming how many entries and the first position), values beyond the float64 range, a
+    wrong number of dimensions and fewer than ``min_rows`` rows, all with ``ValueError``.
+    The input is never changed.
+
+    Parameters
+    ----------
+    name : str
+        Parameter name used in error messages.
+    value : array-like
+        The data.
+    ndim : int or None, default=2
+        Required number of dimensions (``None``: any).
+    min_rows : int, default=1
+        Minimum length of the first axis.
+    dtype : type, default=np.float64
+        Floating dtype of the result.
+    copy : bool, default=False
+        Always return a new array (else the input may be returned when it already fits).
     """
+    if value is None:
+        raise TypeError(f"Expected {name} to be a numeric array, got None.")
+    if hasattr(value, "toarray") or type(value).__module__.startswith("scipy.sparse"):
+        raise TypeError(f"Sparse input is not supported for {name} (got "
+                        f"{type(value).__name__}); convert it with {name}.toarray() first.")
+    if isinstance(value, np.ma.MaskedArray):
+        n_masked = int(np.ma.getmaskarray(value).sum())
+        if n_masked:
+            raise ValueError(f"{name} is a masked array with {n_masked} masked entries, whose "
+                             f"values would be used as data; fill them ({name}.filled(...)) or "
+                             "drop their rows first.")
+        value = value.data
     try:
-        arr = np.array(value, dtype=dtype, copy=copy or None)
+        src = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"Expected {name} to be a numeric array, got {type(value).__name__}: "
+                        f"{exc}") from None
+    kind = src.dtype.kind
+    if kind == "c":
+        _refuse_complex(name, src.dtype)
+    if kind == "O":
+        _check_object_elements(name, src)
+    elif kind not in "biuf":
+        _refuse_dtype(name, src.dtype)
+    try:
+        with np.errstate(over="ignore"):  # reported below as values beyond the range
+            arr = np.array(src, dtype=dtype, copy=copy or None)
+    except OverflowError as exc:
+        raise ValueError(f"{name} holds a number too large for {np.dtype(dtype).name} ({exc}); "
+                         "rescale the data first.") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(f"Expected {name} to be a numeric array, got {type(value).__name__}: "
                         f"{exc}") from None
@@ -139,27 +242,78 @@ def check_array(name: str, value: Any, *, ndim: int | None = 2, min_rows: int = 
                          f"got shape {arr.shape}.")
     if arr.size and not np.isfinite(arr).all():
         bad = np.argwhere(~np.isfinite(arr))
+        first = tuple(int(i) for i in bad[0])
+        if kind == "f" and np.isfinite(src[first]):
+            raise ValueError(f"{name} holds {len(bad)} entries beyond the {np.dtype(dtype).name} "
+                             f"range (first at index {first}: {src[first]}); rescale the data "
+                             "first.")
         raise ValueError(f"{name} contains {len(bad)} NaN or infinite entries (first at index "
-                         f"{tuple(int(i) for i in bad[0])}); remove or impute them first.")
+                         f"{first}); remove or impute them first.")
     return arr
 
 
-def check_labels(name: str, y: Any, n_classes: int, n_rows: int | None = None) -> np.ndarray:
-    """Check integer class labels in ``[0, n_classes)``, one per row."""
+def _fmt(v: Any) -> str:
+    return str(int(v)) if float(v).is_integer() and abs(float(v)) < 2**63 else f"{float(v):g}"
+
+
+def check_labels(name: str, y: Any, n_classes: int | None = None,
+                 n_rows: int | None = None) -> np.ndarray:
+    """Check integer class labels in ``[0, n_classes)``, one per row; return them as int64.
+
+    Accepted: integer and boolean arrays (booleans as 0/1) and float arrays that hold whole
+    numbers exactly (labels read from a text file). Refused: text, dates, objects
+    (``TypeError``: encode the classes as ``0..n_classes-1`` first); complex, NaN, infinite
+    or fractional values, labels outside ``[0, n_classes)``, a shape other than
+    ``(n_rows,)`` (``ValueError``).
+
+    Parameters
+    ----------
+    name : str
+        Parameter name used in error messages.
+    y : array-like of shape (n,)
+        The labels.
+    n_classes : int or None, default=None
+        Number of classes (an int >= 1). ``None`` checks only that labels are >= 0 (for
+        example to group examples by class before the number of classes is known).
+    n_rows : int or None, default=None
+        Required number of labels (one per row of the data).
+    """
+    if n_classes is not None:
+        n_classes = check_int("n_classes", n_classes, low=1)
+    if isinstance(y, np.ma.MaskedArray) and np.ma.getmaskarray(y).any():
+        raise ValueError(f"{name} is a masked array with masked entries; drop those rows first.")
     arr = np.asarray(y)
+    kind = arr.dtype.kind
+    if kind == "c":
+        raise ValueError(f"Expected integer class labels in {name}, got complex dtype "
+                         f"{arr.dtype}; encode the classes as 0..n_classes-1.")
+    if kind not in "biuf":
+        raise TypeError(f"Expected integer class labels in {name}, got dtype {arr.dtype}; encode "
+                        "the classes as 0..n_classes-1 first (np.unique(y, "
+                        "return_inverse=True)[1] does it).")
     if arr.ndim != 1:
         raise ValueError(f"Expected {name} to be 1-D, got shape {arr.shape}.")
     if n_rows is not None and arr.shape[0] != n_rows:
         raise ValueError(f"Expected {name} to have {n_rows} entries (one per row), "
                          f"got {arr.shape[0]}.")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-            raise ValueError(f"Expected integer class labels in {name}, got dtype {arr.dtype}.")
-        arr = arr.astype(np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() >= n_classes):
-        lo, hi = int(arr.min()), int(arr.max())
-        raise ValueError(f"Expected {name} in [0, {n_classes}), got values in [{lo}, {hi}]; "
-                         "encode classes as 0..n_classes-1 or raise n_classes.")
+    if not arr.size:
+        return arr.astype(np.int64)
+    if kind == "f":
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.floor(arr)))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"Expected integer class labels in {name}, got {bad.size} "
+                             f"non-integer or non-finite value(s), first {name}[{i}]="
+                             f"{arr[i].item()!r} (dtype "
+                             f"{arr.dtype}).")
+    lo, hi = arr.min(), arr.max()
+    if n_classes is not None and (lo < 0 or hi >= n_classes):
+        raise ValueError(f"Expected {name} in [0, {n_classes}), got values in "
+                         f"[{_fmt(lo)}, {_fmt(hi)}]; encode classes as 0..n_classes-1 or "
+                         "raise n_classes.")
+    if n_classes is None and (lo < 0 or hi >= 2**63):
+        raise ValueError(f"Expected {name} to be class labels 0, 1, 2, ..., got values in "
+                         f"[{_fmt(lo)}, {_fmt(hi)}]; encode classes as 0..n_classes-1.")
     return arr.astype(np.int64, copy=False)
 
 

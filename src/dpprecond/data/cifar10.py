@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond.data.base import Dataset, check_file_labels, default_data_root
+from dpprecond.data.base import Dataset, check_file_labels, default_data_root, error_text
 
 __all__ = [
     "CIFAR10_ARCHIVE_MD5",
@@ -116,28 +116,50 @@ def read_cifar_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     data : ndarray of shape (N, 3072), uint8
         Rows as stored: channel-major R, G, B planes of 32x32.
     labels : ndarray of shape (N,), int64
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` is not a file.
+    ValueError
+        If the file is truncated or corrupt, refers to anything but a numpy array, or is not
+        a dict with ``data`` (uint8, (N, 3072), N >= 1) and ``labels`` (N integers in 0..9).
     """
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
+    if not path.is_file():
+        raise FileNotFoundError(f"CIFAR batch file not found: {path} (expected one of "
+                                f"{', '.join(CIFAR10_FILES)}).")
+    with open(path, "rb") as fh:
+        try:
             batch = _ArrayOnlyUnpickler(fh, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-        raise ValueError(f"{path} is not a CIFAR python-version batch (unpickling failed: "
-                         f"{exc}).") from None
+        except Exception as exc:
+            # Only pickle's own machinery and the allowed numpy reconstructors run, so every
+            # exception comes from malformed bytes. Fuzzing with damaged batches raised,
+            # besides UnpicklingError and EOFError: ValueError, TypeError, AttributeError,
+            # IndexError, KeyError, OverflowError, LookupError (a damaged codec name),
+            # MemoryError (a damaged length), numpy's SystemError/RuntimeError (a damaged
+            # dtype state).
+            raise ValueError(f"{path} is not a CIFAR python-version batch (unpickling failed: "
+                             f"{error_text(exc)}); the file is truncated or corrupt, "
+                             f"unpack {CIFAR10_URL.rsplit('/', 1)[1]} again.") from None
     if not isinstance(batch, dict):
         raise ValueError(f"{path}: expected a pickled dict, got {type(batch).__name__}.")
     # The official files were written by Python 2: keys come back as bytes. Accept str too.
     batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
     missing = [k for k in ("data", "labels") if k not in batch]
     if missing:
-        raise ValueError(f"{path}: batch dict lacks key(s) {missing}; found {sorted(batch)}. "
-                         "Expected the keys b'data' and b'labels' of the python version.")
+        raise ValueError(f"{path}: batch dict lacks key(s) {missing}; found "
+                         f"{sorted(map(repr, batch))}. Expected the keys b'data' and "
+                         "b'labels' of the python version.")
     data = np.asarray(batch["data"])
     labels = np.asarray(batch["labels"])
     n_pix = _SIDE * _SIDE * _CHANNELS
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != n_pix:
         raise ValueError(f"{path}: b'data' must be uint8 of shape (N, {n_pix}), got "
                          f"{data.dtype} {data.shape}.")
+    if data.shape[0] == 0:
+        raise ValueError(f"{path}: b'data' holds no images (shape {data.shape}); the file is "
+                         "corrupt or not a CIFAR-10 batch.")
     if labels.ndim != 1 or labels.shape[0] != data.shape[0]:
         raise ValueError(f"{path}: b'labels' must hold one label per image ({data.shape[0]}), "
                          f"got shape {labels.shape}.")

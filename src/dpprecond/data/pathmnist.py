@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from dpprecond.data.base import Dataset, check_file_labels, default_data_root
+from dpprecond.data.base import Dataset, check_file_labels, default_data_root, error_text
 
 __all__ = ["PATHMNIST_FILENAME", "PATHMNIST_KEYS", "default_pathmnist_file", "load_pathmnist"]
 
@@ -62,13 +62,73 @@ def _resolve_file(path: str | os.PathLike | None) -> Path:
     return target
 
 
+_REFETCH = "download pathmnist.npz again"
+# What reading a damaged .npz raises (found by fuzzing): zipfile's BadZipFile (directory,
+# header, CRC), zlib.error (deflate data), EOFError/OSError (truncation),
+# NotImplementedError (flag bits claiming an unknown compression or encryption),
+# RuntimeError (a password), and numpy's ValueError (a truncated .npy member). The readers
+# below catch every Exception once the file has opened: all of them mean damaged content.
+
+
+def _open_archive(fh: BinaryIO, file: Path) -> np.lib.npyio.NpzFile:
+    """``np.load`` of the open zip archive ``fh``; anything else is a ``ValueError``.
+
+    The caller opens (and closes) the file: ``np.load(path)`` leaks its file handle when the
+    zip directory is damaged.
+    """
+    head = fh.read(6)
+    fh.seek(0)
+    if not head:
+        raise ValueError(f"{file} is empty, not a readable .npz archive; {_REFETCH}.")
+    if head == b"\x93NUMPY":
+        raise ValueError(f"{file} holds a single array (.npy), not the MedMNIST .npz archive "
+                         f"with keys {', '.join(PATHMNIST_KEYS)}.")
+    if not head.startswith(b"PK"):
+        raise ValueError(f"{file} is not a readable .npz archive (a .npz is a zip file; this one "
+                         f"starts with {head!r}); {_REFETCH}.")
+    try:
+        return np.load(fh, allow_pickle=False)
+    except Exception as exc:  # the file opened: any failure is its content (see above)
+        raise ValueError(f"{file} is not a readable .npz archive: the zip file is truncated or "
+                         f"corrupt ({error_text(exc)}); {_REFETCH}.") from None
+
+
+def _member(archive: np.lib.npyio.NpzFile, key: str, file: Path) -> np.ndarray:
+    """One array of the archive (members are read lazily: corruption shows up here)."""
+    try:
+        value = archive[key]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise ValueError(f"{file}: {key} holds Python objects (a pickled object array), "
+                             "which are never loaded (unsafe); expected a numeric array as "
+                             f"in MedMNIST's {PATHMNIST_FILENAME}.") from None
+        raise _unreadable_member(file, key, exc) from None
+    except Exception as exc:
+        # The file itself opened (its first bytes were read above), so what fails here is
+        # its content: besides the errors listed above, a damaged .npy header inside the
+        # archive raises tokenize.TokenError or SyntaxError from numpy's header parser.
+        raise _unreadable_member(file, key, exc) from None
+    if not isinstance(value, np.ndarray):  # NpzFile returns raw bytes for a non-.npy member
+        raise ValueError(f"{file}: {key} is not a .npy array; the archive is corrupt or not "
+                         f"MedMNIST's, {_REFETCH}.")
+    return value
+
+
+def _unreadable_member(file: Path, key: str, exc: Exception) -> ValueError:
+    return ValueError(f"{file}: cannot read {key} ({error_text(exc)}); the archive is truncated "
+                      f"or corrupt, {_REFETCH}.")
+
+
 def _split(archive: np.lib.npyio.NpzFile, split: str,
            path: Path) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    images = archive[f"{split}_images"]
-    labels = archive[f"{split}_labels"]
+    images = _member(archive, f"{split}_images", path)
+    labels = _member(archive, f"{split}_labels", path)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] != 3:
         raise ValueError(f"{path}: {split}_images must be uint8 of shape (N, H, W, 3), got "
                          f"{images.dtype} {images.shape}.")
+    if images.shape[0] == 0 or images.shape[1] == 0 or images.shape[2] == 0:
+        raise ValueError(f"{path}: {split}_images holds no pixels (shape {images.shape}); "
+                         f"expected N >= 1 images of H x W >= 1 x 1, {_REFETCH}.")
     if labels.ndim == 2 and labels.shape[1] == 1:
         labels = labels[:, 0]
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
@@ -104,18 +164,13 @@ def load_pathmnist(path: str | os.PathLike | None = None, *, merge_val: bool = F
     FileNotFoundError
         If the file is absent; the message says where to put it.
     ValueError
-        If the file is not a MedMNIST archive (missing keys, wrong shapes, dtypes or labels).
+        If the file is not a MedMNIST archive (empty, not a zip, truncated or corrupt,
+        missing keys, object arrays, empty splits, wrong shapes, dtypes or labels); the
+        message names the file and the key.
     """
     file = _resolve_file(path)
     logger.info("loading PathMNIST from %s", file)
-    try:
-        archive = np.load(file, allow_pickle=False)
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise ValueError(f"{file} is not a readable .npz archive: {exc}") from None
-    if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"{file} holds a single array, not the MedMNIST .npz archive "
-                         f"with keys {', '.join(PATHMNIST_KEYS)}.")
-    with archive:
+    with open(file, "rb") as fh, _open_archive(fh, file) as archive:
         needed = PATHMNIST_KEYS if merge_val else tuple(k for k in PATHMNIST_KEYS
                                                         if not k.startswith("val_"))
         missing = [k for k in needed if k not in archive.files]

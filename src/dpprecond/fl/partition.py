@@ -12,7 +12,13 @@ from typing import Literal
 
 import numpy as np
 
-from dpprecond._validation import check_choice, check_int, check_positive, check_random_state
+from dpprecond._validation import (
+    check_choice,
+    check_int,
+    check_labels,
+    check_positive,
+    check_random_state,
+)
 
 __all__ = ["client_weights", "dirichlet_partition", "iid_partition", "make_partition"]
 
@@ -43,7 +49,7 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
     Parameters
     ----------
     y : ndarray of shape (n,)
-        Integer labels.
+        Integer labels >= 0 (checked with :func:`~dpprecond._validation.check_labels`).
     n_clients : int
         Number of clients K (``K * min_size <= n``).
     alpha : float
@@ -53,7 +59,7 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
     min_size : int, default=1
         Minimum examples per client after the repair rule.
     """
-    y = np.asarray(y)
+    y = check_labels("y", y)  # 1-D, integers >= 0: NaN labels would leave rows unassigned
     n = y.shape[0]
     n_clients = check_int("n_clients", n_clients, low=1)
     alpha = check_positive("alpha", alpha)

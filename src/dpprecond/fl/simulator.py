@@ -66,6 +66,16 @@ class ClientData:
     bounds: np.ndarray
     n_classes: int
 
+    def __post_init__(self) -> None:
+        # Labels index the one-hot targets: a negative label would silently pick a class from
+        # the end, a float one fail deep in a round. Checked here so that every consumer of a
+        # ClientData (simulate, the baselines, hand-built data) gets labels in [0, n_classes).
+        n_classes = check_int("n_classes", self.n_classes, low=2)
+        X = np.asarray(self.X)
+        if X.ndim != 2:
+            raise ValueError(f"Expected ClientData.X to be 2-D, got shape {X.shape}.")
+        object.__setattr__(self, "y", check_labels("y", self.y, n_classes, n_rows=X.shape[0]))
+
     @property
     def n_clients(self) -> int:
         """Number of clients K."""
@@ -272,6 +282,10 @@ def simulate(model: FLModel, data: ClientData, optimizer: GradientTransformation
         after the round), ``update_norm`` (``||theta_{t+1} - theta_t||``), ``seconds``.
     """
     config = config.validated()
+    model_classes = getattr(model, "n_classes", None)
+    if model_classes is not None and model_classes != data.n_classes:
+        raise ValueError(f"The model has {model_classes} classes but the data has n_classes="
+                         f"{data.n_classes}; build the model with n_classes={data.n_classes}.")
     X_test = check_array("X_test", X_test)
     y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
     if X_test.shape[1] != data.X.shape[1]:
