@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpprecond.cli.fl import load_features
-from dpprecond.fl.simulator import FLConfig, run_federated
+from dpprecond.features import load_features
+from dpprecond.fl import FLConfig, run_federated
 
 EPSILONS: tuple[float | None, ...] = (0.5, 1.0, 2.0, 5.0, 10.0, None)
 ALGORITHMS = ("fedgd", "sofim", "sofim-momentum")

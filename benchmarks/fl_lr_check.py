@@ -8,8 +8,8 @@ accuracy of each server optimizer for several server learning rates.
 
 from __future__ import annotations
 
-from dpprecond.cli.fl import load_features
-from dpprecond.fl.simulator import FLConfig, run_federated
+from dpprecond.features import load_features
+from dpprecond.fl import FLConfig, run_federated
 
 LEARNING_RATES = (0.2, 0.1, 0.05, 0.02, 0.01)
 ALGORITHMS = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged")

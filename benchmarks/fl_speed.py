@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from dpprecond.cli.fl import load_features
-from dpprecond.fl.simulator import FLConfig, run_federated
+from dpprecond.features import load_features
+from dpprecond.fl import FLConfig, run_federated
 
 
 def floor_seconds(X: np.ndarray, k: int, reps: int) -> float:

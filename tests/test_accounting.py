@@ -15,9 +15,9 @@ from dpprecond.accounting import (
     compose,
     epsilon_of,
     gaussian,
-    gaussian_gdp_epsilon,
     gaussian_precision,
 )
+from tests.gdp import gaussian_gdp_epsilon
 
 
 @pytest.mark.parametrize("z", [0.5, 1.0, 4.0])
@@ -102,25 +102,64 @@ def test_trivial_events() -> None:
 
 
 def test_ledger_records_and_enforces_budget() -> None:
-    ledger = PrivacyLedger(delta=1e-5, budget=3.0)
+    ledger = PrivacyLedger(delta=1e-5, max_epsilon=3.0)
     assert ledger.epsilon == 0.0
     e1 = ledger.spend(gaussian(3.0))
-    assert e1 == pytest.approx(epsilon_of(gaussian(3.0), 1e-5))
+    assert e1 == pytest.approx(epsilon_of(gaussian(3.0), 1e-5, "pld"))
     e2 = ledger.spend(gaussian(3.0))
     assert e2 > e1
-    with pytest.raises(PrivacyBudgetExceededError, match="budget=3"):
+    with pytest.raises(PrivacyBudgetExceededError, match="max_epsilon=3"):
         ledger.spend(gaussian(0.5))
     assert len(ledger.events) == 2 and ledger.epsilon == pytest.approx(e2)
+    # consecutive identical releases are one self-composed event (one evaluation)
+    assert ledger.event == dp_event.SelfComposedDpEvent(gaussian(3.0), 2)
+
+
+def test_ledger_composes_pca_and_fl_events_exactly() -> None:
+    """One ledger over a Gaussian PCA release and a federated run: the Gaussian parts
+    compose exactly (one Gaussian with the precisions added), and a repeat-and-select
+    event switches the evaluation to RDP, the accountant that supports it."""
+    ledger = PrivacyLedger(delta=1e-6)
+    ledger.spend(gaussian(4.0))  # e.g. Analyze Gauss
+    ledger.spend(gaussian(20.0), count=50)  # e.g. 50 rounds
+    precision = 1 / 16 + 50 / 400
+    assert ledger.epsilon == pytest.approx(gaussian_gdp_epsilon(math.sqrt(precision), 1e-6),
+                                           rel=1e-9)
+    rs = dp_event.RepeatAndSelectDpEvent(gaussian(3.0), 3.0, 1)
+    ledger.spend(rs)
+    rdp = dp_accounting.rdp.RdpAccountant(orders=[1 + x / 20 for x in range(1, 100)]
+                                          + list(range(6, 64)))
+    rdp.compose(ledger.event)
+    assert ledger.epsilon == pytest.approx(rdp.get_epsilon(1e-6), rel=2e-2)
+    assert ledger.epsilon > epsilon_of(gaussian(precision ** -0.5), 1e-6, "pld")
+
+
+def test_ledger_check_refuses_before_recording() -> None:
+    ledger = PrivacyLedger(delta=1e-5, max_epsilon=1.0)
+    ledger.spend(gaussian(8.0))
+    with pytest.raises(PrivacyBudgetExceededError, match="nothing was released"):
+        ledger.check(dp_event.SelfComposedDpEvent(gaussian(2.0), 10))
+    assert ledger.n_releases == 1
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"delta": 0.0}, r"delta in the open interval \(0, 1\), got delta=0.0"),
     ({"delta": 1.5}, "delta=1.5"),
-    ({"delta": 1e-5, "budget": -1.0}, "budget > 0, got budget=-1.0"),
+    ({"delta": 1e-5, "max_epsilon": -1.0}, "max_epsilon > 0, got max_epsilon=-1.0"),
+    ({"delta": 1e-5, "accountant": "gdp"}, "accountant='gdp'"),
 ])
 def test_ledger_bad_input(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         PrivacyLedger(**kwargs)
+
+
+def test_event_serialization_round_trips() -> None:
+    from dpprecond.accounting import event_from_dict, event_to_dict
+
+    ev = compose([gaussian(2.0), dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(0.1, gaussian(1.3)), 5),
+        dp_event.RepeatAndSelectDpEvent(gaussian(3.0), 3.0, 1), gaussian(0.0)])
+    assert event_from_dict(event_to_dict(ev)) == ev
 
 
 def test_calibrate_bad_input() -> None:

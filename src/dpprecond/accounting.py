@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 import dp_accounting
+import numpy as np
 from dp_accounting import dp_event
-from scipy import optimize, stats
+from scipy import optimize
 
-from dpprecond._validation import check_delta, check_epsilon, check_positive
+from dpprecond._validation import check_delta, check_epsilon
 
 __all__ = [
     "PrivacyBudgetExceededError",
@@ -32,13 +32,14 @@ __all__ = [
     "calibrate_noise",
     "compose",
     "epsilon_of",
+    "event_from_dict",
+    "event_to_dict",
     "gaussian",
-    "gaussian_gdp_epsilon",
     "gaussian_precision",
     "make_accountant",
 ]
 
-AccountantName = Literal["rdp", "pld"]
+AccountantName = Literal["rdp", "pld", "auto"]
 
 #: RDP orders: dense at small orders (where tight epsilons live) and long enough for tiny
 #: deltas. RepeatAndSelect needs fractional orders near 1 as well.
@@ -46,6 +47,8 @@ RDP_ORDERS: tuple[float, ...] = tuple(
     [1.0 + x / 20.0 for x in range(1, 100)] + list(range(6, 64)) + [64, 80, 96, 128, 160, 192,
                                                                     256, 384, 512, 768, 1024]
 )
+#: Largest noise scale :func:`calibrate_noise` will try before giving up.
+MAX_NOISE_SCALE = 1e12
 
 
 class PrivacyBudgetExceededError(RuntimeError):
@@ -95,11 +98,12 @@ def gaussian_precision(event: dp_event.DpEvent) -> float | None:
     ``z_i``, has exactly the privacy loss distribution of *one* Gaussian mechanism with
     multiplier ``(sum_i z_i^-2)^(-1/2)``: each privacy loss is ``N(1/(2 z_i^2), 1/z_i^2)``
     and independent normals add to a normal (equivalently, mu-GDP composes as
-    ``mu^2 = sum mu_i^2``; Dong, Roth and Su, 2019, Cor. 3.3). :func:`epsilon_of` with the
-    PLD accountant uses this to return dp_accounting's exact Gaussian-mechanism epsilon
-    (Balle and Wang, 2018) instead of a discretized FFT composition: the same privacy loss
-    distribution, without the rounding error, in microseconds instead of about a second per
-    evaluation. Subsampled Gaussians and every other event go to the accountant.
+    ``mu^2 = sum mu_i^2``, also under adaptive composition; Dong, Roth and Su, 2019,
+    Cor. 3.3). :func:`epsilon_of` with the PLD accountant uses this to return dp_accounting's
+    exact Gaussian-mechanism epsilon (Balle and Wang, 2018) instead of a discretized FFT
+    composition: the same privacy loss distribution, without the rounding error, in
+    microseconds instead of about a second per evaluation. Subsampled Gaussians and every
+    other event go to the accountant.
     """
     if isinstance(event, dp_event.NoOpDpEvent):
         return 0.0
@@ -122,26 +126,73 @@ def gaussian_precision(event: dp_event.DpEvent) -> float | None:
     return None
 
 
+def _contains_nonprivate(event: dp_event.DpEvent) -> bool:
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_contains_nonprivate(e) for e in event.events)
+    inner = getattr(event, "event", None)
+    return inner is not None and _contains_nonprivate(inner)
+
+
+def resolve_accountant(event: dp_event.DpEvent, accountant: AccountantName) -> str:
+    """The accountant that evaluates ``event``: ``"auto"`` is PLD when it supports the event
+    (tighter), else RDP (for example ``RepeatAndSelectDpEvent``)."""
+    if accountant in ("rdp", "pld"):
+        return accountant
+    if accountant != "auto":
+        raise ValueError(f"Unknown accountant={accountant!r}; expected 'rdp', 'pld' or "
+                         "'auto'.")
+    if gaussian_precision(event) is not None:
+        return "pld"
+    return "pld" if make_accountant("pld").supports(event) else "rdp"
+
+
 def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: float,
                accountant: AccountantName = "rdp") -> float:
     """Epsilon at ``delta`` of an event (or of the composition of a list of events).
 
-    Returns ``inf`` for a non-private event and ``0`` for a no-op. With ``"pld"``, a
-    composition of unsampled Gaussian releases is evaluated exactly as one Gaussian
-    mechanism (:func:`gaussian_precision`); anything else goes through the accountant.
+    Returns ``inf`` for a non-private event and ``0`` for a no-op. With ``"pld"`` (or
+    ``"auto"``), a composition of unsampled Gaussian releases is evaluated exactly as one
+    Gaussian mechanism (:func:`gaussian_precision`); anything else goes through the
+    accountant, and the result is cached (sweeps evaluate the same events many times).
     """
     delta = check_delta(delta)
     if not isinstance(event, dp_event.DpEvent):
         event = compose(list(event))
-    if accountant == "pld":
+    if _contains_nonprivate(event):
+        return math.inf
+    kind = resolve_accountant(event, accountant)
+    if kind == "pld":
         precision = gaussian_precision(event)
         if precision is not None:
             # Exact: the composition is one Gaussian mechanism (see gaussian_precision).
             return 0.0 if precision == 0 else float(
-                dp_accounting.get_epsilon_gaussian(precision ** -0.5, delta))
-    acc = make_accountant(accountant)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+                _exact_gaussian_epsilon(precision ** -0.5, delta))
+    return _accountant_epsilon(repr(event), event, delta, kind)
+
+
+def _exact_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        return float(dp_accounting.get_epsilon_gaussian(noise_multiplier, delta))
+
+
+def _accountant_epsilon(key: str, event: dp_event.DpEvent, delta: float, kind: str) -> float:
+    cached = _EPS_CACHE.get((key, delta, kind))
+    if cached is None:
+        acc = make_accountant(kind)  # type: ignore[arg-type]
+        if not acc.supports(event):
+            raise ValueError(f"The {kind!r} accountant does not support {event!r}; use "
+                             "accountant='rdp' (or 'auto').")
+        acc.compose(event)
+        cached = float(acc.get_epsilon(delta))
+        if len(_EPS_CACHE) > 65536:
+            _EPS_CACHE.clear()
+        _EPS_CACHE[(key, delta, kind)] = cached
+    return cached
+
+
+_EPS_CACHE: dict[tuple[str, float, str], float] = {}
 
 
 def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: float,
@@ -149,16 +200,23 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
                     rel_tol: float = 1e-4) -> float:
     """Smallest noise scale ``s`` such that ``make_event(s)`` is ``(epsilon, delta)``-DP.
 
-    ``make_event`` must be monotone: more scale, less privacy loss (for example a noise
-    multiplier, or a common factor of several noise multipliers). The returned scale meets
-    the target: ``epsilon_of(make_event(s), delta) <= epsilon`` (checked, and nudged up by
-    the tolerance when the root finder lands a hair below).
+    The one calibration function of the package. ``make_event`` must be monotone: more
+    scale, less privacy loss (a noise multiplier, or a common factor of several noise
+    multipliers). The returned scale meets the target: ``epsilon_of(make_event(s), delta)
+    <= epsilon`` (checked, and nudged up by the tolerance when the root finder lands a hair
+    below). Raises ``ValueError`` naming epsilon and delta when no scale up to
+    :data:`MAX_NOISE_SCALE` reaches the target.
     """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
 
     def eps_at(scale: float) -> float:
-        return epsilon_of(make_event(scale), delta, accountant)
+        try:
+            return epsilon_of(make_event(scale), delta, accountant)
+        except (ValueError, OverflowError, ArithmeticError) as exc:
+            raise ValueError(f"Cannot calibrate the noise for epsilon={epsilon:g}, "
+                             f"delta={delta:g}: the accountant failed at noise scale "
+                             f"{scale:g} ({exc}). Raise epsilon or lower delta.") from None
 
     # Bracket the root on a log scale, starting at 1 and moving by factors of 2: epsilon
     # decreases in the scale, and tiny scales (huge privacy losses) are slow to account
@@ -167,16 +225,19 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     if eps_at(hi) > epsilon:
         while eps_at(hi) > epsilon:
             lo, hi = hi, hi * 2.0
-            if hi > 1e7:
-                raise ValueError(f"Cannot reach epsilon={epsilon} at delta={delta}: even a "
-                                 "noise scale of 1e7 is not enough. Raise epsilon or delta.")
+            if hi > MAX_NOISE_SCALE:
+                raise ValueError(
+                    f"Cannot reach epsilon={epsilon:g} at delta={delta:g}: even a noise "
+                    f"scale of {MAX_NOISE_SCALE:g} is not enough. Raise epsilon or delta.")
     else:
         while eps_at(lo) <= epsilon:
             hi, lo = lo, lo / 2.0
             if lo < 1e-6:
                 return hi
-    root = optimize.brentq(lambda s: math.log(eps_at(s)) - math.log(epsilon), lo, hi,
-                           rtol=rel_tol / 10, xtol=1e-12)
+    # log(epsilon) is closer to linear in log(scale); a zero epsilon (large delta) is
+    # floored so that the logarithm stays finite.
+    root = optimize.brentq(lambda s: math.log(max(eps_at(s), 1e-300)) - math.log(epsilon),
+                           lo, hi, rtol=rel_tol / 10, xtol=1e-12)
     scale = root
     for _ in range(50):
         if eps_at(scale) <= epsilon:
@@ -185,80 +246,146 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     raise RuntimeError("calibrate_noise failed to meet the target; please report this bug.")
 
 
-def gaussian_gdp_epsilon(mu: float, delta: float) -> float:
-    """Epsilon of a ``mu``-GDP mechanism at ``delta`` (Dong, Roth and Su, 2019, Cor. 2.13).
+def event_to_dict(event: dp_event.DpEvent) -> dict:
+    """A JSON-ready description of the events this package produces (see
+    :func:`event_from_dict`): Gaussian, Poisson-sampled, self-composed, composed,
+    repeat-and-select, non-private and no-op events."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return {"gaussian": float(event.noise_multiplier)}
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return {"poisson": float(event.sampling_probability),
+                "event": event_to_dict(event.event)}
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return {"self_composed": int(event.count), "event": event_to_dict(event.event)}
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return {"composed": [event_to_dict(e) for e in event.events]}
+    if isinstance(event, dp_event.RepeatAndSelectDpEvent):
+        return {"repeat_and_select": [float(event.mean), float(event.shape)],
+                "event": event_to_dict(event.event)}
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return {"non_private": True}
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return {"no_op": True}
+    raise TypeError(f"Cannot serialize {event!r}.")
 
-    Used only as an independent cross-check of the accountants: T Gaussian releases with
-    noise multiplier ``z`` are exactly ``sqrt(T)/z``-GDP.
-    """
-    mu = check_positive("mu", mu)
-    delta = check_delta(delta)
 
-    def delta_of(eps: float) -> float:
-        return float(stats.norm.cdf(-eps / mu + mu / 2)
-                     - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
+def event_from_dict(data: dict) -> dp_event.DpEvent:
+    """Inverse of :func:`event_to_dict` (``ValueError`` for anything else)."""
+    if "gaussian" in data:
+        return dp_event.GaussianDpEvent(float(data["gaussian"]))
+    if "poisson" in data:
+        return dp_event.PoissonSampledDpEvent(float(data["poisson"]),
+                                              event_from_dict(data["event"]))
+    if "self_composed" in data:
+        return dp_event.SelfComposedDpEvent(event_from_dict(data["event"]),
+                                            int(data["self_composed"]))
+    if "composed" in data:
+        return dp_event.ComposedDpEvent([event_from_dict(e) for e in data["composed"]])
+    if "repeat_and_select" in data:
+        mean, shape = data["repeat_and_select"]
+        return dp_event.RepeatAndSelectDpEvent(event_from_dict(data["event"]), mean, shape)
+    if data.get("non_private"):
+        return dp_event.NonPrivateDpEvent()
+    if data.get("no_op"):
+        return dp_event.NoOpDpEvent()
+    raise ValueError(f"Not a serialized DpEvent: {data!r}")
 
-    if delta_of(0.0) <= delta:
-        return 0.0
-    hi = 1.0
-    while delta_of(hi) > delta:
-        hi *= 2.0
-    return float(optimize.brentq(lambda e: delta_of(e) - delta, 0.0, hi, xtol=1e-12))
 
-
-@dataclass
 class PrivacyLedger:
-    """Running record of the releases of one privacy unit, with an optional budget.
+    """Running record of the releases of one privacy unit, with an optional budget cap.
 
-    The stateful companion of the pure functions above (the Opacus split): a trainer
-    calls :meth:`spend` before each release and reads :attr:`epsilon` after it. When a
-    ``budget`` is set, a release that would exceed it raises
-    :class:`PrivacyBudgetExceededError` and is *not* recorded.
+    The stateful companion of the pure functions above (the Opacus split). Every fit and
+    run of the package records its releases here (``ledger=`` argument); one ledger can be
+    passed to several fits and runs on the same records (a private PCA followed by
+    federated training), and :attr:`epsilon` is their composition from ``dp_accounting``.
+
+    With ``max_epsilon`` set, :meth:`check` refuses, *before any data is touched*, a plan
+    whose releases would take the total above it (the callers check their whole plan
+    first), and :meth:`spend` refuses a single release the same way; a refused event is not
+    recorded. Both raise :class:`PrivacyBudgetExceededError`.
+
+    Consecutive identical events are stored as one ``SelfComposedDpEvent``, so a run of
+    ``T`` identical rounds costs one accountant evaluation, not ``T``.
 
     Parameters
     ----------
     delta : float
         The delta at which epsilons are reported.
-    budget : float or None
-        Maximum epsilon; ``None`` records without a limit.
-    accountant : {"rdp", "pld"}
-        Which ``dp_accounting`` accountant composes the events.
+    max_epsilon : float or None
+        Maximum total epsilon at ``delta``; ``None`` records without a limit.
+    accountant : {"auto", "pld", "rdp"}
+        Which ``dp_accounting`` accountant composes the events; ``"auto"`` (default) uses
+        PLD (exact for Gaussian compositions) unless an event needs RDP.
     """
 
-    delta: float
-    budget: float | None = None
-    accountant: AccountantName = "rdp"
-    events: list[dp_event.DpEvent] = field(default_factory=list)
+    def __init__(self, delta: float, max_epsilon: float | None = None,
+                 accountant: AccountantName = "auto") -> None:
+        self.delta = check_delta(delta)
+        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon,
+                                                                          "max_epsilon")
+        if accountant not in ("auto", "pld", "rdp"):
+            raise ValueError(f"Unknown accountant={accountant!r}; expected 'auto', 'pld' or "
+                             "'rdp'.")
+        self.accountant: AccountantName = accountant
+        self._runs: list[list] = []  # [event, count]
 
-    def __post_init__(self) -> None:
-        self.delta = check_delta(self.delta)
-        if self.budget is not None:
-            self.budget = check_epsilon(self.budget, "budget")
-        self._acc = make_accountant(self.accountant)
-
-    def spend(self, event: dp_event.DpEvent) -> float:
-        """Record ``event`` and return the epsilon spent so far."""
-        if self.budget is not None:
-            trial = make_accountant(self.accountant)
-            trial.compose(compose([*self.events, event]))
-            eps = float(trial.get_epsilon(self.delta))
-            # A relative slack absorbs the calibration tolerance of a planned schedule.
-            if eps > self.budget * (1 + 1e-6):
-                raise PrivacyBudgetExceededError(
-                    f"This release would spend epsilon={eps:.4g} > budget={self.budget:.4g} "
-                    f"at delta={self.delta:g}; stop training or raise the budget.")
-        self._acc.compose(event)
-        self.events.append(event)
-        return self.epsilon
+    def __repr__(self) -> str:
+        cap = "" if self.max_epsilon is None else f", max_epsilon={self.max_epsilon:g}"
+        return (f"PrivacyLedger(delta={self.delta:g}{cap}, releases={self.n_releases}, "
+                f"epsilon={self.epsilon:.4g})")
 
     @property
-    def epsilon(self) -> float:
-        """Epsilon spent so far at :attr:`delta`."""
-        if not self.events:
-            return 0.0
-        return float(self._acc.get_epsilon(self.delta))
+    def events(self) -> list[dp_event.DpEvent]:
+        """Every recorded release, in order (identical consecutive events repeated)."""
+        return [e for e, c in self._runs for _ in range(c)]
+
+    @property
+    def n_releases(self) -> int:
+        """How many releases were recorded."""
+        return sum(c for _, c in self._runs)
 
     @property
     def event(self) -> dp_event.DpEvent:
         """All releases so far as one composed event."""
-        return compose(self.events)
+        return compose([e if c == 1 else dp_event.SelfComposedDpEvent(e, c)
+                        for e, c in self._runs])
+
+    def epsilon_with(self, event: dp_event.DpEvent | None = None) -> float:
+        """The total epsilon if ``event`` were released too (``None``: as recorded)."""
+        total = self.event if event is None else compose([self.event, event])
+        return epsilon_of(total, self.delta, self.accountant)
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent so far at :attr:`delta`."""
+        return 0.0 if not self._runs else self.epsilon_with()
+
+    def check(self, event: dp_event.DpEvent) -> float:
+        """Raise :class:`PrivacyBudgetExceededError` if ``event`` would exceed the budget.
+
+        Returns the total epsilon after ``event`` (without recording it).
+        """
+        eps = self.epsilon_with(event)
+        # A relative slack absorbs the calibration tolerance of a planned schedule.
+        if self.max_epsilon is not None and eps > self.max_epsilon * (1 + 1e-6):
+            raise PrivacyBudgetExceededError(
+                f"This release would take the total epsilon to {eps:.4g} > max_epsilon="
+                f"{self.max_epsilon:.4g} at delta={self.delta:g} (already spent "
+                f"{self.epsilon:.4g}); nothing was released. Lower the release's budget or "
+                "raise max_epsilon.")
+        return eps
+
+    def spend(self, event: dp_event.DpEvent, count: int = 1) -> float:
+        """Record ``count`` releases of ``event`` and return the epsilon spent so far."""
+        if count < 1:
+            raise ValueError(f"Expected count >= 1, got count={count}.")
+        if isinstance(event, dp_event.NoOpDpEvent):
+            return self.epsilon
+        full = event if count == 1 else dp_event.SelfComposedDpEvent(event, count)
+        if self.max_epsilon is not None:
+            self.check(full)
+        if self._runs and self._runs[-1][0] == event:
+            self._runs[-1][1] += count
+        else:
+            self._runs.append([event, count])
+        return self.epsilon

@@ -36,10 +36,10 @@ from dpprecond.adapters.flower.app import config_from_run_config
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
 from dpprecond.adapters.flower.protocol import aggregate, epsilon_after_rounds
+from dpprecond.fl import ClientData, FLConfig, run_federated
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import make_optimizer
-from dpprecond.fl.simulator import ClientData, FLConfig, run_federated
 
 SEED = 7
 K = 4

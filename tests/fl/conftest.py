@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpprecond.fl import ClientData
 from dpprecond.fl.partition import iid_partition
-from dpprecond.fl.simulator import ClientData
 
 
 def mean_gradient(W: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -14,22 +14,26 @@ import pytest
 from dp_accounting import dp_event
 
 from dpprecond import accounting
-from dpprecond.fl.baseline_common import calibrate_covariance_split, covariance_split_noise
-from dpprecond.fl.fedfc import (
-    covariance_sensitivity,
-    fedfc_events,
-    private_second_moments,
-    run_fedfc,
-)
-from dpprecond.fl.fednew import run_fednew
+from dpprecond.fl import FLConfig, make_method, simulate
+from dpprecond.fl.accounting import Schedule, calibrate
+from dpprecond.fl.client import covariance_sensitivity, second_moment_releases
 from dpprecond.fl.models import LinearSoftmax
-from dpprecond.fl.scaffold import local_steps_events, run_fedavg, run_scaffold
 from dpprecond.fl.server import sgd
-from dpprecond.fl.simulator import FLConfig, simulate
 from tests.fl.conftest import make_problem
 from tests.fl.conftest import mean_gradient as grad
+from tests.gdp import gaussian_gdp_epsilon
 
 T = 4
+
+
+def run(name: str, data, problem, *, n_rounds: int = T, seed=0, config: dict | None = None,
+        **options):
+    """Run method ``name`` on the engine with FLConfig(**config) (default: non-private)."""
+    cfg = FLConfig(n_rounds=n_rounds, **(config or {"noise_multiplier": 0.0,
+                                                    "clip_norm": math.inf}))
+    return simulate(LinearSoftmax(data.X.shape[1], data.n_classes), data,
+                    make_method(name, **options), cfg, X_test=problem[2], y_test=problem[3],
+                    seed=seed)
 
 
 def blocks(data):
@@ -66,10 +70,8 @@ def ref_scaffold(data, k: int, L: int, lr_l: float, lr_g: float,
 
 @pytest.mark.parametrize("cv", [True, False])
 def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None:
-    model = LinearSoftmax(client_data.X.shape[1], 3)
-    res = run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
-                       local_steps=3, local_lr=0.2, global_lr=0.7, control_variates=cv,
-                       clip_norm=math.inf, noise_multiplier=0.0)
+    res = run("scaffold" if cv else "fedavg", client_data, problem, local_steps=3,
+              local_lr=0.2, global_lr=0.7)
     ref = ref_scaffold(client_data, 3, 3, 0.2, 0.7, cv)
     np.testing.assert_allclose(res.params, ref, rtol=1e-10, atol=1e-12)
     assert res.noise_multiplier == 0 and math.isinf(res.epsilon)
@@ -78,8 +80,8 @@ def test_scaffold_reduces_to_non_private(client_data, problem, cv: bool) -> None
 def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:
     """One local step of size eta with global step 1 is one DP-FedGD step of size eta."""
     model = LinearSoftmax(client_data.X.shape[1], 3)
-    a = run_fedavg(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
-                   local_steps=1, local_lr=0.3, clip_norm=1.0, noise_multiplier=0.0)
+    a = run("fedavg", client_data, problem, local_steps=1, local_lr=0.3,
+            config={"clip_norm": 1.0, "noise_multiplier": 0.0})
     b = simulate(model, client_data, sgd(0.3), FLConfig(n_rounds=T, clip_norm=1.0,
                                                         noise_multiplier=0.0),
                  X_test=problem[2], y_test=problem[3])
@@ -87,10 +89,7 @@ def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:
 
 
 def test_fedfc_reduces_to_non_private(client_data, problem) -> None:
-    model = LinearSoftmax(client_data.X.shape[1], 3)
-    res = run_fedfc(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
-                    learning_rate=0.6, gamma=0.3, row_clip=math.inf, clip_norm=math.inf,
-                    noise_multiplier=0.0)
+    res = run("fedfc", client_data, problem, learning_rate=0.6, gamma=0.3, row_clip=math.inf)
     C = np.mean([second_moment(X) for X, _ in blocks(client_data)], axis=0)
     P = np.linalg.inv(C + 0.3 * np.eye(C.shape[0]))
     W = np.zeros((C.shape[0], 3))
@@ -101,11 +100,9 @@ def test_fedfc_reduces_to_non_private(client_data, problem) -> None:
 
 
 def test_fednew_reduces_to_non_private(client_data, problem) -> None:
-    model = LinearSoftmax(client_data.X.shape[1], 3)
     h, rho, alpha, lr = 0.5, 2.0, 0.1, 0.9
-    res = run_fednew(model, client_data, X_test=problem[2], y_test=problem[3], n_rounds=T,
-                     learning_rate=lr, rho=rho, alpha=alpha, hessian_scale=h,
-                     row_clip=math.inf, clip_norm=math.inf, noise_multiplier=0.0)
+    res = run("fednew", client_data, problem, learning_rate=lr, rho=rho, alpha=alpha,
+              hessian_scale=h, row_clip=math.inf)
     parts = blocks(client_data)
     K = len(parts)
     d1 = client_data.X.shape[1] + 1
@@ -126,16 +123,16 @@ def test_fednew_reduces_to_non_private(client_data, problem) -> None:
 
 def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
     """Every release is one event; every method meets the same epsilon for its schedule."""
-    model = LinearSoftmax(client_data.X.shape[1], 3)
-    kw = dict(X_test=problem[2], y_test=problem[3], n_rounds=T, target_epsilon=2.0,
-              target_delta=1e-5, accountant="rdp", clip_norm=1.0)
-    sc = run_scaffold(model, client_data, local_steps=3, **kw)
+    cfg = dict(target_epsilon=2.0, target_delta=1e-5, accountant="rdp", clip_norm=1.0)
+    sc = run("scaffold", client_data, problem, config=cfg, local_steps=3)
     assert sc.n_releases == T * 3
-    assert sc.events == local_steps_events(sc.noise_multiplier, T, 3)
-    fc = run_fedfc(model, client_data, **kw)
-    nw = run_fednew(model, client_data, **kw)
-    z_cov, z_grad = fc.config["z_cov"], fc.noise_multiplier
-    assert fc.events == fedfc_events(z_cov, z_grad, T) == nw.events
+    assert sc.events == [accounting.gaussian(sc.noise_multiplier)] * (T * 3)
+    fc = run("fedfc", client_data, problem, config=cfg)
+    nw = run("fednew", client_data, problem, config=cfg)
+    z_grad = fc.noise_multiplier
+    z_cov = fc.events[0].noise_multiplier
+    assert fc.events == [accounting.gaussian(z_cov)] + [accounting.gaussian(z_grad)] * T
+    assert fc.events == nw.events
     assert fc.n_releases == T + 1
     # The totals, recomputed from the raw events with dp_accounting, meet the target and
     # are tight (calibration is for each method's own schedule).
@@ -151,12 +148,13 @@ def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
 
 def test_covariance_split_is_exact_gdp() -> None:
     """The split composes to 1/scale-GDP: compare with the closed-form GDP epsilon."""
-    z_cov, z_grad = covariance_split_noise(2.0, 50, 0.2)
-    mu2 = 1 / z_cov**2 + 50 / z_grad**2
+    schedule = Schedule("covariance", 50, share=0.2)
+    z = schedule.multipliers(2.0)
+    mu2 = 1 / z["z_cov"] ** 2 + 50 / z["z_grad"] ** 2
     assert mu2 == pytest.approx(1 / 4.0)
-    z_cov, z_grad = calibrate_covariance_split(1.0, 1e-5, 50, 0.2, "pld")
-    mu = math.sqrt(1 / z_cov**2 + 50 / z_grad**2)
-    assert accounting.gaussian_gdp_epsilon(mu, 1e-5) == pytest.approx(1.0, rel=2e-3)
+    z = schedule.multipliers(calibrate(schedule, 1.0, 1e-5, "pld"))
+    mu = math.sqrt(1 / z["z_cov"] ** 2 + 50 / z["z_grad"] ** 2)
+    assert gaussian_gdp_epsilon(mu, 1e-5) == pytest.approx(1.0, rel=2e-3)
 
 
 def test_covariance_sensitivity_worst_case_pair() -> None:
@@ -184,7 +182,7 @@ def test_covariance_noise_is_symmetric_with_the_stated_std() -> None:
     bounds = np.array([0, 20, 40])
     z, C = 0.7, 2.0
     rngs = [np.random.default_rng(s) for s in (1, 2)]
-    mats = list(private_second_moments(X, bounds, C, z, rngs))
+    mats = list(second_moment_releases(X, bounds, C, z, rngs))
     iu = np.triu_indices(30)
     noise = []
     for M in mats:
@@ -200,42 +198,44 @@ def test_covariance_noise_is_symmetric_with_the_stated_std() -> None:
 
 
 def test_noise_is_reproducible_and_seed_dependent(client_data, problem) -> None:
-    model = LinearSoftmax(client_data.X.shape[1], 3)
-    kw = dict(X_test=problem[2], y_test=problem[3], n_rounds=2, noise_multiplier=1.0,
-              clip_norm=1.0)
-    for fn in (run_scaffold, run_fedfc, run_fednew):
-        a, b, c = fn(model, client_data, seed=3, **kw), fn(model, client_data, seed=3, **kw), \
-            fn(model, client_data, seed=4, **kw)
+    cfg = dict(noise_multiplier=1.0, clip_norm=1.0)
+    for name in ("scaffold", "fedfc", "fednew"):
+        a, b, c = (run(name, client_data, problem, n_rounds=2, config=cfg, seed=s)
+                   for s in (3, 3, 4))
         np.testing.assert_array_equal(a.params, b.params)
         assert not np.allclose(a.params, c.params)
 
 
 def test_bad_inputs_are_named(client_data, problem) -> None:
-    model = LinearSoftmax(client_data.X.shape[1], 3)
     with pytest.raises(ValueError, match="clip_norm"):
-        run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3],
-                     clip_norm=math.inf, target_epsilon=1.0)
+        run("scaffold", client_data, problem, config={"clip_norm": math.inf,
+                                                      "target_epsilon": 1.0})
     with pytest.raises(ValueError, match="local_steps"):
-        run_scaffold(model, client_data, X_test=problem[2], y_test=problem[3], local_steps=0)
+        make_method("scaffold", local_steps=0)
     with pytest.raises(ValueError, match="gamma"):
-        run_fedfc(model, client_data, X_test=problem[2], y_test=problem[3], gamma=-1.0)
+        make_method("fedfc", gamma=-1.0)
     with pytest.raises(ValueError, match="covariance_share"):
-        run_fednew(model, client_data, X_test=problem[2], y_test=problem[3],
-                   covariance_share=1.0, target_epsilon=1.0)
+        make_method("fednew", covariance_share=1.0)
+    with pytest.raises(TypeError, match=r"Unknown option.*'gama'.*gamma"):
+        make_method("fedfc", gama=1.0)
+    with pytest.raises(ValueError, match="mechanism='full-batch'"):
+        run("scaffold", client_data, problem,
+            config={"target_epsilon": 1.0, "mechanism": "poisson", "sampling_rate": 0.5})
     with pytest.raises(TypeError, match="LinearSoftmax"):
-        run_fedfc(object(), client_data, X_test=problem[2], y_test=problem[3])  # type: ignore[arg-type]
+        simulate(object(), client_data, make_method("fedfc"),  # type: ignore[arg-type]
+                 FLConfig(n_rounds=1, target_epsilon=1.0), X_test=problem[2],
+                 y_test=problem[3])
 
 
 def test_private_runs_learn_something() -> None:
     """At a loose budget every baseline beats chance clearly on separable blobs."""
+    from dpprecond.fl import ClientData
     from dpprecond.fl.partition import iid_partition
-    from dpprecond.fl.simulator import ClientData
 
     X, y, Xt, yt = make_problem(n=1200, d=5, k=3, seed=1, scale=3.0)
     data = ClientData.from_partition(X, y, iid_partition(len(y), 3, 0), 3)
-    model = LinearSoftmax(5, 3)
-    kw = dict(X_test=Xt, y_test=yt, n_rounds=10, target_epsilon=8.0, accountant="rdp",
-              clip_norm=1.0)
-    for fn, extra in ((run_scaffold, {"local_steps": 2}), (run_fedfc, {"gamma": 1.0}),
-                      (run_fednew, {"rho": 1.0})):
-        assert fn(model, data, **kw, **extra).final_accuracy > 0.6
+    cfg = dict(target_epsilon=8.0, accountant="rdp", clip_norm=1.0)
+    for name, extra in (("scaffold", {"local_steps": 2}), ("fedfc", {"gamma": 1.0}),
+                        ("fednew", {"rho": 1.0})):
+        res = run(name, data, (X, y, Xt, yt), n_rounds=10, config=cfg, **extra)
+        assert res.final_accuracy > 0.6

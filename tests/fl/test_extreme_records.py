@@ -50,7 +50,7 @@ def test_huge_record_gradient_is_the_limit_direction() -> None:
 
 
 def test_run_with_a_huge_record_gives_a_finite_model() -> None:
-    from dpprecond.fl.simulator import FLConfig, run_federated
+    from dpprecond.fl import FLConfig, run_federated
 
     X, y, Xt, yt = make_problem(n=200)
     X[0] = 1e300
@@ -62,7 +62,7 @@ def test_run_with_a_huge_record_gives_a_finite_model() -> None:
 
 @pytest.mark.parametrize("mechanism", ["full-batch", "poisson", "client-level"])
 def test_every_client_mechanism_stays_finite(mechanism: str) -> None:
-    from dpprecond.fl.simulator import FLConfig, run_federated
+    from dpprecond.fl import FLConfig, run_federated
 
     X, y, Xt, yt = make_problem(n=200)
     X[0] = 1.7e308
@@ -75,20 +75,16 @@ def test_every_client_mechanism_stays_finite(mechanism: str) -> None:
     assert np.all(np.isfinite(res.params))
 
 
-@pytest.mark.parametrize("runner", ["scaffold", "fedfc", "fednew"])
-def test_baselines_stay_finite(runner: str) -> None:
-    from dpprecond.fl.fedfc import run_fedfc
-    from dpprecond.fl.fednew import run_fednew
+@pytest.mark.parametrize("name", ["scaffold", "fedfc", "fednew"])
+def test_baselines_stay_finite(name: str) -> None:
+    from dpprecond.fl import ClientData, FLConfig, make_method, simulate
     from dpprecond.fl.partition import iid_partition
-    from dpprecond.fl.scaffold import run_scaffold
-    from dpprecond.fl.simulator import ClientData
 
     X, y, Xt, yt = make_problem(n=200)
     X[5] = 1e300
     data = ClientData.from_partition(X, y, iid_partition(len(y), 4, 1), 3)
-    fn = {"scaffold": run_scaffold, "fedfc": run_fedfc, "fednew": run_fednew}[runner]
-    res = fn(LinearSoftmax(X.shape[1], 3), data, X_test=Xt, y_test=yt, n_rounds=2,
-             target_epsilon=1.0, seed=0)
+    res = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
+                   FLConfig(n_rounds=2, target_epsilon=1.0), X_test=Xt, y_test=yt, seed=0)
     assert np.all(np.isfinite(res.params))
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpprecond.fl import ClientData, FLConfig, run_federated, simulate
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import dirichlet_partition, make_partition
 from dpprecond.fl.server import make_optimizer
-from dpprecond.fl.simulator import ClientData, FLConfig, run_federated, simulate
 
 CONFIG = FLConfig(n_rounds=1, target_epsilon=None, noise_multiplier=1.0)
 

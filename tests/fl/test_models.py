@@ -86,7 +86,7 @@ def test_torch_model_matches_closed_form(problem: tuple) -> None:
 
 
 def test_torch_mlp_trains_in_simulator(problem: tuple) -> None:
-    from dpprecond.fl.simulator import FLConfig, run_federated
+    from dpprecond.fl import FLConfig, run_federated
 
     X, y, Xt, yt = problem
     torch.manual_seed(0)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpprecond.fl import client
+from dpprecond.fl import ClientData, FLConfig, client, run_federated, simulate
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import client_weights, dirichlet_partition, iid_partition
 from dpprecond.fl.server import sofim
-from dpprecond.fl.simulator import ClientData, FLConfig, run_federated, simulate
 
 
 def assert_covers_once(parts: list[np.ndarray], n: int) -> None:

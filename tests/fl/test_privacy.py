@@ -10,17 +10,21 @@ import pytest
 from dp_accounting import dp_event
 from scipy import optimize, stats
 
+from dpprecond.accounting import PrivacyLedger
 from dpprecond.clipping import SHRINK
-from dpprecond.fl import client
-from dpprecond.fl.accounting import (
-    calibrate_noise_multiplier,
-    gdp_epsilon,
-    round_event,
-    training_event,
-)
+from dpprecond.fl import ClientData, FLConfig, client, simulate
+from dpprecond.fl.accounting import Schedule, calibrate, round_event, training_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import sgd
-from dpprecond.fl.simulator import ClientData, FLConfig, epsilon_after, simulate
+from tests.gdp import gaussian_gdp_epsilon
+
+
+def gdp_epsilon(z: float, T: int, delta: float) -> float:
+    return gaussian_gdp_epsilon(math.sqrt(T) / z, delta)
+
+
+def calibrate_noise_multiplier(epsilon: float, delta: float, n_rounds: int) -> float:
+    return calibrate(Schedule("rounds", n_rounds), epsilon, delta, "pld")
 
 
 def pld_epsilon(z: float, T: int, delta: float) -> float:
@@ -147,9 +151,13 @@ def test_worst_case_pair_has_sensitivity_exactly_2C() -> None:
         assert dist <= 2 * C
 
 
-def test_epsilon_after_is_cached_and_infinite_without_noise() -> None:
-    assert math.isinf(epsilon_after(0.0, 3, 1e-5))
-    assert epsilon_after(2.0, 3, 1e-5) == pytest.approx(pld_epsilon(2.0, 3, 1e-5), rel=1e-6)
+def test_ledger_epsilon_is_infinite_without_noise_and_matches_pld() -> None:
+    ledger = PrivacyLedger(1e-5, accountant="pld")
+    ledger.spend(round_event(0.0))
+    assert math.isinf(ledger.epsilon)
+    ledger = PrivacyLedger(1e-5, accountant="pld")
+    ledger.spend(round_event(2.0), count=3)
+    assert ledger.epsilon == pytest.approx(pld_epsilon(2.0, 3, 1e-5), rel=1e-6)
 
 
 def test_poisson_mechanism_sampling_and_noise(client_data: ClientData) -> None:

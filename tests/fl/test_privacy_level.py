@@ -14,12 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from dpprecond.fl.fedfc import run_fedfc
-from dpprecond.fl.fednew import run_fednew
+from dpprecond.fl import ClientData, FLConfig, make_method, run_federated, simulate
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import iid_partition
-from dpprecond.fl.scaffold import run_scaffold
-from dpprecond.fl.simulator import ClientData, FLConfig, run_federated
 
 from .conftest import make_problem
 
@@ -52,14 +49,14 @@ def test_explicit_noise_reports_its_own_epsilon() -> None:
     assert 0 < res.epsilon < 2.0
 
 
-@pytest.mark.parametrize("runner", [run_scaffold, run_fedfc, run_fednew],
-                         ids=lambda f: f.__name__)
-def test_baselines_refuse_two_levels(runner) -> None:
+@pytest.mark.parametrize("name", ["scaffold", "fedfc", "fednew"])
+def test_baselines_take_the_same_config(name: str) -> None:
     X, y, Xt, yt = make_problem(n=120)
     data = ClientData.from_partition(X, y, iid_partition(len(y), 3, 1), 3)
     with pytest.raises(ValueError, match="not both"):
-        runner(LinearSoftmax(X.shape[1], 3), data, X_test=Xt, y_test=yt, n_rounds=2,
-               target_epsilon=1.0, noise_multiplier=0.0, seed=0)
-    res = runner(LinearSoftmax(X.shape[1], 3), data, X_test=Xt, y_test=yt, n_rounds=2,
-                 noise_multiplier=3.0, seed=0)
+        simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
+                 FLConfig(n_rounds=2, target_epsilon=1.0, noise_multiplier=0.0),
+                 X_test=Xt, y_test=yt, seed=0)
+    res = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
+                   FLConfig(n_rounds=2, noise_multiplier=3.0), X_test=Xt, y_test=yt, seed=0)
     assert np.isfinite(res.epsilon)

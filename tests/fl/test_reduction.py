@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpprecond.fl import server
+from dpprecond.fl import ClientData, FLConfig, server, simulate
 from dpprecond.fl.models import LinearSoftmax
-from dpprecond.fl.simulator import ClientData, FLConfig, simulate
 from tests.fl.conftest import mean_gradient
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpprecond.fl.accounting import calibrate_noise_multiplier
+from dpprecond.fl import ClientData, FLConfig, run_federated
+from dpprecond.fl.accounting import Schedule, calibrate
 from dpprecond.fl.partition import iid_partition
-from dpprecond.fl.simulator import ClientData, FLConfig, run_federated
 
 
 def test_labels_out_of_range(problem: tuple) -> None:
@@ -48,8 +48,8 @@ def test_partition_must_cover_once(problem: tuple) -> None:
 def test_epsilon_not_positive(eps: float) -> None:
     with pytest.raises(ValueError, match="target_epsilon > 0"):
         FLConfig(target_epsilon=eps).validated()
-    with pytest.raises(ValueError, match="target_epsilon > 0"):
-        calibrate_noise_multiplier(eps, 1e-5, 10)
+    with pytest.raises(ValueError, match="epsilon > 0"):
+        calibrate(Schedule("rounds", 10), eps, 1e-5)
 
 
 @pytest.mark.parametrize("delta", [0.0, 1.0, -0.1, 2.0])
@@ -75,7 +75,7 @@ def test_private_run_needs_finite_clip() -> None:
 def test_bad_sofim_hyperparameters_via_run(problem: tuple, kwargs: dict, name: str) -> None:
     X, y, Xt, yt = problem
     with pytest.raises(ValueError, match=name):
-        run_federated(X, y, Xt, yt, 3, algorithm="sofim", optimizer_kwargs=kwargs,
+        run_federated(X, y, Xt, yt, 3, algorithm="sofim", method_options=kwargs,
                       config=FLConfig(n_rounds=1, noise_multiplier=0.0))
 
 

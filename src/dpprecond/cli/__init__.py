@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from dpprecond import __version__
@@ -28,16 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Differentially private learning with cheap preconditioners.")
     parser.add_argument("--version", action="version", version=f"dpprecond {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log more (-v info, -vv debug)")
+                        help="log more (-v info and the traceback of an error, -vv debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a sub-command whose module is not built
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -50,12 +45,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from dpprecond.accounting import PrivacyBudgetExceededError
+
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as exc:
-        # Bad input gets a clear one-line message, not a traceback.
+    except (ValueError, TypeError, OSError, ImportError, PrivacyBudgetExceededError) as exc:
+        # Bad input gets a clear one-line message, not a traceback (-v shows it).
+        if args.verbose:
+            traceback.print_exc()
         print(f"dpprecond {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"dpprecond {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so, and show the traceback with -v
+        if args.verbose:
+            raise
+        print(f"dpprecond {args.command}: unexpected error {type(exc).__name__}: {exc} "
+              "(rerun with -v for the traceback, and please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

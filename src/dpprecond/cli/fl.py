@@ -2,10 +2,14 @@
 
 Example::
 
-    dpprecond fl --data fashion-mnist --algorithm sofim --clients 20 --rounds 70 --epsilon 1
+    dpprecond fl --data fashion-mnist --algorithm sofim-lagged --clients 20 --epsilon 1
+    dpprecond fl --data my_data.npz --algorithm scaffold --option local_steps=3
+    dpprecond fl --data my_table.csv --label-column -1 --epsilon 2
 
 prints one line per round and a final summary, and writes ``<out>/history.json`` and
-``<out>/accuracy.png``. ``run_demo()`` is the short comparison behind ``make demo``.
+``<out>/accuracy.png``. Every method of :mod:`dpprecond.fl.methods` runs here; its options
+are ``--lr`` and ``--option NAME=VALUE``. ``run_demo()`` is the short comparison behind
+``make demo``.
 """
 
 from __future__ import annotations
@@ -17,24 +21,49 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_features", "plot_history", "register", "run", "run_demo"]
+__all__ = ["load_fl_data", "plot_history", "privacy_level", "register", "run", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
-def load_features(data: str, data_path: str | None = None, features: str = "pixels",
-                  checkpoint: str | None = None, cache_dir: str | None = None
-                  ) -> tuple[Any, str]:
-    """Load a dataset and featurize it; return ``(dataset, description of the features)``.
+BUILT_IN = ("digits", "fashion-mnist", "cifar10", "pathmnist")
 
-    Features come from :func:`dpprecond.features.featurize`: ``"pixels"`` is the fixed
-    public rule ``(x - 0.5) / 0.5``; ``"resnet20"`` the frozen CIFAR-100 ResNet-20.
-    """
-    from dpprecond.data import load_dataset
-    from dpprecond.features import featurize
 
-    ds = load_dataset(data, data_path)
-    desc = "pixels (x - 0.5) / 0.5" if features == "pixels" else f"{features} features"
-    return featurize(ds, kind=features, checkpoint=checkpoint, cache_dir=cache_dir), desc
+def load_fl_data(data: str, data_path: str | None = None, features: str = "pixels",
+                 checkpoint: str | None = None, cache_dir: str | None = None,
+                 label_column: int = -1, test_fraction: float = 0.2) -> tuple[Any, str]:
+    """A built-in dataset with fixed features, or the user's labelled ``.npz``/``.csv``."""
+    if data in BUILT_IN:
+        from dpprecond.features import load_features
+
+        return load_features(data, data_path, features, checkpoint, cache_dir)
+    path = Path(data)
+    if path.suffix.lower() in (".npz", ".csv", ".txt", ".tsv") or path.exists():
+        from dpprecond.data.labelled import load_labelled
+
+        if features != "pixels":
+            raise ValueError("--features applies to the built-in image datasets only; a "
+                             "file's columns are used as they are.")
+        return (load_labelled(path, label_column=label_column, test_fraction=test_fraction),
+                "the file's columns")
+    raise ValueError(f"Unknown --data {data!r}: give one of {list(BUILT_IN)} or the path of "
+                     "a labelled .npz/.csv file.")
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option expects NAME=VALUE, got {text!r}")
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low in ("none", "null"):
+        return key, None
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            continue
+    return key, value
 
 
 def _epsilon(text: str) -> float:
@@ -75,67 +104,93 @@ def _level_text(level: dict[str, float]) -> str:
     return "non-private" if z == 0 else f"noise multiplier {z:g}"
 
 
+
+
 def register(subparsers: Any) -> None:
     """Add the ``fl`` sub-command to the main parser's sub-parsers."""
-    from dpprecond.fl.server import ALGORITHMS
+    from dpprecond.fl.methods import METHODS
+    from dpprecond.fl.simulator import DEFAULT_ALGORITHM
 
     p = subparsers.add_parser(
         "fl", help="DP federated learning: DP-FedSOFIM vs DP-FedGD and baselines",
         description="Simulate record-level DP federated learning of a linear softmax head "
-                    "(all clients in one process, vectorized).")
+                    "(all clients in one process, vectorized). Privacy unit: one record of "
+                    "one client, replace-one; every client adds its own noise.")
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="digits",
-                   choices=["digits", "fashion-mnist", "cifar10", "pathmnist"])
-    g.add_argument("--data-path", default=None, help="directory/file of the data set")
-    g.add_argument("--features", default="pixels", choices=["pixels", "resnet20"])
-    g.add_argument("--checkpoint", default=None, help="ResNet-20 checkpoint (resnet20)")
-    g.add_argument("--cache-dir", default=None, help="feature cache directory")
+    g.add_argument("--data", default="digits", metavar="NAME|FILE",
+                   help=f"one of {', '.join(BUILT_IN)}, or a labelled .npz (X_train, "
+                        "y_train, X_test, y_test) or .csv file (default: digits)")
+    g.add_argument("--data-path", default=None,
+                   help="directory or file of a built-in dataset (default: its standard "
+                        "location)")
+    g.add_argument("--features", default="pixels", choices=["pixels", "resnet20"],
+                   help="fixed features of the built-in image data (default: pixels)")
+    g.add_argument("--checkpoint", default=None,
+                   help="ResNet-20 weights file for --features resnet20 (default: the "
+                        "standard location)")
+    g.add_argument("--cache-dir", default=None,
+                   help="feature cache directory (default: $DPPRECOND_DATA or "
+                        "~/.cache/dpprecond)")
+    g.add_argument("--label-column", type=int, default=-1,
+                   help="label column of a .csv file (default: -1, the last)")
+    g.add_argument("--test-fraction", type=float, default=0.2,
+                   help="held-out share of a file without its own split (default: 0.2)")
     g = p.add_argument_group("federation")
-    g.add_argument("--clients", type=int, default=20, help="number of clients K")
-    g.add_argument("--partition", default="iid", choices=["iid", "dirichlet"])
-    g.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration")
-    g.add_argument("--weighting", default="uniform", choices=["uniform", "size"])
-    g.add_argument("--rounds", type=int, default=70, help="number of rounds T")
+    g.add_argument("--clients", type=int, default=20, help="number of clients K (default: 20)")
+    g.add_argument("--partition", default="iid", choices=["iid", "dirichlet"],
+                   help="how the data is split among clients (default: iid)")
+    g.add_argument("--alpha", type=float, default=0.5,
+                   help="Dirichlet concentration of --partition dirichlet (default: 0.5)")
+    g.add_argument("--weighting", default="uniform", choices=["uniform", "size"],
+                   help="aggregation weights (default: uniform, as the paper)")
+    g.add_argument("--rounds", type=int, default=70, help="number of rounds T (default: 70)")
     g = p.add_argument_group("privacy")
     g.add_argument("--epsilon", type=_epsilon, default=None,
                    help="target epsilon of the whole run, or 'inf' for a non-private run "
-                        "(default 1 unless --noise-multiplier is given)")
-    g.add_argument("--delta", type=float, default=1e-5)
+                        "(default: 1 unless --noise-multiplier is given)")
+    g.add_argument("--delta", type=float, default=1e-5, help="target delta (default: 1e-5)")
     g.add_argument("--noise-multiplier", type=float, default=None,
                    help="explicit noise multiplier z instead of --epsilon (not both)")
-    g.add_argument("--clip-norm", type=float, default=10.0)
+    g.add_argument("--clip-norm", type=float, default=10.0,
+                   help="per-example gradient clipping norm C (default: 10)")
     g.add_argument("--mechanism", default="full-batch",
-                   choices=["full-batch", "poisson", "client-level"])
-    g.add_argument("--sampling-rate", type=float, default=1.0)
-    g.add_argument("--local-steps", type=int, default=1)
-    g.add_argument("--local-lr", type=float, default=0.1)
-    g.add_argument("--accountant", default="pld", choices=["pld", "rdp"])
-    g = p.add_argument_group("server optimizer")
-    g.add_argument("--algorithm", default="sofim", choices=list(ALGORITHMS),
-                   help="sofim = paper's gradient form, sofim-momentum = authors' code")
-    g.add_argument("--lr", type=float, default=None, help="server learning rate")
-    g.add_argument("--beta", type=float, default=0.9, help="SOFIM momentum")
-    g.add_argument("--rho", type=float, default=0.5, help="SOFIM ridge")
-    g.add_argument("--no-bias-correction", action="store_true")
-    g.add_argument("--warmup-rounds", type=int, default=0)
-    g.add_argument("--weight-decay", type=float, default=0.0)
+                   choices=["full-batch", "poisson", "client-level"],
+                   help="client mechanism of the gradient methods (default: full-batch, the "
+                        "paper's)")
+    g.add_argument("--sampling-rate", type=float, default=1.0,
+                   help="Poisson sampling rate of --mechanism poisson (default: 1)")
+    g.add_argument("--local-steps", type=int, default=1,
+                   help="local steps of --mechanism poisson/client-level (default: 1)")
+    g.add_argument("--local-lr", type=float, default=0.1,
+                   help="local learning rate of --mechanism poisson/client-level "
+                        "(default: 0.1)")
+    g.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
+                   help="dp_accounting accountant (default: pld)")
+    g.add_argument("--max-epsilon", type=float, default=None,
+                   help="refuse to start a run that would spend more than this (default: "
+                        "no cap)")
+    g = p.add_argument_group("method")
+    g.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=list(METHODS),
+                   help=f"the method (default: {DEFAULT_ALGORITHM}); sofim = the paper's "
+                        "form, sofim-momentum = the authors' code, sofim-lagged = ours (see "
+                        "docs/fl.md)")
+    g.add_argument("--lr", type=float, default=None,
+                   help="the method's (server) learning rate (default: the method's own)")
+    g.add_argument("--option", type=_option, action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="another option of the method, e.g. beta=0.9, rho=0.5, "
+                        "local_steps=5, gamma=1 (repeatable; see "
+                        "dpprecond.fl.method_options)")
     g = p.add_argument_group("output")
     g.add_argument("--seed", type=int, default=None,
                    help="seed of all randomness, for reproducible research only (anyone who "
                         "knows it can regenerate the noise); default: fresh OS entropy")
-    g.add_argument("--out", default="fl-out", help="output directory (JSON + PNG)")
-    g.add_argument("--progress", action="store_true", help="tqdm bar instead of round lines")
+    g.add_argument("--out", default="fl-out",
+                   help="output directory for history.json and accuracy.png (default: "
+                        "fl-out)")
+    g.add_argument("--progress", action="store_true",
+                   help="a tqdm bar instead of one line per round")
     p.set_defaults(func=run)
-
-
-def _optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kw: dict[str, Any] = {}
-    if args.weight_decay:
-        kw["weight_decay"] = args.weight_decay
-    if args.algorithm.startswith("sofim"):
-        kw.update(beta=args.beta, rho=args.rho, bias_correction=not args.no_bias_correction,
-                  warmup_rounds=args.warmup_rounds)
-    return kw
 
 
 def plot_history(histories: dict[str, list[dict[str, float]]], path: Path,
@@ -159,18 +214,44 @@ def plot_history(histories: dict[str, list[dict[str, float]]], path: Path,
     plt.close(fig)
 
 
+
+
+def _prepare_out(path: str) -> Path:
+    """Create the output directory before training, so a bad path fails at once."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {path} exists and is not a directory; give a directory.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {path} cannot be written ({exc.strerror}); give a writable "
+                         "directory.") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``dpprecond fl``."""
-    from dpprecond.fl.simulator import FLConfig, run_federated
+    from dpprecond.accounting import PrivacyLedger
+    from dpprecond.fl import FLConfig, run_federated
+    from dpprecond.fl.methods import make_method
 
-    ds, feat = load_features(args.data, args.data_path, args.features, args.checkpoint,
-                             args.cache_dir)
     level = privacy_level(args.epsilon, args.noise_multiplier)
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
                       target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=args.weighting,
                       accountant=args.accountant).validated()
+    options = dict(args.option)
+    make_method(args.algorithm, args.lr, **options)  # refuse bad options before loading
+    ledger = None
+    if args.max_epsilon is not None:
+        ledger = PrivacyLedger(args.delta, max_epsilon=args.max_epsilon)
+    out = _prepare_out(args.out)
+    ds, feat = load_fl_data(args.data, args.data_path, args.features, args.checkpoint,
+                            args.cache_dir, args.label_column, args.test_fraction)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
@@ -187,11 +268,9 @@ def run(args: argparse.Namespace) -> int:
     result = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                            algorithm=args.algorithm, n_clients=args.clients,
                            partition=args.partition, alpha=args.alpha, config=config,
-                           learning_rate=args.lr, optimizer_kwargs=_optimizer_kwargs(args),
-                           seed=args.seed, progress=args.progress, callback=line)
+                           learning_rate=args.lr, method_options=options, seed=args.seed,
+                           ledger=ledger, progress=args.progress, callback=line)
     result.config.update(data=args.data, features=feat)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     result.save_json(out / "history.json")
     plot_history({args.algorithm: result.history}, out / "accuracy.png",
                  f"{args.data}, K={args.clients}, {_level_text(level)}")
@@ -200,8 +279,9 @@ def run(args: argparse.Namespace) -> int:
              "poisson": "std zC per local step, add/remove-one unit",
              "client-level": "std 2zC added once to the sum, client-level unit"}[args.mechanism]
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
-          f"noise multiplier z={result.noise_multiplier:.4g} ({noise}); "
-          f"epsilon spent {eps} at delta={args.delta:g}; {time.perf_counter() - start:.1f} s")
+          f"{result.n_releases} releases per client, noise multiplier "
+          f"z={result.noise_multiplier:.4g} ({noise}); epsilon spent {eps} at "
+          f"delta={args.delta:g}; {time.perf_counter() - start:.1f} s")
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
 
@@ -211,7 +291,8 @@ def run_demo(seed: int = 0) -> None:
 
     Uses the RDP accountant to keep the demo short (slightly more noise than PLD).
     """
-    from dpprecond.fl.simulator import FLConfig, run_federated
+    from dpprecond.features import load_features
+    from dpprecond.fl import FLConfig, run_federated
 
     ds, feat = load_features("digits")
     algorithms = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged")

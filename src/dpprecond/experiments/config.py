@@ -59,13 +59,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from dpprecond.experiments.schema import (
-    BASELINE_ALGORITHMS,
-    SERVER_ALGORITHMS,
     ExperimentFile,
     TuningTable,
     check_method_params,
     format_errors,
 )
+from dpprecond.fl.methods import METHODS
 
 __all__ = [
     "ALGORITHMS",
@@ -78,8 +77,8 @@ __all__ = [
     "run_id",
 ]
 
-#: Server-optimizer methods of :mod:`dpprecond.fl.server` and the baselines with local state.
-ALGORITHMS = SERVER_ALGORITHMS + BASELINE_ALGORITHMS
+#: Every method of :mod:`dpprecond.fl.methods`.
+ALGORITHMS = tuple(METHODS)
 PROTOCOLS = ("per-round", "per-T")
 
 RunSpec = dict[str, Any]

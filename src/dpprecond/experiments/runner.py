@@ -30,15 +30,17 @@ from tqdm.auto import tqdm
 
 from dpprecond._validation import check_int
 from dpprecond.experiments.config import (
-    BASELINE_ALGORITHMS,
     ExperimentConfig,
     RunSpec,
     expand_runs,
     run_id,
 )
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.engine import FLResult, simulate
+from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
-from dpprecond.fl.simulator import ClientData, FLConfig, FLResult, simulate
 
 __all__ = ["DataCache", "execute_run", "load_records", "run_experiment", "validation_split"]
 
@@ -61,7 +63,7 @@ class DataCache:
             if self.loader is not None:
                 self._store[key] = tuple(self.loader(data))
             else:
-                from dpprecond.cli.fl import load_features
+                from dpprecond.features import load_features
 
                 cfg = self.cfg
                 ds, _ = load_features(data, cfg.data_path if cfg else None, features,
@@ -87,29 +89,14 @@ def validation_split(y: np.ndarray, fraction: float,
 def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: np.ndarray,
                 y_eval: np.ndarray, sim_seq: np.random.SeedSequence,
                 progress: bool) -> FLResult:
-    algorithm, params = spec["algorithm"], dict(spec["params"])
     level = ({"noise_multiplier": 0.0} if spec["epsilon"] is None  # "inf": non-private
              else {"target_epsilon": spec["epsilon"]})
-    common = dict(n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
-                  target_delta=float(spec["delta"]), accountant=spec["accountant"], **level)
-    if algorithm in BASELINE_ALGORITHMS:
-        from dpprecond.fl.fedfc import run_fedfc
-        from dpprecond.fl.fednew import run_fednew
-        from dpprecond.fl.scaffold import run_scaffold
-
-        if algorithm in ("scaffold", "fedavg"):
-            params.setdefault("control_variates", algorithm == "scaffold")
-            fn: Callable[..., FLResult] = run_scaffold
-        else:
-            fn = run_fedfc if algorithm == "fedfc" else run_fednew
-        return fn(model, data, X_test=X_eval, y_test=y_eval, seed=sim_seq,
-                  progress=progress, **common, **params)
-    from dpprecond.fl.server import make_optimizer
-
-    lr = params.pop("learning_rate", None)
-    optimizer = make_optimizer(algorithm, lr, **params)
-    return simulate(model, data, optimizer, FLConfig(**common), X_test=X_eval,
-                    y_test=y_eval, seed=sim_seq, progress=progress)
+    config = FLConfig(n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
+                      target_delta=float(spec["delta"]), accountant=spec["accountant"],
+                      **level)
+    method = make_method(spec["algorithm"], **spec["params"])
+    return simulate(model, data, method, config, X_test=X_eval, y_test=y_eval, seed=sim_seq,
+                    progress=progress)
 
 
 def execute_run(spec: RunSpec, cache: DataCache, *,
@@ -137,7 +124,7 @@ def execute_run(spec: RunSpec, cache: DataCache, *,
               "accuracy": [h["test_accuracy"] for h in result.history],
               "noise_multiplier": result.noise_multiplier,
               "epsilon_spent": None if math.isinf(eps) else eps,
-              "n_releases": getattr(result, "n_releases", len(result.history)),
+              "n_releases": result.n_releases,
               "seconds": seconds}
     return record, pred
 

@@ -27,17 +27,13 @@ from pydantic import (
 )
 
 __all__ = [
-    "BASELINE_ALGORITHMS",
     "DATASET_NAMES",
-    "SERVER_ALGORITHMS",
     "ExperimentFile",
     "check_method_params",
     "format_errors",
     "method_parameters",
 ]
 
-SERVER_ALGORITHMS = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged", "adam", "yogi")
-BASELINE_ALGORITHMS = ("scaffold", "fedavg", "fedfc", "fednew")
 DATASET_NAMES = ("digits", "fashion-mnist", "cifar10", "pathmnist")
 
 Number = StrictFloat | StrictInt
@@ -136,31 +132,12 @@ class ExperimentFile(_Table):
 
 # -- method parameters ------------------------------------------------------------------
 
-#: Arguments every baseline runner receives from the experiment, never from a method table.
-_RESERVED = {"model", "data", "X_test", "y_test", "n_rounds", "clip_norm", "target_epsilon",
-             "target_delta", "noise_multiplier", "accountant", "seed", "progress"}
-
-
-def _factories() -> dict[str, Any]:
-    from dpprecond.fl.fedfc import run_fedfc
-    from dpprecond.fl.fednew import run_fednew
-    from dpprecond.fl.scaffold import run_scaffold
-    from dpprecond.fl.server import adam, sgd, sofim, yogi
-
-    return {"fedgd": sgd, "sofim": sofim, "sofim-momentum": sofim, "sofim-lagged": sofim,
-            "adam": adam, "yogi": yogi, "scaffold": run_scaffold, "fedavg": run_scaffold,
-            "fedfc": run_fedfc, "fednew": run_fednew}
-
 
 def method_parameters(algorithm: str) -> dict[str, inspect.Parameter]:
-    """The parameters a method table may set for ``algorithm`` (name -> Parameter)."""
-    params = dict(inspect.signature(_factories()[algorithm]).parameters)
-    drop = set(_RESERVED)
-    if algorithm.startswith("sofim"):
-        drop |= {"precondition", "lagged"}  # fixed by the algorithm's name
-    if algorithm in ("scaffold", "fedavg"):
-        drop.add("control_variates")  # fixed by the algorithm's name
-    return {k: v for k, v in params.items() if k not in drop}
+    """The options a method table may set for ``algorithm`` (name -> Parameter)."""
+    from dpprecond.fl.methods import method_options
+
+    return method_options(algorithm)
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -169,11 +146,14 @@ def _suggest(key: str, valid: list[str]) -> str:
 
 
 def check_method_params(where: str, algorithm: str, params: dict[str, Any]) -> None:
-    """Raise ``ValueError`` for an unknown or badly typed parameter of ``algorithm``.
+    """Raise ``ValueError`` for an unknown or bad parameter of ``algorithm``.
 
-    Names are checked against the method's signature; values against the type of the
-    default; a server optimizer is also built once, which runs its own value checks.
+    Names are checked against the method's options (the keyword arguments of its factory
+    in :mod:`dpprecond.fl.methods`), types against the option's default, and values by
+    building the method once, which runs its own checks.
     """
+    from dpprecond.fl.methods import make_method
+
     allowed = method_parameters(algorithm)
     for key, value in params.items():
         if key not in allowed:
@@ -190,24 +170,10 @@ def check_method_params(where: str, algorithm: str, params: dict[str, Any]) -> N
         if not ok:
             raise ValueError(f"{where}.{key} = {value!r} has the wrong type for algorithm "
                              f"{algorithm!r} (default {default!r}).")
-    if algorithm in SERVER_ALGORITHMS:
-        from dpprecond.fl.server import make_optimizer
-
-        kwargs = dict(params)
-        lr = kwargs.pop("learning_rate", None)
-        try:
-            make_optimizer(algorithm, lr, **kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    else:
-        from dpprecond._validation import check_positive
-
-        for key, value in params.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                try:
-                    check_positive(key, value, allow_zero=key in ("alpha",))
-                except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
+    try:
+        make_method(algorithm, **params)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 # -- error messages -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dpprecond.features.extract import (
     RESNET20_CHECKPOINT_NAME,
     RESNET20_CHECKPOINT_URL,
     featurize,
+    load_features,
     resolve_checkpoint,
 )
 from dpprecond.features.pixels import standardize_pixels
@@ -23,6 +24,7 @@ __all__ = [
     "RESNET20_CHECKPOINT_NAME",
     "RESNET20_CHECKPOINT_URL",
     "featurize",
+    "load_features",
     "resolve_checkpoint",
     "standardize_pixels",
 ]

@@ -22,6 +22,7 @@ __all__ = [
     "RESNET20_CHECKPOINT_URL",
     "RESNET20_PREPROCESSING_VERSION",
     "featurize",
+    "load_features",
     "resolve_checkpoint",
 ]
 
@@ -181,3 +182,18 @@ def featurize(dataset: Dataset, kind: str = "pixels", *,
                                              use_cache, progress)
     return dataclasses.replace(dataset, name=f"{dataset.name}+{kind}", X_train=F_train,
                                X_test=F_test, image_shape=None)
+
+
+def load_features(data: str, data_path: str | os.PathLike | None = None,
+                  features: str = "pixels", checkpoint: str | os.PathLike | None = None,
+                  cache_dir: str | os.PathLike | None = None) -> tuple[Dataset, str]:
+    """Load a named dataset and featurize it; return ``(dataset, description)``.
+
+    ``"pixels"`` is the fixed public rule ``(x - 0.5) / 0.5``; ``"resnet20"`` the frozen
+    CIFAR-100 ResNet-20 (see :func:`featurize`).
+    """
+    from dpprecond.data import load_dataset
+
+    ds = load_dataset(data, data_path)
+    desc = "pixels (x - 0.5) / 0.5" if features == "pixels" else f"{features} features"
+    return featurize(ds, kind=features, checkpoint=checkpoint, cache_dir=cache_dir), desc

@@ -1,51 +1,52 @@
 """Record-level differentially private federated learning with DP-FedSOFIM.
 
-The layout follows the architecture:
+The layout follows the architecture (one round engine; methods are configurations of it):
 
-- :mod:`dpprecond.fl.client`: what a client sends (clipping, its own Gaussian noise);
-- :mod:`dpprecond.fl.accounting`: those releases as DpEvents, noise calibration;
-- :mod:`dpprecond.fl.server`: server optimizers as (init, update) transforms, including the
-  DP-FedSOFIM rank-one Fisher preconditioner (:func:`~dpprecond.fl.server.sofim`);
-- :mod:`dpprecond.fl.models`: linear softmax head (closed-form per-example gradients) and a
-  ``torch.func`` wrapper for any ``nn.Module``;
-- :mod:`dpprecond.fl.partition`: IID and Dirichlet client splits;
-- :mod:`dpprecond.fl.simulator`: the vectorized round loop and :func:`run_federated`;
-- baselines with their own client state or extra releases, each release charged:
-  :mod:`dpprecond.fl.scaffold` (DP-SCAFFOLD, DP-FedAvg), :mod:`dpprecond.fl.fedfc`
-  (DP-FedFC), :mod:`dpprecond.fl.fednew` (DP-FedNew), shared pieces in
-  :mod:`dpprecond.fl.baseline_common`.
+- :mod:`dpprecond.fl.client`: what a client sends (clipping, its own Gaussian noise): the
+  full-batch, local-steps, Poisson and client-level mechanisms and the one-off covariance
+  release;
+- :mod:`dpprecond.fl.server`: server transforms as ``(init, update)`` pairs, including the
+  DP-FedSOFIM rank-one Fisher preconditioner (:func:`~dpprecond.fl.server.sofim`) and the
+  baselines' server steps;
+- :mod:`dpprecond.fl.accounting`: those releases as DpEvents (release schedules) and their
+  calibration through :mod:`dpprecond.accounting`;
+- :mod:`dpprecond.fl.methods`: every named algorithm (DP-FedGD, the SOFIM forms, Adam, Yogi,
+  DP-FedAvg, DP-SCAFFOLD, DP-FedFC, DP-FedNew) as (schedule, mechanism, transform);
+- :mod:`dpprecond.fl.engine`: the one round loop (:func:`simulate`), with the ledger and
+  crash-safe checkpoints;
+- :mod:`dpprecond.fl.simulator`: :func:`run_federated`, partition + model + method + engine;
+- :mod:`dpprecond.fl.models`, :mod:`dpprecond.fl.partition`, :mod:`dpprecond.fl.data`,
+  :mod:`dpprecond.fl.config`: models, client splits, client data, run settings.
 """
 
-from dpprecond.fl.accounting import calibrate_noise_multiplier, round_event, training_event
-from dpprecond.fl.baseline_common import BaselineResult
-from dpprecond.fl.fedfc import run_fedfc
-from dpprecond.fl.fednew import run_fednew
+from dpprecond.fl.accounting import round_event, training_event
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.engine import FLResult, simulate
+from dpprecond.fl.methods import METHODS, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax, TorchModel
 from dpprecond.fl.partition import dirichlet_partition, iid_partition, make_partition
-from dpprecond.fl.scaffold import run_fedavg, run_scaffold
 from dpprecond.fl.server import adam, chain, make_optimizer, sgd, sofim, yogi
-from dpprecond.fl.simulator import ClientData, FLConfig, FLResult, run_federated, simulate
+from dpprecond.fl.simulator import DEFAULT_ALGORITHM, run_federated
 
 __all__ = [
-    "BaselineResult",
+    "DEFAULT_ALGORITHM",
+    "METHODS",
     "ClientData",
     "FLConfig",
     "FLResult",
     "LinearSoftmax",
     "TorchModel",
     "adam",
-    "calibrate_noise_multiplier",
     "chain",
     "dirichlet_partition",
     "iid_partition",
+    "make_method",
     "make_optimizer",
     "make_partition",
+    "method_options",
     "round_event",
-    "run_fedavg",
     "run_federated",
-    "run_fedfc",
-    "run_fednew",
-    "run_scaffold",
     "sgd",
     "simulate",
     "sofim",

@@ -1,7 +1,11 @@
 """What a federated client releases, as DpEvents, and the noise that meets a target.
 
-This module only turns hyperparameters into ``dp_accounting`` events and delegates every
-epsilon to :mod:`dpprecond.accounting` (the jax_privacy split). Three client mechanisms:
+This module only turns hyperparameters into ``dp_accounting`` events; every epsilon comes
+from :func:`dpprecond.accounting.epsilon_of` and every calibration from
+:func:`dpprecond.accounting.calibrate_noise` (the jax_privacy split). The privacy unit is
+one record of one client (replace-one adjacency, the paper's) unless stated otherwise.
+
+Client mechanisms (per round, noise multiplier ``z``):
 
 ``"full-batch"`` (the paper; record-level, replace-one)
     Each round every client releases ``(sum_x clip_C(g(x)) + N(0, (2 z C)^2 I)) / |D_i|``.
@@ -18,35 +22,47 @@ epsilon to :mod:`dpprecond.accounting` (the jax_privacy split). Three client mec
     Each client's whole update is clipped to ``C``; the server adds ``N(0, (2 z C)^2)`` once
     to the sum. Event per round: ``GaussianDpEvent(z)``.
 
+Methods with more releases than one per round (:class:`Schedule`): DP-FedAvg and
+DP-SCAFFOLD release one full-batch Gaussian per *local step* (``T * L`` in all); DP-FedFC
+and DP-FedNew release one covariance (``Gaussian(z_cov)``) and then ``T`` gradients
+(``Gaussian(z_grad)``), with the budget split by a share ``s`` of the GDP precision:
+``z_cov = c / sqrt(s)``, ``z_grad = c sqrt(T / (1 - s))`` for one calibrated scale ``c``.
 The server optimizer only post-processes the released messages, so it costs nothing.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dp_accounting import dp_event
 
 from dpprecond import accounting
 from dpprecond._validation import (
     check_choice,
-    check_delta,
     check_epsilon,
     check_fraction,
     check_int,
     check_positive,
 )
 
+if TYPE_CHECKING:
+    from dpprecond.fl.config import FLConfig
+
 __all__ = [
     "MECHANISMS",
-    "calibrate_noise_multiplier",
+    "Schedule",
+    "calibrate",
     "check_privacy_level",
-    "gdp_epsilon",
+    "resolve_scale",
     "round_event",
     "training_event",
 ]
+
+logger = logging.getLogger(__name__)
 
 Mechanism = Literal["full-batch", "poisson", "client-level"]
 MECHANISMS: tuple[str, ...] = ("full-batch", "poisson", "client-level")
@@ -100,30 +116,77 @@ def training_event(noise_multiplier: float, n_rounds: int, mechanism: Mechanism 
     return ev if n_rounds == 1 else dp_event.SelfComposedDpEvent(ev, n_rounds)
 
 
-@lru_cache(maxsize=256)
-def calibrate_noise_multiplier(target_epsilon: float, target_delta: float, n_rounds: int,
-                               mechanism: Mechanism = "full-batch", *,
-                               sampling_rate: float = 1.0, local_steps: int = 1,
-                               accountant: accounting.AccountantName = "pld") -> float:
-    """Smallest noise multiplier ``z`` such that ``n_rounds`` rounds are (eps, delta)-DP.
+@dataclass(frozen=True)
+class Schedule:
+    """One client's releases over a run, as a function of one noise scale ``c``.
 
-    Uses :func:`dpprecond.accounting.calibrate_noise` on :func:`training_event`; cached,
-    because sweeps calibrate the same setting many times.
+    ``kind`` is ``"rounds"`` (one mechanism release per round, ``z = c``), ``"local-steps"``
+    (``steps`` full-batch Gaussian releases per round, ``z = c``) or ``"covariance"`` (one
+    covariance release then one gradient per round, split by ``share``). Hashable, so that
+    calibrations are cached across the runs of a sweep.
     """
-    target_epsilon = check_epsilon(target_epsilon, "target_epsilon")
-    target_delta = check_delta(target_delta, "target_delta")
-    check_int("n_rounds", n_rounds, low=1)
-    return accounting.calibrate_noise(
-        lambda z: training_event(z, n_rounds, mechanism, sampling_rate=sampling_rate,
-                                 local_steps=local_steps),
-        target_epsilon, target_delta, accountant)
+
+    kind: Literal["rounds", "local-steps", "covariance"]
+    n_rounds: int
+    mechanism: Mechanism = "full-batch"
+    sampling_rate: float = 1.0
+    steps: int = 1
+    share: float = 0.0
+
+    @classmethod
+    def rounds(cls, config: FLConfig) -> Schedule:
+        """One release of ``config.mechanism`` per round."""
+        return cls("rounds", int(config.n_rounds), config.mechanism,
+                   float(config.sampling_rate), int(config.local_steps))
+
+    def multipliers(self, scale: float) -> dict[str, float]:
+        """Named noise multipliers at scale ``c`` (``z``; or ``z_cov`` and ``z_grad``)."""
+        if self.kind != "covariance":
+            return {"z": float(scale)}
+        s = check_fraction("covariance_share", self.share, low_open=True)
+        if scale == 0:
+            return {"z_cov": 0.0, "z_grad": 0.0}
+        return {"z_cov": scale / math.sqrt(s),
+                "z_grad": scale * math.sqrt(self.n_rounds / (1.0 - s))}
+
+    def event(self, scale: float) -> dp_event.DpEvent:
+        """All releases of one client over the run, composed."""
+        if self.kind == "rounds":
+            return training_event(scale, self.n_rounds, self.mechanism,
+                                  sampling_rate=self.sampling_rate, local_steps=self.steps)
+        if self.kind == "local-steps":
+            n = self.n_rounds * self.steps
+            g = accounting.gaussian(scale)
+            return g if n == 1 else dp_event.SelfComposedDpEvent(g, n)
+        z = self.multipliers(scale)
+        grads = accounting.gaussian(z["z_grad"])
+        return accounting.compose([
+            accounting.gaussian(z["z_cov"]),
+            grads if self.n_rounds == 1 else dp_event.SelfComposedDpEvent(grads,
+                                                                          self.n_rounds)])
 
 
-def gdp_epsilon(noise_multiplier: float, n_rounds: int, delta: float) -> float:
-    """Closed-form cross-check for Gaussian mechanisms: ``mu = sqrt(T) / z`` GDP -> epsilon.
+@lru_cache(maxsize=512)
+def calibrate(schedule: Schedule, target_epsilon: float, target_delta: float,
+              accountant: accounting.AccountantName = "pld") -> float:
+    """Smallest scale ``c`` such that ``schedule.event(c)`` is (epsilon, delta)-DP.
 
-    Valid for the ``"full-batch"`` and ``"client-level"`` mechanisms only.
+    :func:`dpprecond.accounting.calibrate_noise` on the schedule's event; cached, because
+    sweeps calibrate the same setting many times.
     """
-    z = check_positive("noise_multiplier", noise_multiplier)
-    n_rounds = check_int("n_rounds", n_rounds, low=1)
-    return accounting.gaussian_gdp_epsilon(math.sqrt(n_rounds) / z, delta)
+    return accounting.calibrate_noise(schedule.event, target_epsilon, target_delta,
+                                      accountant)
+
+
+def resolve_scale(schedule: Schedule, config: FLConfig) -> float:
+    """The run's noise scale: ``config.noise_multiplier`` or calibrated to its target.
+
+    ``noise_multiplier=0`` (the explicit non-private run) is logged as a warning.
+    """
+    if config.noise_multiplier is not None:
+        if config.noise_multiplier == 0:
+            logger.warning("noise_multiplier=0: a non-private run, with no privacy "
+                           "guarantee.")
+        return float(config.noise_multiplier)
+    return calibrate(schedule, float(config.target_epsilon), float(config.target_delta),
+                     config.accountant)

@@ -15,6 +15,13 @@ privacy unit, sensitivity and accounting of each mechanism are in
   noisy gradient ``(theta - y_L) / (local_lr * local_steps)``.
 - :func:`client_level_aggregate`: client-level, replace-one client. Each client's whole
   update is clipped to ``C``, the server (trusted) adds ``N(0, (2 z C)^2)`` once to the sum.
+- :func:`local_step_deltas` (DP-FedAvg, DP-SCAFFOLD): record-level, replace-one.
+  ``local_steps`` full-batch steps, each on the paper's noisy clipped mean gradient
+  (sensitivity ``2C``, noise ``N(0, (2 z C)^2)``), optionally corrected by a control-variate
+  term; every step is one release (``Gaussian(z)``).
+- :func:`second_moment_releases` (DP-FedFC, DP-FedNew): record-level, replace-one. A one-off
+  release of each client's feature second moment, rows of ``[x, 1]`` clipped to ``C_x``
+  (sensitivity ``sqrt(2) C_x^2`` of the upper triangle; event ``Gaussian(z_cov)``).
 
 Noise streams: the generator of client ``i`` in round ``t`` is built from the seed
 sequence with spawn key ``(t, i)`` (exactly ``root.spawn(T)[t].spawn(K)[i]``), so numbers do
@@ -24,15 +31,22 @@ client-level noise is ``(t, K)``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import numpy as np
 
 from dpprecond.fl.models import FLModel, clip_rows_safely
 
 __all__ = [
     "client_level_aggregate",
+    "clip_feature_rows",
+    "covariance_sensitivity",
     "full_batch_messages",
+    "local_step_deltas",
     "poisson_local_messages",
     "round_generators",
+    "second_moment_releases",
     "stream",
 ]
 
@@ -127,3 +141,78 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     if noise_multiplier:
         total += noise_multiplier * 2.0 * clip_norm * server_rng.standard_normal(total.shape[0])
     return total / n_clients
+
+
+def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                      bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
+                      rngs: list[np.random.Generator], *, local_steps: int, local_lr: float,
+                      correction: np.ndarray | None = None,
+                      x_sq_norms: np.ndarray | None = None) -> np.ndarray:
+    """Every client's model change after ``local_steps`` noisy full-batch steps, (K, p).
+
+    Client ``i`` starts from ``params`` and repeats ``y <- y - local_lr (g~ + c_i)`` where
+    ``g~ = (sum_x clip_C(grad l(y; x)) + N(0, (2 z C)^2 I)) / |D_i|`` is the paper's message
+    at its local iterate and ``c_i`` the optional control-variate correction
+    (``correction[i]``, public to the client: a function of its earlier releases and of
+    server broadcasts). Returns ``y_L - params``.
+
+    Privacy unit: one record, replace-one; every step is a Gaussian release with
+    sensitivity ``2C`` and noise multiplier ``z``: ``local_steps`` events ``Gaussian(z)``
+    per round. Client ``i`` draws its steps' noise from ``rngs[i]`` in step order.
+    """
+    n_clients = len(bounds) - 1
+    sizes = np.diff(bounds).astype(np.float64)[:, None]
+    std = 2.0 * noise_multiplier * clip_norm if noise_multiplier else 0.0
+    Y = np.tile(params, (n_clients, 1))
+    for _ in range(local_steps):
+        S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+        S = _add_noise(S, std, rngs)
+        G = S / sizes
+        if correction is not None:
+            G += correction
+        Y -= local_lr * G
+    return Y - params
+
+
+def covariance_sensitivity(row_clip: float) -> float:
+    """Replace-one l2 sensitivity of the upper triangle of ``sum_x x^ x^^T``: ``sqrt(2) C_x^2``.
+
+    Attained by orthogonal rows ``a, b`` of norm ``C_x``: ``||a a^T - b b^T||_F =
+    sqrt(2) C_x^2`` and the upper triangle keeps all of it (the off-diagonal entries of a
+    difference of two rank-one matrices with orthogonal factors vanish).
+    """
+    return math.sqrt(2.0) * row_clip**2
+
+
+def clip_feature_rows(X: np.ndarray, row_clip: float) -> np.ndarray:
+    """``[X, 1]`` with every row scaled to norm at most ``row_clip`` (a copy), (n, d + 1).
+
+    Overflow-safe for every finite input (:func:`dpprecond.fl.models.clip_rows_safely`).
+    """
+    Xt = np.hstack([X, np.ones((X.shape[0], 1), dtype=X.dtype)])
+    return clip_rows_safely(Xt, row_clip)
+
+
+def second_moment_releases(X: np.ndarray, bounds: np.ndarray, row_clip: float,
+                           noise_multiplier: float,
+                           rngs: list[np.random.Generator]) -> Iterator[np.ndarray]:
+    """Yield every client's released ``C_i`` (``(d + 1, d + 1)``, symmetric), in client order.
+
+    ``C_i = (sum x^ x^^T + E_i) / |D_i|`` with ``x^ = clip_{C_x}([x, 1])`` and ``E_i``
+    symmetric with independent ``N(0, (z sqrt(2) C_x^2)^2)`` entries on and above the
+    diagonal (drawn from ``rngs[i]``). Privacy: a Gaussian mechanism with sensitivity
+    :func:`covariance_sensitivity` and noise multiplier ``z`` (event ``Gaussian(z)``).
+    A generator, so that only one ``(d + 1)^2`` matrix per client is alive at a time.
+    """
+    Xt = clip_feature_rows(X, row_clip)
+    d1 = Xt.shape[1]
+    iu = np.triu_indices(d1)
+    std = noise_multiplier * covariance_sensitivity(row_clip) if noise_multiplier else 0.0
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        S = Xt[lo:hi].T @ Xt[lo:hi]
+        if std:
+            E = np.zeros((d1, d1))
+            E[iu] = std * rngs[i].standard_normal(len(iu[0]))
+            S += E + np.triu(E, 1).T
+        yield S / (hi - lo)

@@ -11,7 +11,11 @@ The server only post-processes the clients' already-private messages, so no tran
 has any privacy cost.
 
 Ready-made optimizers: :func:`sgd` (DP-FedGD), :func:`sofim` (DP-FedSOFIM), :func:`adam`
-(DP-FedAdam) and :func:`yogi` (DP-FedYogi).
+(DP-FedAdam) and :func:`yogi` (DP-FedYogi). They act on the aggregate of the clients'
+messages. The baselines' server steps act on the per-client messages instead:
+:func:`scaffold_server` (DP-SCAFFOLD, DP-FedAvg), :func:`preconditioned_server` (DP-FedFC,
+with :func:`fedfc_preconditioner`) and :func:`fednew_server` (DP-FedNew, with
+:func:`fednew_solvers`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ __all__ = [
     "adam",
     "add_decayed_weights",
     "chain",
+    "fedfc_preconditioner",
+    "fednew_server",
+    "fednew_solvers",
     "make_optimizer",
+    "preconditioned_server",
+    "psd_part",
+    "scaffold_server",
     "scale",
     "scale_by_adam",
     "scale_by_sofim",
@@ -299,3 +309,124 @@ def make_optimizer(algorithm: str, learning_rate: float | None = None,
     if algorithm == "adam":
         return adam(**lr, **kwargs)
     return yogi(**lr, **kwargs)
+
+
+# -- server steps of the baselines (on per-client messages) ------------------------------
+
+
+class ScaffoldState(NamedTuple):
+    """The server's control variate ``c`` of DP-SCAFFOLD (zeros, unused, for DP-FedAvg)."""
+
+    control: np.ndarray
+
+
+def scaffold_server(global_lr: float = 1.0,
+                    control_variates: bool = True) -> GradientTransformation:
+    """DP-SCAFFOLD's server step (``control_variates=False``: DP-FedAvg's).
+
+    Input: the pair ``(delta_y, delta_c)`` of per-client arrays (K, p): each client's model
+    change after its local steps and the change of its control variate (``None`` without
+    control variates). ``theta <- theta + global_lr mean_i delta_y_i`` and
+    ``c <- c + mean_i delta_c_i``. Post-processing of the clients' releases.
+    """
+    glr = check_positive("global_lr", global_lr)
+
+    def init(params: np.ndarray) -> ScaffoldState:
+        return ScaffoldState(np.zeros_like(params))
+
+    def update(messages: tuple[np.ndarray, np.ndarray | None], state: ScaffoldState,
+               params: np.ndarray) -> tuple[np.ndarray, ScaffoldState]:
+        delta_y, delta_c = messages
+        control = state.control
+        if control_variates and delta_c is not None:
+            control = control + delta_c.mean(axis=0)
+        return glr * delta_y.mean(axis=0), ScaffoldState(control)
+
+    return GradientTransformation(init, update)
+
+
+def psd_part(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (clipped at 0) and eigenvectors of a symmetric matrix."""
+    w, V = np.linalg.eigh((S + S.T) / 2.0)
+    return np.maximum(w, 0.0), V
+
+
+def fedfc_preconditioner(second_moments: list[np.ndarray], gamma: float) -> np.ndarray:
+    """``P = (PSD(mean_i C_i) + gamma I)^{-1}`` from the clients' released ``C_i``.
+
+    ``PSD`` clips negative eigenvalues (of the noise) to 0; post-processing.
+    """
+    gamma = check_positive("gamma", gamma)
+    mean_C = np.zeros_like(second_moments[0])
+    for C_i in second_moments:
+        mean_C += C_i / len(second_moments)
+    w, V = psd_part(mean_C)
+    return (V / (w + gamma)) @ V.T
+
+
+def preconditioned_server(P: np.ndarray, learning_rate: float,
+                          n_classes: int) -> GradientTransformation:
+    """DP-FedFC's server step: ``W <- W - lr P mean_i U_i`` on the linear head's feature side.
+
+    Input: the per-client messages ``U`` (K, (d + 1) k) of a linear softmax head, whose
+    parameters reshape to ``(d + 1, k)``; ``P`` is (d + 1, d + 1). Stateless.
+    """
+    lr = check_positive("learning_rate", learning_rate)
+    d1 = P.shape[0]
+
+    def update(U: np.ndarray, state: EmptyState,
+               params: np.ndarray) -> tuple[np.ndarray, EmptyState]:
+        G = U.mean(axis=0).reshape(d1, n_classes)
+        return (-lr * (P @ G)).ravel(), state
+
+    return GradientTransformation(lambda params: EmptyState(), update)
+
+
+def fednew_solvers(second_moments: list[np.ndarray], *, hessian_scale: float, alpha: float,
+                   rho: float) -> np.ndarray:
+    """Each client's ``(H_i + (alpha + rho) I)^{-1}`` with ``H_i = hessian_scale PSD(C_i)``.
+
+    Shape (K, d + 1, d + 1), on the feature side of the linear head (the Hessian bound is
+    ``H_i (x) I_k``). Post-processing of the released ``C_i``.
+    """
+    solvers = np.empty((len(second_moments), *second_moments[0].shape))
+    for i, C_i in enumerate(second_moments):
+        w, V = psd_part(C_i)
+        solvers[i] = (V / (hessian_scale * w + alpha + rho)) @ V.T
+    return solvers
+
+
+class FedNewState(NamedTuple):
+    """Per-client ADMM duals ``lambda_i`` (K, d + 1, k) and the consensus ``y`` (d + 1, k)."""
+
+    duals: np.ndarray
+    consensus: np.ndarray
+
+
+def fednew_server(solvers: np.ndarray, *, rho: float, learning_rate: float,
+                  n_classes: int) -> GradientTransformation:
+    """DP-FedNew: one ADMM iteration of the federated Newton system per round.
+
+    Input: the per-client noisy gradients ``U`` (K, (d + 1) k).
+    ``y_i = solver_i (U_i - lambda_i + rho y)``, ``y = mean_i y_i``,
+    ``lambda_i <- lambda_i + rho (y_i - y)``, update ``-learning_rate y``
+    (see :mod:`dpprecond.fl.methods` for the method and its choices). In a deployment the
+    ``y_i`` and ``lambda_i`` live on the clients; every one of them is a function of the
+    client's releases and of server broadcasts, so this is post-processing.
+    """
+    rho = check_positive("rho", rho)
+    lr = check_positive("learning_rate", learning_rate)
+    K, d1 = solvers.shape[0], solvers.shape[1]
+
+    def init(params: np.ndarray) -> FedNewState:
+        return FedNewState(np.zeros((K, d1, n_classes)), np.zeros((d1, n_classes)))
+
+    def update(U: np.ndarray, state: FedNewState,
+               params: np.ndarray) -> tuple[np.ndarray, FedNewState]:
+        Y = np.matmul(solvers, U.reshape(K, d1, n_classes) - state.duals
+                      + rho * state.consensus)
+        consensus = Y.mean(axis=0)
+        duals = state.duals + rho * (Y - consensus)
+        return (-lr * consensus).ravel(), FedNewState(duals, consensus)
+
+    return GradientTransformation(init, update)

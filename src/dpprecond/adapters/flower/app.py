@@ -33,9 +33,10 @@ from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_cli
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
 from dpprecond.adapters.flower.server_app import make_server_app
 from dpprecond.adapters.flower.strategy import DPFedStrategy
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.engine import FLResult
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import make_optimizer
-from dpprecond.fl.simulator import FLConfig, FLResult
 
 __all__ = ["client_app", "config_from_run_config", "server_app", "strategy_from_run_config"]
 

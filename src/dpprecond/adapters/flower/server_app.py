@@ -10,7 +10,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._validation import check_positive
 from dpprecond.adapters.flower.strategy import DPFedStrategy
-from dpprecond.fl.simulator import FLResult
+from dpprecond.fl.engine import FLResult
 
 __all__ = ["make_server_app"]
 

@@ -58,9 +58,10 @@ from dpprecond.adapters.flower.protocol import (
     epsilon_after_rounds,
     simulator_seeds,
 )
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.engine import FLResult
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.server import GradientTransformation
-from dpprecond.fl.simulator import FLConfig, FLResult
 
 __all__ = ["DPFedStrategy"]
 

@@ -1,0 +1,108 @@
+"""The settings of a federated run shared by every method: privacy, clipping, mechanism."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from dpprecond._validation import (
+    check_choice,
+    check_delta,
+    check_fraction,
+    check_int,
+    check_positive,
+)
+from dpprecond.fl.accounting import MECHANISMS, check_privacy_level
+
+__all__ = ["FLConfig"]
+
+
+@dataclass(frozen=True)
+class FLConfig:
+    """Settings of a federated run (privacy, clipping, mechanism, aggregation).
+
+    Parameters
+    ----------
+    n_rounds : int
+        Number of rounds T.
+    clip_norm : float
+        Clipping norm C (per example, or per client update for ``"client-level"``);
+        ``inf`` disables clipping (only with ``noise_multiplier=0``, a non-private run).
+    target_epsilon : float or None
+        Privacy budget of the whole run: the noise multiplier is calibrated so that the
+        run is ``(target_epsilon, target_delta)``-DP. Give exactly one of
+        ``target_epsilon`` and ``noise_multiplier``.
+    target_delta : float
+        Delta (default 1e-5, as in the paper).
+    noise_multiplier : float or None
+        Explicit z instead of a target; the reported epsilon is what it spends.
+        ``noise_multiplier=0`` is the one way to ask for a non-private run (logged as a
+        warning).
+    mechanism : {"full-batch", "poisson", "client-level"}
+        The client mechanism of the gradient methods (see :mod:`dpprecond.fl.accounting`);
+        DP-FedAvg, DP-SCAFFOLD, DP-FedFC and DP-FedNew define their own releases on top of
+        the full-batch mechanism and need ``"full-batch"``.
+    sampling_rate, local_steps, local_lr
+        Poisson rate and local steps (``"poisson"``; local steps also for client-level).
+    weighting : {"uniform", "size"}
+        Aggregation weights (uniform, as the authors, or by client size).
+    accountant : {"pld", "rdp"}
+        dp_accounting accountant used for calibration and reported epsilons.
+
+    Every field is public (it describes the mechanism, not the data).
+    """
+
+    n_rounds: int = 70
+    clip_norm: float = 10.0
+    target_epsilon: float | None = None
+    target_delta: float = 1e-5
+    noise_multiplier: float | None = None
+    mechanism: Literal["full-batch", "poisson", "client-level"] = "full-batch"
+    sampling_rate: float = 1.0
+    local_steps: int = 1
+    local_lr: float = 0.1
+    weighting: Literal["uniform", "size"] = "uniform"
+    accountant: Literal["pld", "rdp"] = "pld"
+
+    def validated(self) -> FLConfig:
+        """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
+        check_int("n_rounds", self.n_rounds, low=1)
+        check_positive("clip_norm", self.clip_norm, allow_inf=True)
+        check_privacy_level(self.target_epsilon, self.noise_multiplier)
+        check_delta(self.target_delta, "target_delta")
+        check_choice("mechanism", self.mechanism, MECHANISMS)
+        check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
+        check_int("local_steps", self.local_steps, low=1)
+        check_positive("local_lr", self.local_lr)
+        check_choice("weighting", self.weighting, ("uniform", "size"))
+        check_choice("accountant", self.accountant, ("pld", "rdp"))
+        private = self.target_epsilon is not None or bool(self.noise_multiplier)
+        if private and math.isinf(self.clip_norm):
+            raise ValueError("A private run needs a finite clip_norm (the sensitivity is "
+                             "2 * clip_norm); got clip_norm=inf.")
+        if self.mechanism == "client-level" and self.weighting != "uniform":
+            raise ValueError("Client-level DP needs weighting='uniform' (size weights would "
+                             "leak client sizes and change the sensitivity).")
+        if self.mechanism != "poisson" and self.sampling_rate != 1.0:
+            raise ValueError("sampling_rate < 1 needs mechanism='poisson'.")
+        if self.mechanism == "full-batch" and self.local_steps != 1:
+            raise ValueError("local_steps > 1 needs mechanism='poisson' or 'client-level' "
+                             "(the paper's full-batch mechanism sends one step per round).")
+        return self
+
+    @property
+    def private(self) -> bool:
+        """False only for the explicit non-private run (``noise_multiplier=0``)."""
+        return self.noise_multiplier != 0
+
+    def resolve_noise_multiplier(self) -> float:
+        """The noise multiplier of a gradient method's run: explicit or calibrated.
+
+        Methods with another release schedule (local steps, a covariance release) calibrate
+        through :mod:`dpprecond.fl.methods`; this is the one-release-per-round schedule of
+        ``mechanism``.
+        """
+        from dpprecond.fl.accounting import Schedule, resolve_scale
+
+        return resolve_scale(Schedule.rounds(self), self)

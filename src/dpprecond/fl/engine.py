@@ -1,0 +1,270 @@
+"""The one round engine of federated learning: clients -> messages -> server -> ledger.
+
+:func:`simulate` runs every method of :mod:`dpprecond.fl.methods` the same way, with all
+clients in one process (vectorized over clients):
+
+1. the method's release schedule gives the noise (calibrated once from the target, or
+   given), and a ledger passed by the caller checks the *whole plan* against its
+   ``max_epsilon`` before any data is touched;
+2. the method's one-off releases (if any) and its initial state;
+3. each round: the clients' private messages (each client draws its noise from its own
+   stream, spawn key ``(round, client)``, so a run is engine-independent), the server
+   transform, and every release recorded in the run's ledger (and the caller's);
+4. the history: test accuracy and loss, the epsilon spent so far, the update norm;
+5. optionally a crash-safe checkpoint every few rounds (:mod:`dpprecond.fl.checkpoint`):
+   a run killed at any point and started again with the same arguments resumes and ends
+   with the same model as an uninterrupted run.
+
+Privacy: every client's messages satisfy the (epsilon, delta) reported in the history for
+its records (for ``"client-level"``, for the whole client); see
+:mod:`dpprecond.fl.accounting`. The server step is post-processing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+from tqdm.auto import tqdm
+
+from dpprecond._validation import SeedLike, check_array, check_int, check_labels, check_seed
+from dpprecond.accounting import PrivacyLedger
+from dpprecond.fl.accounting import resolve_scale
+from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.methods import GradientMethod, Method, RunContext, make_method
+from dpprecond.fl.models import FLModel
+from dpprecond.fl.partition import client_weights
+from dpprecond.fl.server import GradientTransformation
+
+__all__ = ["FLResult", "as_method", "simulate"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FLResult:
+    """Outcome of a run: final parameters, per-round history and the privacy figures.
+
+    ``events`` lists every private release of one client, in order (one entry per release),
+    so that what was charged can be checked against what was released; ``epsilon`` is
+    their composition at ``delta`` (``inf`` for a non-private run).
+    """
+
+    params: np.ndarray
+    history: list[dict[str, float]]
+    noise_multiplier: float
+    epsilon: float
+    delta: float
+    config: dict[str, Any] = field(default_factory=dict)
+    events: list[dp_event.DpEvent] = field(default_factory=list)
+
+    @property
+    def final_accuracy(self) -> float:
+        """Test accuracy after the last round."""
+        return self.history[-1]["test_accuracy"]
+
+    @property
+    def n_releases(self) -> int:
+        """How many private releases each client made."""
+        return len(self.events)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (parameters omitted)."""
+        return {"noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
+                "delta": self.delta, "n_releases": self.n_releases, "config": self.config,
+                "history": self.history}
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_dict` as JSON (``inf`` written as the string "inf")."""
+        def fix(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return str(v)
+            if isinstance(v, dict):
+                return {k: fix(x) for k, x in v.items()}
+            if isinstance(v, list):
+                return [fix(x) for x in v]
+            return v
+
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(fix(self.to_dict()), fh, indent=1)
+
+
+def as_method(method: Method | GradientTransformation | str) -> Method:
+    """A :class:`~dpprecond.fl.methods.Method` from a method, a server transform or a name."""
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, GradientTransformation):
+        return GradientMethod(method)
+    if isinstance(method, str):
+        return make_method(method)
+    raise TypeError(f"Expected a Method, a GradientTransformation or a method name, got "
+                    f"{type(method).__name__}.")
+
+
+def _fingerprint(method: Method, config: FLConfig, data: ClientData, model: FLModel,
+                 X_test: np.ndarray, y_test: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"method": method.describe(), "config": asdict(config),
+                         "model": repr(model)}, sort_keys=True, default=str).encode())
+    for arr in (data.X, data.y, data.bounds, X_test, y_test):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def simulate(model: FLModel, data: ClientData,
+             method: Method | GradientTransformation | str, config: FLConfig, *,
+             X_test: Any, y_test: Any, seed: SeedLike = None,
+             ledger: PrivacyLedger | None = None, progress: bool = False,
+             callback: Callable[[dict[str, float]], None] | None = None,
+             checkpoint: str | os.PathLike | None = None,
+             checkpoint_every: int = 10) -> FLResult:
+    """Run ``config.n_rounds`` rounds of DP federated training with full participation.
+
+    Parameters
+    ----------
+    model : FLModel
+        The model (e.g. :class:`~dpprecond.fl.models.LinearSoftmax`).
+    data : ClientData
+        Client-contiguous training data.
+    method : Method, GradientTransformation or str
+        The algorithm: a method of :mod:`dpprecond.fl.methods` (``make_method("sofim")``),
+        its name, or a server transform of :mod:`dpprecond.fl.server` (run on the config's
+        client mechanism).
+    config : FLConfig
+        Privacy and training settings.
+    X_test, y_test : ndarray
+        Held-out data for the per-round accuracy and loss.
+    seed : None, int, SeedSequence or Generator
+        Root of all randomness: model init, and noise/sampling streams per (round, client).
+        ``None`` (default) draws fresh OS entropy, so the noise is unpredictable; a fixed
+        seed is for reproducible research only (anyone who knows it can regenerate the
+        noise).
+    ledger : PrivacyLedger, optional
+        A ledger shared with other fits and runs on the same records: the whole run is
+        checked against its ``max_epsilon`` before any data is touched
+        (:class:`~dpprecond.PrivacyBudgetExceededError`), and every release is recorded in
+        it. The history's epsilons are this run's own.
+    progress : bool
+        Show a tqdm progress bar.
+    callback : callable, optional
+        Called with each round's history record.
+    checkpoint : path, optional
+        A checkpoint file: written atomically every ``checkpoint_every`` rounds, resumed
+        from when it exists (it must belong to the same run: method, config, model and
+        data, else ``ValueError``), and deleted when the run completes. It holds the noise
+        seed, so it is as sensitive as the data.
+    checkpoint_every : int
+        Rounds between checkpoints.
+
+    Returns
+    -------
+    FLResult
+        ``history[t]`` has ``round``, ``test_accuracy``, ``test_loss``, ``epsilon`` (spent
+        after the round), ``update_norm`` (``||theta_{t+1} - theta_t||``), ``seconds``.
+    """
+    config = config.validated()
+    method = as_method(method)
+    model_classes = getattr(model, "n_classes", None)
+    if model_classes is not None and model_classes != data.n_classes:
+        raise ValueError(f"The model has {model_classes} classes but the data has n_classes="
+                         f"{data.n_classes}; build the model with n_classes={data.n_classes}.")
+    X_test = check_array("X_test", X_test)
+    y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
+    if X_test.shape[1] != data.X.shape[1]:
+        raise ValueError(f"X_test has {X_test.shape[1]} features but the training data has "
+                         f"{data.X.shape[1]}.")
+    n_features = getattr(model, "n_features", data.X.shape[1])
+    if n_features != data.X.shape[1]:
+        raise ValueError(f"The model expects {n_features} features but the data has "
+                         f"{data.X.shape[1]}; build the model with n_features="
+                         f"{data.X.shape[1]}.")
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
+    method.check(config, model)
+    schedule = method.schedule(config)
+    scale = resolve_scale(schedule, config)
+    multipliers = schedule.multipliers(scale)
+    if ledger is not None:  # refuse the whole plan before any data is touched
+        ledger.check(schedule.event(scale))
+
+    root = check_seed(seed)
+    resume = None
+    fingerprint = ""
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        fingerprint = _fingerprint(method, config, data, model, X_test, y_test)
+        if checkpoint.exists():
+            resume = load_checkpoint(checkpoint)
+            if resume["fingerprint"] != fingerprint:
+                raise ValueError(f"The checkpoint {checkpoint} belongs to another run (method, "
+                                 "config, model or data differ); delete it or pass another "
+                                 "checkpoint path.")
+            if seed is not None and (resume["entropy"], tuple(resume["spawn_key"])) != (
+                    root.entropy, tuple(root.spawn_key)):
+                raise ValueError(f"The checkpoint {checkpoint} was made with another seed.")
+            root = np.random.SeedSequence(resume["entropy"],
+                                          spawn_key=tuple(resume["spawn_key"]))
+    entropy, spawn_key = root.entropy, tuple(root.spawn_key)
+    init_seq, noise_root, setup_root = root.spawn(3)
+
+    run_ledger = PrivacyLedger(config.target_delta, accountant=config.accountant)
+    events: list[dp_event.DpEvent] = []
+
+    def release(event: dp_event.DpEvent, count: int = 1) -> None:
+        run_ledger.spend(event, count)
+        events.extend([event] * count)
+        if ledger is not None:
+            ledger.spend(event, count)
+
+    run = RunContext(model, data, config, multipliers, noise_root, setup_root, release,
+                     x_sq_norms=np.einsum("ij,ij->i", data.X, data.X),  # constant over rounds
+                     weights=client_weights(data.sizes, config.weighting))
+    history: list[dict[str, float]] = []
+    if resume is None:
+        params = model.init_params(np.random.default_rng(init_seq))
+        state = method.start(run, params)
+        first = 0
+    else:
+        params, state, history = resume["params"], resume["state"], resume["history"]
+        first = int(resume["round"])
+        for event in resume["events"]:
+            release(event)
+        logger.info("Resuming %s from %s at round %d.", method.name, checkpoint, first)
+    logger.info("FL run %s: K=%d, T=%d, noise %s, mechanism=%s", method.name,
+                data.n_clients, config.n_rounds, multipliers, config.mechanism)
+    for t in tqdm(range(first, config.n_rounds), disable=not progress, desc="rounds",
+                  unit="round", initial=first, total=config.n_rounds):
+        start = time.perf_counter()
+        updates, state = method.round(run, t, params, state)
+        params = params + updates
+        seconds = time.perf_counter() - start
+        loss, acc = model.evaluate(params, X_test, y_test)
+        record = {"round": t + 1, "test_accuracy": acc, "test_loss": loss,
+                  "epsilon": run_ledger.epsilon,
+                  "update_norm": float(np.linalg.norm(updates)), "seconds": seconds}
+        history.append(record)
+        if callback is not None:
+            callback(record)
+        if checkpoint is not None and (t + 1) % checkpoint_every == 0 \
+                and t + 1 < config.n_rounds:
+            save_checkpoint(checkpoint, {
+                "fingerprint": fingerprint, "entropy": entropy, "spawn_key": list(spawn_key),
+                "round": t + 1, "params": params, "state": state, "history": history,
+                "events": events})
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # the seed must not outlive the run
+    eps = history[-1]["epsilon"]
+    return FLResult(params, history, method.noise_multiplier(multipliers), eps,
+                    config.target_delta, {**asdict(config), **method.describe()},
+                    events)
