@@ -19,6 +19,8 @@ import json
 import logging
 import math
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond._validation import check_int
 from dpprecond.experiments.config import (
     ExperimentConfig,
@@ -129,31 +132,41 @@ def execute_run(spec: RunSpec, cache: DataCache, *,
     return record, pred
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with path.open("wb") as fh:
-        np.save(fh, array)
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def _save_run(runs_dir: Path, record: dict[str, Any], pred: np.ndarray) -> None:
-    """Write the predictions, then the JSON (whose existence marks the run as finished)."""
+    """Write the predictions, then the JSON (whose existence marks the run as finished).
+
+    Both writes are atomic (:func:`dpprecond._files.atomic_write`): a killed sweep leaves
+    finished runs or nothing, and a full disk is a clear error naming the file.
+    """
     rid = record["id"]
-    _write_atomic(runs_dir / f"{rid}.npy", lambda p: _save_npy(p, pred))
-    _write_atomic(runs_dir / f"{rid}.json",
-                  lambda p: p.write_text(json.dumps(record), encoding="utf-8"))
+    atomic_write(runs_dir / f"{rid}.npy", lambda fh: np.save(fh, pred))
+    atomic_write(runs_dir / f"{rid}.json", lambda fh: fh.write(json.dumps(record).encode()))
 
 
 _WORKER_CACHE: DataCache | None = None
 
 
-def _init_worker(cache: DataCache) -> None:
-    """Worker process set-up: the shared data cache and one BLAS thread per process."""
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a killed sweep's workers
+    would otherwise keep running, or block on a queue nobody reads). No-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except OSError:  # pragma: no cover - no libc: the workers stay as before
+        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
+
+
+def _init_worker(cache: DataCache, parent: int) -> None:
+    """Worker process set-up: die with the parent, the shared data cache, one BLAS thread."""
     global _WORKER_CACHE
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
     _WORKER_CACHE = cache
     from threadpoolctl import threadpool_limits
 
@@ -186,6 +199,9 @@ def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: boo
     jobs = check_int("jobs", jobs, low=1)
     runs_dir = Path(cfg.output) / ("tuning" if tuning else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
+    stale = remove_stale_temps(runs_dir)
+    if stale:
+        logger.info("Removed %d temporary files left by an interrupted sweep.", stale)
     specs = [s for s in expand_runs(cfg, tuning=tuning)
              if all(s.get(k) == v for k, v in (where or {}).items())]
     todo = [s for s in specs if not (runs_dir / f"{run_id(s)}.json").exists()]
@@ -204,11 +220,14 @@ def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: boo
     if jobs > 1 and len(todo) > 1:
         for key in dict.fromkeys((s["data"], s["features"]) for s in todo):
             cache.get(*key)  # load once in the parent; forked workers share it
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_init_worker,
-                                 initargs=(cache,)) as pool:
+        pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_init_worker,
+                                   initargs=(cache, os.getpid()))
+        try:
             futures = [pool.submit(_execute_and_save, spec, runs_dir) for spec in todo]
             for future in as_completed(futures):
                 finished(future.result())
+        finally:  # on an error or Ctrl-C: drop the queued runs, do not wait for them
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         for spec in todo:
             bar.set_postfix_str(f"{spec['method']} K={spec['clients']} {spec['partition']} "

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond.accounting import event_from_dict, event_to_dict
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
@@ -96,17 +97,8 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     arrays: dict[str, np.ndarray] = {}
     tree = _encode(payload, arrays)
     meta = json.dumps({"format": _FORMAT, "tree": tree})
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, __meta__=np.array(meta), **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, f"Could not write the checkpoint {path}: {exc.strerror}. "
-                      "Free disk space or choose another checkpoint path.") from None
+    remove_stale_temps(path.parent)
+    atomic_write(path, lambda fh: np.savez(fh, __meta__=np.array(meta), **arrays))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
