@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import OUT_DIR, environment
-from dpprecond.data.synthetic import coherent_spiked, describe
+from dpprecond.data.synthetic import coherent_spiked
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.budget import plan_fixed
 from dpprecond.pca.core import (
@@ -48,7 +48,7 @@ from dpprecond.pca.core import (
     private_init,
     run_trials,
 )
-from dpprecond.pca.metrics import sin_theta
+from dpprecond.pca.metrics import describe, sin_theta
 from dpprecond.pca.rows import DenseRows
 
 ORACLE_ITERS = (1, 2, 4, 8, 16, 32)
@@ -101,8 +101,9 @@ def run_cell(family: int, n: int, d: int, k: int, theta: float, fraction: float,
                "sin_theta": {}, "epsilon_spent": {}, "seconds": {}}
         for method in METHODS:
             t1 = time.perf_counter()
-            res = fit_private_pca(A, k, method=method, epsilon=eps, delta=delta, row_norm=1.0,
-                                  rng=np.random.SeedSequence(
+            res = fit_private_pca(A, k, method=method, target_epsilon=eps, target_delta=delta,
+                                  row_norm=1.0,
+                                  seed=np.random.SeedSequence(
                                       [seed, int(eps * 1000), METHODS.index(method)]))
             rec["seconds"][method] = time.perf_counter() - t1
             rec["sin_theta"][method] = sin_theta(res.components, V)

@@ -61,8 +61,8 @@ def main() -> None:
         PCA(n_components=args.k).fit(X)
 
     def fitter(method: str, seed: int):
-        return lambda: fit_private_pca(X, args.k, method=method, epsilon=args.eps,
-                                       delta=args.delta, row_norm=row_norm, rng=seed,
+        return lambda: fit_private_pca(X, args.k, method=method, target_epsilon=args.eps,
+                                       target_delta=args.delta, row_norm=row_norm, seed=seed,
                                        **METHODS[method])
 
     if args.profile:
@@ -91,7 +91,8 @@ def main() -> None:
             res = fitter(m, 1 + r)()
             times[m].append(time.perf_counter() - t0)
             if m == "select":
-                extra[m].append(f"T={res.info.get('n_iter')}, trials={res.info.get('n_trials')}"
+                trials = (res.diagnostics or {}).get("n_trials")
+                extra[m].append(f"T={res.info.get('n_iter')}, trials={trials}"
                                 + (", early exit" if res.info.get("early_exit") else ""))
             elif m == "fixed":
                 extra[m].append(f"R={res.info.get('clip_radius'):.3g}, "
@@ -107,10 +108,13 @@ def main() -> None:
         PCA(n_components=args.k).fit(A)
         syn["sklearn"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        res = fit_private_pca(A, args.k, method="select", epsilon=4.0, delta=args.delta,
-                              row_norm=1.0, rng=100 + r, mean_trials=10.0)
+        res = fit_private_pca(A, args.k, method="select", target_epsilon=4.0,
+                              target_delta=args.delta,
+                              row_norm=1.0, seed=100 + r, mean_trials=10.0,
+                              diagnostics=True)
         syn["select"].append(time.perf_counter() - t0)
-        syn_runs.append(f"T={res.info.get('n_iter')}, trials={res.info.get('n_trials')}"
+        trials = (res.diagnostics or {}).get("n_trials")
+        syn_runs.append(f"T={res.info.get('n_iter')}, trials={trials}"
                         + (", early exit" if res.info.get("early_exit") else ""))
     base = statistics.median(times["sklearn"])
     rows = [["sklearn PCA", base, 1.0, "-", "-"]]

@@ -66,15 +66,16 @@ def main() -> None:
             res: dict[str, list[float]] = {"analyze_gauss": []}
             for seed in range(args.seeds):
                 t0 = time.perf_counter()
-                ag = fit_private_pca(X, args.k, method="analyze_gauss", epsilon=eps,
-                                     delta=1e-6, row_norm=row_norm, rng=seed)
+                ag = fit_private_pca(X, args.k, method="analyze_gauss", target_epsilon=eps,
+                                     target_delta=1e-6, row_norm=row_norm, seed=seed)
                 res["analyze_gauss"].append(sin_theta(ag.components, V))
                 for name, cfg in CONFIGS.items():
                     opts = dict(cfg)
                     if opts.get("clip_grid") == "narrow":
                         opts["clip_grid"] = narrow_grid(n, args.k)
-                    r = fit_private_pca(X, args.k, method="select", epsilon=eps, delta=1e-6,
-                                        row_norm=row_norm, rng=seed, **opts)
+                    r = fit_private_pca(X, args.k, method="select", target_epsilon=eps,
+                                        target_delta=1e-6,
+                                        row_norm=row_norm, seed=seed, **opts)
                     res.setdefault(name, []).append(sin_theta(r.components, V))
                 print(f"{cell} eps={eps:g} seed={seed}: "
                       + ", ".join(f"{m}={v[-1]:.3f}" for m, v in res.items())

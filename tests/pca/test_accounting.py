@@ -2,14 +2,15 @@
 
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import dp_event, rdp
 
 from dpprecond.accounting import RDP_ORDERS
 from dpprecond.pca import fit_private_pca
-from dpprecond.pca.api import DEFAULT_OPTIONS
 from dpprecond.pca.budget import trial_multipliers
+from dpprecond.pca.methods import METHODS
 from dpprecond.pca.noise import symmetric_gaussian
 
 EPS, DELTA = 1.0, 1e-6
@@ -24,11 +25,20 @@ def _rdp_epsilon(event):
 G = dp_event.GaussianDpEvent
 
 
+def _gaussian_multipliers(event):
+    """Every Gaussian multiplier in a composition, with repetitions (an independent walk)."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return [event.noise_multiplier]
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _gaussian_multipliers(event.event) * event.count
+    return [z for e in event.events for z in _gaussian_multipliers(e)]
+
+
 def _expected_event(method, z, opts):
     head = [G(z["z_mean"])] if "z_mean" in z else []
     if method == "select":
         tail = [G(z["z0"]), dp_event.RepeatAndSelectDpEvent(G(z["z_run"]), opts.get(
-            "mean_trials", DEFAULT_OPTIONS["select"]["mean_trials"]), 1)]
+            "mean_trials", METHODS["select"].defaults["mean_trials"]), 1)]
     elif method == "fixed":
         it = dp_event.ComposedDpEvent([G(z["zH"]), G(z["zZ"])])
         tail = [G(z["z0"]), dp_event.SelfComposedDpEvent(it, opts.get("n_iter", 2))]
@@ -54,34 +64,41 @@ CASES = [
 
 @pytest.mark.parametrize(("method", "opts", "center"), CASES)
 def test_reported_epsilon_is_dp_accountings(spiked, method, opts, center):
-    res = fit_private_pca(spiked, 2, method=method, epsilon=EPS, delta=DELTA, row_norm=1.0,
-                          center=center, rng=0, **opts)
-    assert not res.info["early_exit"]
+    res = fit_private_pca(spiked, 2, method=method, target_epsilon=EPS, target_delta=DELTA,
+                          row_norm=1.0,
+                          center=center, seed=0, **opts)
+    assert not res.info.get("early_exit", False)
     z = res.info["noise_multipliers"]
     expected = _expected_event(method, z, opts)
     assert res.dp_event == expected
-    eps = _rdp_epsilon(expected)
-    assert res.epsilon == pytest.approx(eps, rel=1e-12)
+    if method == "select":  # repeat-and-select: the RDP accountant
+        eps = _rdp_epsilon(expected)
+    else:  # only Gaussians: exactly one Gaussian mechanism (precisions add), calibrated
+        precision = sum(1 / v**2 for v in _gaussian_multipliers(expected))
+        eps = dp_accounting.get_epsilon_gaussian(precision ** -0.5, DELTA)
+    assert res.epsilon == pytest.approx(eps, rel=1e-9)
     # calibration: at or just below the target
     assert EPS * (1 - 1e-3) <= res.epsilon <= EPS
     # one scale factor: every multiplier is c / sqrt(share)
     c = res.info["scale"]
     if method == "select":
-        share0 = opts.get("init_share", DEFAULT_OPTIONS["select"]["init_share"])
+        share0 = opts.get("init_share", METHODS["select"].defaults["init_share"])
         share0 *= 0.9 if center else 1.0
         assert z["z0"] == pytest.approx(c / math.sqrt(share0))
 
 
 def test_fixed_default_clip_radius_is_public(spiked):
-    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
-                          rng=0)
+    res = fit_private_pca(spiked, 2, method="fixed", target_epsilon=EPS, target_delta=DELTA,
+                          row_norm=1.0,
+                          seed=0)
     assert res.info["clip_radius"] == pytest.approx(math.sqrt(2 / spiked.shape[0]))
     assert res.info["n_iter"] == 2
 
 
 def test_pld_accountant_for_fixed(spiked):
-    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
-                          rng=0, accountant="pld")
+    res = fit_private_pca(spiked, 2, method="fixed", target_epsilon=EPS, target_delta=DELTA,
+                          row_norm=1.0,
+                          seed=0, accountant="pld")
     assert EPS * (1 - 1e-2) <= res.epsilon <= EPS
 
 
@@ -107,8 +124,9 @@ def test_early_exit_charges_only_the_init():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 20))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    res = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=1.0,
-                          rng=1, small_gap="return_init")
+    res = fit_private_pca(X, 3, method="select", target_epsilon=0.5, target_delta=DELTA,
+                          row_norm=1.0,
+                          seed=1, small_gap="return_init")
     assert res.info["early_exit"] is True
     assert "only the init" in res.info["note"]
     z0 = res.info["noise_multipliers"]["z0"]
@@ -116,16 +134,18 @@ def test_early_exit_charges_only_the_init():
     assert res.epsilon == pytest.approx(_rdp_epsilon(G(z0)), rel=1e-12)
     assert res.epsilon < 0.5 * 0.9
     # the init's noise is the one calibrated for the full plan
-    full = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=1.0,
-                           rng=2, small_gap="return_init")
+    full = fit_private_pca(X, 3, method="select", target_epsilon=0.5, target_delta=DELTA,
+                           row_norm=1.0,
+                           seed=2, small_gap="return_init")
     assert full.info["noise_multipliers"]["z0"] == pytest.approx(z0)
 
 
 def test_early_exit_with_private_mean_charges_mean_and_init():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 20))
-    res = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=10.0,
-                          center="private", rng=1, small_gap="return_init")
+    res = fit_private_pca(X, 3, method="select", target_epsilon=0.5, target_delta=DELTA,
+                          row_norm=10.0,
+                          center="private", seed=1, small_gap="return_init")
     assert res.info["early_exit"]
     z = res.info["noise_multipliers"]
     assert res.dp_event == dp_event.ComposedDpEvent([G(z["z_mean"]), G(z["z0"])])
@@ -145,8 +165,9 @@ def test_small_gap_refine_costs_at_most_the_selection(mean_trials):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 20))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
-    res = fit_private_pca(X, 3, method="select", epsilon=0.5, delta=DELTA, row_norm=1.0,
-                          rng=1, mean_trials=mean_trials)
+    res = fit_private_pca(X, 3, method="select", target_epsilon=0.5, target_delta=DELTA,
+                          row_norm=1.0,
+                          seed=1, mean_trials=mean_trials)
     assert res.info["early_exit"] is True and "second release" in res.info["note"]
     z = res.info["noise_multipliers"]
     assert res.dp_event == dp_event.ComposedDpEvent([G(z["z0"]), G(z["z_run"])])
@@ -180,13 +201,15 @@ def test_small_gap_refine_is_inverse_variance_average():
 
 
 def test_exact_method_is_non_private(spiked):
-    res = fit_private_pca(spiked, 2, method="exact", epsilon=None, delta=DELTA, row_norm=1.0)
+    res = fit_private_pca(spiked, 2, method="exact", target_epsilon=None, target_delta=DELTA,
+                          row_norm=1.0)
     assert res.epsilon == math.inf
     assert isinstance(res.dp_event, dp_event.NonPrivateDpEvent)
 
 
 def test_noise_off_reports_infinite_epsilon(spiked):
-    res = fit_private_pca(spiked, 2, method="fixed", epsilon=EPS, delta=DELTA, row_norm=1.0,
+    res = fit_private_pca(spiked, 2, method="fixed", target_epsilon=EPS, target_delta=DELTA,
+                          row_norm=1.0,
                           add_noise=False)
     assert res.epsilon == math.inf
     assert isinstance(res.dp_event, dp_event.NonPrivateDpEvent)

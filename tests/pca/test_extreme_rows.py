@@ -33,8 +33,10 @@ def test_a_huge_row_is_the_same_input_as_its_unit_version(method: str, norm: flo
     Y = X.copy()
     Y[0, 0] = norm  # scaled down to the same unit row
     eps = None if method == "exact" else 1.0
-    a = fit_private_pca(X, 2, method=method, epsilon=eps, delta=1e-6, row_norm=1.0, rng=3)
-    b = fit_private_pca(Y, 2, method=method, epsilon=eps, delta=1e-6, row_norm=1.0, rng=3)
+    a = fit_private_pca(X, 2, method=method, target_epsilon=eps, target_delta=1e-6, row_norm=1.0,
+                        seed=3)
+    b = fit_private_pca(Y, 2, method=method, target_epsilon=eps, target_delta=1e-6, row_norm=1.0,
+                        seed=3)
     assert np.all(np.isfinite(b.components))
     np.testing.assert_allclose(b.components, a.components, rtol=0, atol=1e-9)
     if a.explained_variance is not None:
@@ -49,8 +51,9 @@ def test_noiseless_gram_of_a_huge_row_matches_the_clipped_rows(top: float) -> No
     X[0] = direction / np.abs(direction).max() * top  # largest entry = top (finite)
     A = X.copy()
     A[0] = direction  # what the row is scaled down to
-    res = fit_private_pca(X, 6, method="analyze_gauss", epsilon=1.0, delta=1e-6, row_norm=1.0,
-                          rng=0, add_noise=False)
+    res = fit_private_pca(X, 6, method="analyze_gauss", target_epsilon=1.0, target_delta=1e-6,
+                          row_norm=1.0,
+                          seed=0, add_noise=False)
     ref = np.linalg.eigvalsh(A.T @ A)[::-1] / X.shape[0]
     np.testing.assert_allclose(res.explained_variance, ref, rtol=1e-8, atol=1e-12)
 
@@ -60,9 +63,10 @@ def test_extreme_row_norm_bounds_give_the_scaled_problem(row_norm: float) -> Non
     """Rescaling the data and its public bound together changes nothing."""
     X = _base()
     Y = X * row_norm
-    a = fit_private_pca(X, 2, method="analyze_gauss", epsilon=1.0, delta=1e-6, row_norm=1.0,
-                        rng=5)
-    b = fit_private_pca(Y, 2, method="analyze_gauss", epsilon=1.0, delta=1e-6,
-                        row_norm=row_norm, rng=5)
+    a = fit_private_pca(X, 2, method="analyze_gauss", target_epsilon=1.0, target_delta=1e-6,
+                        row_norm=1.0,
+                        seed=5)
+    b = fit_private_pca(Y, 2, method="analyze_gauss", target_epsilon=1.0, target_delta=1e-6,
+                        row_norm=row_norm, seed=5)
     assert np.all(np.isfinite(b.components))
     np.testing.assert_allclose(b.components, a.components, atol=1e-8)

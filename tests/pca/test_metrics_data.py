@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from dpprecond.data.synthetic import coherent_spiked, describe, exact_spectrum, spiked_covariance
+from dpprecond.data.synthetic import coherent_spiked, exact_spectrum, spiked_covariance
 from dpprecond.pca import (
     captured_variance_ratio,
     coherence,
@@ -15,7 +15,7 @@ from dpprecond.pca import (
     sin_theta,
     sin_theta_frobenius,
 )
-from dpprecond.pca.metrics import top_right_singular_vectors
+from dpprecond.pca.metrics import describe, top_right_singular_vectors
 from dpprecond.pca.preprocess import preprocess
 from dpprecond.pca.rows import ClippedRows
 

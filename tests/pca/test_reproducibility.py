@@ -12,8 +12,8 @@ OPTS = {"select": {"mean_trials": 3.0}, "fixed": {"clip_radius": 0.05}, "analyze
 @pytest.mark.parametrize("method", list(OPTS))
 def test_same_seed_same_output_different_seed_differs(spiked, method):
     def fit(seed):
-        return fit_private_pca(spiked, 2, method=method, epsilon=1.0, delta=1e-6,
-                               row_norm=1.0, rng=seed, **OPTS[method])
+        return fit_private_pca(spiked, 2, method=method, target_epsilon=1.0, target_delta=1e-6,
+                               row_norm=1.0, seed=seed, **OPTS[method])
 
     a, b, c = fit(3), fit(3), fit(4)
     assert np.array_equal(a.components, b.components)
@@ -26,8 +26,9 @@ def test_same_seed_same_output_different_seed_differs(spiked, method):
 
 def test_private_mean_noise_is_seeded(spiked):
     def fit(seed):
-        return fit_private_pca(spiked, 2, method="analyze_gauss", epsilon=1.0, delta=1e-6,
-                               row_norm=1.0, center="private", rng=seed)
+        return fit_private_pca(spiked, 2, method="analyze_gauss", target_epsilon=1.0,
+                               target_delta=1e-6,
+                               row_norm=1.0, center="private", seed=seed)
 
     assert np.array_equal(fit(1).mean, fit(1).mean)
     assert not np.allclose(fit(1).mean, fit(2).mean)

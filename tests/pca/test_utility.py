@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from dpprecond.data.synthetic import describe, spiked_covariance
+from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import fit_private_pca, sin_theta
 from dpprecond.pca.core import noise_bound
-from dpprecond.pca.metrics import top_right_singular_vectors
+from dpprecond.pca.metrics import describe, top_right_singular_vectors
 
 EPSILONS = (0.25, 1.0, 4.0)
 SEEDS = range(4)
@@ -33,8 +33,8 @@ def problems():
 
 
 def _errors(A, V, method, eps, **opts):
-    return [sin_theta(fit_private_pca(A, K, method=method, epsilon=eps, delta=1e-6,
-                                      row_norm=1.0, rng=s, **opts).components, V)
+    return [sin_theta(fit_private_pca(A, K, method=method, target_epsilon=eps, target_delta=1e-6,
+                                      row_norm=1.0, seed=s, **opts).components, V)
             for s in SEEDS]
 
 
@@ -42,8 +42,8 @@ def _errors(A, V, method, eps, **opts):
 def test_analyze_gauss_within_davis_kahan(problems, n):
     A, V, stats = problems[n]
     for eps in EPSILONS:
-        res = fit_private_pca(A, K, method="analyze_gauss", epsilon=eps, delta=1e-6,
-                              row_norm=1.0, rng=0)
+        res = fit_private_pca(A, K, method="analyze_gauss", target_epsilon=eps, target_delta=1e-6,
+                              row_norm=1.0, seed=0)
         e_w = noise_bound(res.info["noise_multipliers"]["z0"] * math.sqrt(2), A.shape[1])
         bound = min(1.0, 2 * e_w / stats["eigengap"])
         assert sin_theta(res.components, V) <= bound

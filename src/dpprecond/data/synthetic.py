@@ -8,8 +8,8 @@
 3. :func:`exact_spectrum`: ``A = U diag(sigma) V^T`` with random orthonormal ``U, V`` and
    ``sigma_{k+1}^2 / sigma_k^2 = kappa``.
 
-:func:`describe` reports what was measured on the matrix after scaling (coherence, rank-k
-coherence, sigma_k^2, kappa), never the generator's parameters.
+:func:`dpprecond.pca.metrics.describe` reports what was measured on a matrix after scaling
+(coherence, rank-k coherence, sigma_k^2, kappa), never the generator's parameters.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from dpprecond._validation import check_fraction, check_int, check_positive, check_random_state
-from dpprecond.pca.metrics import left_singular_vectors
 
-__all__ = ["coherent_spiked", "describe", "exact_spectrum", "spiked_covariance"]
+__all__ = ["coherent_spiked", "exact_spectrum", "spiked_covariance"]
 
 
 def _orthonormal(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -91,7 +90,7 @@ def exact_spectrum(n: int, d: int, k: int, kappa: float, rng: Any = None, *,
     The top k singular values are ``sigma_k`` (flat); the tail starts at
     ``sigma_{k+1} = sqrt(kappa) sigma_k`` and decays geometrically by ``decay`` per index.
     The matrix is not rescaled: choose ``sigma_k`` so that rows have norm <= 1 if needed
-    (:func:`describe` reports the largest row norm).
+    (:func:`dpprecond.pca.metrics.describe` reports the largest row norm).
     """
     n, d, k = _check_shape(n, d, k)
     kappa = check_fraction("kappa", kappa, low=0.0, high=1.0, low_open=False, high_open=True)
@@ -104,27 +103,3 @@ def exact_spectrum(n: int, d: int, k: int, kappa: float, rng: Any = None, *,
     sigma[:k] = sigma_k
     sigma[k:] = np.sqrt(kappa) * sigma_k * decay ** np.arange(d - k)
     return (U * sigma) @ V.T
-
-
-def describe(A: np.ndarray, k: int) -> dict[str, float]:
-    """Measured properties of ``A``: coherence, rank-k coherence, sigma_k^2, kappa, ...
-
-    Returns
-    -------
-    dict with ``coherence`` (``||U||_inf``), ``rank_k_coherence`` (``max_i ||U_{i,1:k}||``),
-    ``sigma_k_sq``, ``sigma_k1_sq``, ``kappa`` (``sigma_{k+1}^2 / sigma_k^2``), ``eigengap``
-    and ``max_row_norm``.
-    """
-    A = np.asarray(A, dtype=np.float64)
-    k = check_int("k", k, low=1, high=A.shape[1])
-    U, s = left_singular_vectors(A)
-    s2 = np.concatenate([s**2, np.zeros(max(0, k + 1 - s.size))])
-    return {
-        "coherence": float(np.abs(U).max()),
-        "rank_k_coherence": float(np.sqrt(np.einsum("ij,ij->i", U[:, :k], U[:, :k]).max())),
-        "sigma_k_sq": float(s2[k - 1]),
-        "sigma_k1_sq": float(s2[k]),
-        "kappa": float(s2[k] / s2[k - 1]) if s2[k - 1] > 0 else float("nan"),
-        "eigengap": float(s2[k - 1] - s2[k]),
-        "max_row_norm": float(np.sqrt(np.einsum("ij,ij->i", A, A).max())),
-    }

@@ -2,18 +2,22 @@
 
 Layout (functional core, thin shells):
 
-- :mod:`~dpprecond.pca.preprocess`: row scaling by the public ``row_norm`` and centering;
+- :mod:`~dpprecond.pca.rows`: the clipped rows of ``A`` (division by the public
+  ``row_norm``, clipping, centering), read block by block; every release is a sum over them;
+- :mod:`~dpprecond.pca.preprocess`: the same rows as one array (for evaluation);
 - :mod:`~dpprecond.pca.noise`: Gaussian (symmetric) matrix noise;
 - :mod:`~dpprecond.pca.core`: Algorithms 1-3 (private init, preconditioned clipped block
   power iteration, private selection of (R, T));
 - :mod:`~dpprecond.pca.baselines`: Analyze Gauss, DP power method, exact top-k;
 - :mod:`~dpprecond.pca.budget`: (epsilon, delta, split) -> noise multipliers and DpEvent;
 - :mod:`~dpprecond.pca.metrics`: sin-theta, captured variance, coherence, eigengap;
+- :mod:`~dpprecond.pca.methods`: the registry of methods (options, budget plan, run);
 - :mod:`~dpprecond.pca.api`: :func:`fit_private_pca` (what the CLI calls);
 - :mod:`~dpprecond.pca.estimator`: the scikit-learn style :class:`PrivatePCA`.
 """
 
-from dpprecond.pca.api import METHODS, PCAResult, fit_private_pca
+from dpprecond.pca.api import DEFAULT_METHOD, PCAResult, fit_private_pca
+from dpprecond.pca.methods import METHODS
 from dpprecond.pca.metrics import (
     captured_variance_ratio,
     coherence,
@@ -24,6 +28,7 @@ from dpprecond.pca.metrics import (
 )
 
 __all__ = [
+    "DEFAULT_METHOD",
     "METHODS",
     "PCAResult",
     "PrivatePCA",

@@ -12,6 +12,7 @@ from scipy import linalg
 __all__ = [
     "captured_variance_ratio",
     "coherence",
+    "describe",
     "eigengap",
     "left_singular_vectors",
     "rank_k_coherence",
@@ -80,3 +81,32 @@ def eigengap(A: np.ndarray, k: int) -> float:
     s = np.linalg.svd(A, compute_uv=False)
     s = np.concatenate([s, [0.0]])
     return float(s[k - 1] ** 2 - s[k] ** 2)
+
+
+def describe(A: np.ndarray, k: int) -> dict[str, float]:
+    """Measured properties of a data matrix ``A``: coherence, rank-k coherence, spectrum.
+
+    One decomposition serves every quantity (the same definitions as :func:`coherence`,
+    :func:`rank_k_coherence` and :func:`eigengap`).
+
+    Returns
+    -------
+    dict with ``coherence`` (``||U||_inf``), ``rank_k_coherence`` (``max_i ||U_{i,1:k}||``),
+    ``sigma_k_sq``, ``sigma_k1_sq``, ``kappa`` (``sigma_{k+1}^2 / sigma_k^2``), ``eigengap``
+    and ``max_row_norm``.
+    """
+    from dpprecond._validation import check_int
+
+    A = np.asarray(A, dtype=np.float64)
+    k = check_int("k", k, low=1, high=A.shape[1])
+    U, s = left_singular_vectors(A)
+    s2 = np.concatenate([s**2, np.zeros(max(0, k + 1 - s.size))])
+    return {
+        "coherence": float(np.abs(U).max()),
+        "rank_k_coherence": float(np.sqrt(np.einsum("ij,ij->i", U[:, :k], U[:, :k]).max())),
+        "sigma_k_sq": float(s2[k - 1]),
+        "sigma_k1_sq": float(s2[k]),
+        "kappa": float(s2[k] / s2[k - 1]) if s2[k - 1] > 0 else float("nan"),
+        "eigengap": float(s2[k - 1] - s2[k]),
+        "max_row_norm": float(np.sqrt(np.einsum("ij,ij->i", A, A).max())),
+    }
