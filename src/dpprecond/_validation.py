@@ -23,6 +23,7 @@ __all__ = [
     "check_fraction",
     "check_int",
     "check_labels",
+    "check_matrix_lazy",
     "check_positive",
     "check_random_state",
     "check_seed",
@@ -254,6 +255,29 @@ def check_array(name: str, value: Any, *, ndim: int | None = 2, min_rows: int = 
 
 def _fmt(v: Any) -> str:
     return str(int(v)) if float(v).is_integer() and abs(float(v)) < 2**63 else f"{float(v):g}"
+
+
+def check_matrix_lazy(name: str, value: Any, *, min_rows: int = 1) -> Any:
+    """A 2-D numeric matrix, checked without reading (or copying) its values.
+
+    A numpy array (a memory-mapped one included) of a real dtype (bool, int, float) is
+    returned as it is: its values are checked for NaN and infinity block by block by the
+    pass that reads them (:class:`dpprecond.pca.rows.ClippedRows`), so a large input is
+    never converted or copied whole. Anything else (lists, object arrays, other types)
+    goes through :func:`check_array`, with its messages.
+    """
+    if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray) \
+            and value.dtype.kind in "biuf":
+        if value.ndim != 2:
+            raise ValueError(f"Expected {name} to be a 2-D array, got {value.ndim}-D array of "
+                             f"shape {value.shape}. Reshape your data with "
+                             f"{name}.reshape(-1, 1) for a single feature or "
+                             f"{name}.reshape(1, -1) for a single row.")
+        if value.shape[0] < min_rows:
+            raise ValueError(f"Expected {name} to have at least {min_rows} rows, "
+                             f"got shape {value.shape}.")
+        return value
+    return check_array(name, value, ndim=2, min_rows=min_rows)
 
 
 def check_labels(name: str, y: Any, n_classes: int | None = None,

@@ -70,3 +70,22 @@ def test_extreme_row_norm_bounds_give_the_scaled_problem(row_norm: float) -> Non
                         row_norm=row_norm, seed=5)
     assert np.all(np.isfinite(b.components))
     np.testing.assert_allclose(b.components, a.components, atol=1e-8)
+
+
+def test_float32_and_memory_mapped_input_are_read_without_a_copy(tmp_path) -> None:
+    """The result is the same as for the float64 array; NaN is found by the first pass."""
+    X = _base().astype(np.float32)
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    mm = np.load(path, mmap_mode="r")
+    ref = fit_private_pca(X.astype(np.float64), 2, method="analyze_gauss", target_epsilon=1.0,
+                          target_delta=1e-6, row_norm=1.0, seed=4)
+    for data in (X, mm):
+        res = fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=1.0,
+                              target_delta=1e-6, row_norm=1.0, seed=4)
+        np.testing.assert_allclose(res.components, ref.components, atol=1e-12)
+    bad = np.array(mm)
+    bad[1500, 3] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or infinite entries \(first at index \(1500, 3\)"):
+        fit_private_pca(bad, 2, method="exact", target_epsilon=None, target_delta=1e-6,
+                        row_norm=1.0)

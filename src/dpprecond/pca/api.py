@@ -25,6 +25,7 @@ from dpprecond._validation import (
     check_delta,
     check_epsilon,
     check_int,
+    check_matrix_lazy,
     check_positive,
     check_seed,
 )
@@ -105,8 +106,12 @@ def check_dense(name: str, X: Any) -> np.ndarray:
 
 
 def check_pca_input(X: Any, n_components: Any) -> tuple[np.ndarray, int]:
-    """Validate the data matrix (finite, 2-D, ``n >= d``) and ``n_components`` in [1, d]."""
-    X = check_dense("X", X)
+    """Validate the data matrix (2-D, real, ``n >= d``) and ``n_components`` in [1, d].
+
+    A numpy array (memory-mapped included) is not read or copied here: its values are
+    checked for NaN and infinity by the first pass over the rows.
+    """
+    X = check_matrix_lazy("X", X)
     n, d = X.shape
     if d < 1:
         raise ValueError(f"Found array with 0 feature(s) (shape=({n}, 0)) while a minimum of "

@@ -16,6 +16,11 @@ Both steps use only the row itself and public (or already released) values, so
 neighbouring inputs stay neighbouring. As computed, ``||a_i|| <= 1`` (see
 :mod:`dpprecond.clipping`; every row is also multiplied by ``SHRINK = 1 - 2^-30``).
 
+No per-row vector is stored: a block's scale factors are recomputed from the block each
+time it is read. The input is never converted or copied whole (a float32 or memory-mapped
+``X`` is read one float64 block at a time), and the first pass (:meth:`ClippedRows.from_data`)
+is also the check for NaN and infinity.
+
 Passes over the data (each one read of ``X``):
 
 - :meth:`ClippedRows.gram`: ``A^T A`` as a sum of block Gram matrices. A block whose rows
@@ -122,67 +127,65 @@ class ClippedRows:
     """The rows of ``A`` as a view of the raw data ``X`` (see the module docstring).
 
     Build with :meth:`from_data`; center with :meth:`centered`. ``X`` is never copied or
-    modified; memory beyond it is a few vectors of length ``n`` and one block of rows.
+    modified, and no per-row vector is kept: the scale factors of a block are recomputed
+    from the block whenever it is read (an exact, deterministic function of the row), so
+    memory beyond ``X`` is one block of rows (plus ``norms`` when a method asks for them).
 
     Attributes
     ----------
-    X : ndarray of shape (n, d)
-        The raw data (float64, finite; any array that supports row slicing, such as a
-        memory-mapped ``.npy``).
+    X : array of shape (n, d)
+        The raw data, of any real dtype (any array that supports row slicing, such as a
+        memory-mapped ``.npy``); every block is read as float64, and NaN or infinity is
+        refused by the first pass (:meth:`from_data`).
     row_norm : float
         The public bound on the raw row norms.
-    pre, post : ndarray of shape (n,)
-        Step 1 as two factors, ``u_i = (x_i pre_i) post_i`` (``pre_i`` a power of two).
+    block_rows : int
+        Rows per materialized block.
     n_clipped : int
         Rows scaled down in step 1 (a diagnostic for the data owner, not a release).
     mean : ndarray of shape (d,) or None
         The mean subtracted in step 2, in the units of ``u`` (``None``: uncentered).
-    pre2, post2 : ndarray of shape (n,) or None
-        Step 2 as two factors, ``a_i = ((u_i - mean) pre2_i) post2_i`` (computed by
-        :meth:`centered`).
     n_clipped_centered : int
         Rows scaled down again after centering.
-    norms : ndarray of shape (n,)
-        l2 norms of the rows ``a_i`` (as computed).
-    block_rows : int
-        Rows per materialized block.
     """
 
     X: np.ndarray
     row_norm: float
-    pre: np.ndarray
-    post: np.ndarray
-    n_clipped: int
-    norms: np.ndarray
     block_rows: int
+    n_clipped: int
     mean: np.ndarray | None = None
-    pre2: np.ndarray | None = None
-    post2: np.ndarray | None = None
     n_clipped_centered: int = 0
     _unclipped_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    _norms: np.ndarray | None = None
 
     @classmethod
     def from_data(cls, X: np.ndarray, row_norm: float, *,
                   block_bytes: int = DEFAULT_BLOCK_BYTES) -> ClippedRows:
-        """Step 1 for validated finite data ``X`` and a public ``row_norm > 0``."""
+        """Step 1 for a real 2-D array ``X`` and a public ``row_norm > 0``.
+
+        This first pass also checks the values: ``ValueError`` at the first NaN or
+        infinity, naming its position.
+        """
         n, d = X.shape
         check_width("X", d)
         block_rows = _block_rows(d, block_bytes)
-        pre = np.empty(n)
-        post = np.empty(n)
-        norms = np.empty(n)
-        clipped = np.zeros(n, dtype=bool)
+        unclipped = []
+        n_clipped = 0
         for lo in range(0, n, block_rows):
             hi = min(n, lo + block_rows)
-            nu, p = safe_row_norms(np.asarray(X[lo:hi]))
-            q, c = unit_scale(nu, p, row_norm)
-            pre[lo:hi], post[lo:hi], clipped[lo:hi] = p, q, c
-            with np.errstate(under="ignore"):
-                norms[lo:hi] = np.minimum(nu * q, 1.0)
-        starts = np.arange(0, n, block_rows)
-        unclipped = ~np.logical_or.reduceat(clipped, starts) if n else np.zeros(0, bool)
-        return cls(X, float(row_norm), pre, post, int(clipped.sum()), norms, block_rows,
-                   _unclipped_blocks=unclipped)
+            block = np.asarray(X[lo:hi], dtype=np.float64)
+            nu, p = safe_row_norms(block)
+            if not np.all(np.isfinite(nu)):  # a NaN or an infinity (this is the read of X)
+                bad = np.argwhere(~np.isfinite(block))
+                first = (int(bad[0][0]) + lo, int(bad[0][1]))
+                raise ValueError(f"X contains NaN or infinite entries (first at index {first}"
+                                 "); remove or impute them first.")
+            _, clipped = unit_scale(nu, p, row_norm)
+            count = int(np.count_nonzero(clipped))
+            n_clipped += count
+            unclipped.append(count == 0 and bool(np.all(p == 1.0)))
+        return cls(X, float(row_norm), block_rows, n_clipped,
+                   _unclipped_blocks=np.array(unclipped, dtype=bool))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -191,11 +194,12 @@ class ClippedRows:
 
     def _step1(self, lo: int, hi: int) -> np.ndarray:
         U = np.array(self.X[lo:hi], dtype=np.float64)  # a copy of the block
-        pre = self.pre[lo:hi]
+        nu, pre = safe_row_norms(U)
+        post, _ = unit_scale(nu, pre, self.row_norm)
         if not np.all(pre == 1.0):
             U *= pre[:, None]
         with np.errstate(under="ignore"):
-            U *= self.post[lo:hi, None]
+            U *= post[:, None]
         return U
 
     def block(self, lo: int, hi: int) -> np.ndarray:
@@ -203,11 +207,12 @@ class ClippedRows:
         U = self._step1(lo, hi)
         if self.mean is not None:
             U -= self.mean
-            pre2 = self.pre2[lo:hi]
-            if not np.all(pre2 == 1.0):
-                U *= pre2[:, None]
+            nu, pre = safe_row_norms(U)
+            post = clip_to_radius(nu, pre, 1.0)
+            if not np.all(pre == 1.0):
+                U *= pre[:, None]
             with np.errstate(under="ignore"):
-                U *= self.post2[lo:hi, None]
+                U *= post[:, None]
         return U
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -216,6 +221,16 @@ class ClippedRows:
         for lo in range(0, n, self.block_rows):
             hi = min(n, lo + self.block_rows)
             yield lo, hi, self.block(lo, hi)
+
+    @property
+    def norms(self) -> np.ndarray:
+        """l2 norms of the rows of ``A`` as computed, shape (n,) (one pass, then cached)."""
+        if self._norms is None:
+            out = np.empty(self.shape[0])
+            for lo, hi, B in self.blocks():
+                out[lo:hi] = np.sqrt(np.einsum("ij,ij->i", B, B))
+            self._norms = out
+        return self._norms
 
     def column_sum(self) -> np.ndarray:
         """``sum_i u_i`` (step 1 rows, before centering), shape (d,)."""
@@ -229,26 +244,18 @@ class ClippedRows:
     def centered(self, mean: np.ndarray) -> ClippedRows:
         """The same rows centered at ``mean`` (units of ``u``) and re-clipped to norm 1.
 
-        One pass over ``X`` computes the new scale factors and norms. ``mean`` must be
-        public or already released, and finite.
+        ``mean`` must be public or already released, and finite. One pass counts the rows
+        clipped again (a diagnostic).
         """
         mean = np.asarray(mean, dtype=np.float64)
         n = self.shape[0]
-        pre2 = np.empty(n)
-        post2 = np.empty(n)
-        norms = np.empty(n)
         n_over = 0
         for lo in range(0, n, self.block_rows):
             hi = min(n, lo + self.block_rows)
             nu, p = safe_row_norms(self._step1(lo, hi) - mean)
-            q = clip_to_radius(nu, p, 1.0)
-            pre2[lo:hi], post2[lo:hi] = p, q
-            with np.errstate(under="ignore"):
-                norms[lo:hi] = np.minimum(nu * q, 1.0)
             n_over += int(np.count_nonzero(nu > p))  # true norm nu / p above 1
-        return ClippedRows(self.X, self.row_norm, self.pre, self.post, self.n_clipped, norms,
-                           self.block_rows, mean, pre2, post2, n_over,
-                           _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
+        return ClippedRows(self.X, self.row_norm, self.block_rows, self.n_clipped, mean,
+                           n_over, _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
 
     def rounding_slack(self, n_terms: int | None = None) -> float:
         """Relative excess of a computed block-sum release over its exact sensitivity.
@@ -275,9 +282,9 @@ class ClippedRows:
         raw = np.zeros((d, d))
         for j, lo in enumerate(range(0, n, self.block_rows)):
             hi = min(n, lo + self.block_rows)
-            if raw_ok and self._unclipped_blocks[j] and np.all(self.pre[lo:hi] == 1.0):
+            if raw_ok and self._unclipped_blocks[j]:  # no clipped row, no prescaled row
                 B = np.asarray(self.X[lo:hi], dtype=np.float64)
-                raw += B.T @ B
+                raw += B.T @ B  # no clipped row: scaled by the constant factor below
             else:
                 B = self.block(lo, hi)
                 S += B.T @ B
