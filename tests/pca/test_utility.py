@@ -38,15 +38,19 @@ def _errors(A, V, method, eps, **opts):
             for s in SEEDS]
 
 
-@pytest.mark.parametrize("n", [5000, 40000])
-def test_analyze_gauss_within_davis_kahan(problems, n):
-    A, V, stats = problems[n]
-    for eps in EPSILONS:
-        res = fit_private_pca(A, K, method="analyze_gauss", target_epsilon=eps, target_delta=1e-6,
-                              row_norm=1.0, seed=0)
-        e_w = noise_bound(res.info["noise_multipliers"]["z0"] * math.sqrt(2), A.shape[1])
-        bound = min(1.0, 2 * e_w / stats["eigengap"])
-        assert sin_theta(res.components, V) <= bound
+def test_analyze_gauss_within_davis_kahan(problems):
+    """Only cases whose bound is below 1 are informative; there must be several."""
+    informative = 0
+    for A, V, stats in problems.values():
+        for eps in (*EPSILONS, 16.0):
+            res = fit_private_pca(A, K, method="analyze_gauss", target_epsilon=eps,
+                                  target_delta=1e-6, row_norm=1.0, seed=0)
+            e_w = noise_bound(res.info["noise_multipliers"]["z0"] * math.sqrt(2), A.shape[1])
+            bound = 2 * e_w / stats["eigengap"]
+            if bound < 1.0:
+                informative += 1
+                assert sin_theta(res.components, V) <= bound, (A.shape, eps, bound)
+    assert informative >= 3
 
 
 @pytest.mark.parametrize(("method", "opts"), [

@@ -62,7 +62,9 @@ def _load(path: str, output: str | None) -> Any:
     from dpprecond.experiments.config import load_config
 
     cfg = load_config(path)
-    return dataclasses.replace(cfg, output=Path(output)) if output else cfg
+    if not output:
+        return cfg
+    return dataclasses.replace(cfg, output=Path(output), report_dir=Path(output))
 
 
 def _where(items: list[str]) -> dict[str, Any]:
@@ -116,7 +118,8 @@ def tune(args: argparse.Namespace) -> int:
     print(NOT_CHARGED)
     run_experiment(cfg, tuning=True, progress=not args.no_progress, jobs=args.jobs)
     best = select_best(cfg, load_records(cfg, tuning=True))
-    out = Path(cfg.output)
+    out = Path(cfg.report_dir or cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "tuning.json").write_text(json.dumps(best, indent=1), encoding="utf-8")
     source = Path(args.config)
     tuned = source.with_name(f"{source.stem}-tuned.toml")

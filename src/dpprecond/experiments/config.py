@@ -4,7 +4,8 @@ An experiment file names the data, the federation, the privacy grid, the protoco
 methods with their hyperparameters (see ``experiments/*.toml``)::
 
     name = "digits"
-    output = "../results/digits"   # relative to this file's folder
+    output = "../results/digits"       # raw runs (ignored by git), relative to this file
+    report = "../docs/results/digits"  # tables, figures, CSV/JSON (default: output)
     # tuned_from = "digits"    # written by `dpprecond experiment tune` into its output file
 
     [data]
@@ -100,6 +101,7 @@ class ExperimentConfig:
     name: str
     output: Path
     data: str
+    report_dir: Path | None = None
     features: str = "pixels"
     data_path: str | None = None
     checkpoint: str | None = None
@@ -183,9 +185,12 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
     output = Path(doc.output if doc.output is not None else f"results/{doc.name}")
     if not output.is_absolute():
         output = Path(base_dir) / output
+    report_dir = output if doc.report is None else Path(doc.report)
+    if not report_dir.is_absolute():
+        report_dir = Path(base_dir) / report_dir
     data, fed, priv = doc.data, doc.federation, doc.privacy
     return ExperimentConfig(
-        name=doc.name, output=output, data=data.name, features=data.features,
+        name=doc.name, output=output, report_dir=report_dir, data=data.name, features=data.features,
         data_path=data.path, checkpoint=data.checkpoint, cache_dir=data.cache_dir,
         clients=tuple(fed.clients), partitions=tuple(fed.partitions), alpha=float(fed.alpha),
         epsilons=tuple(_eps(e) for e in priv.epsilons), delta=float(priv.delta),

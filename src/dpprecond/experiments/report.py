@@ -230,7 +230,7 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
     ``y_test`` (the test labels, for the McNemar tests) is loaded from the data set when
     not given.
     """
-    out = Path(cfg.output)
+    out = Path(cfg.report_dir or cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     recs = load_records(cfg, with_predictions=True)
     expected = expand_runs(cfg)

@@ -120,6 +120,7 @@ class ExperimentFile(_Table):
 
     name: StrictStr = "experiment"
     output: StrictStr | None = None
+    report: StrictStr | None = None
     description: StrictStr | None = None
     tuned_from: StrictStr | None = None
     data: DataTable

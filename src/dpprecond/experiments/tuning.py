@@ -60,8 +60,8 @@ def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) ->
     import tomli_w
 
     raw = cfg.source
-    doc: dict[str, Any] = {key: raw[key] for key in ("name", "output", "description")
-                           if key in raw}
+    doc: dict[str, Any] = {key: raw[key] for key in ("name", "output", "report",
+                                                     "description") if key in raw}
     doc["tuned_from"] = cfg.name
     for table in ("data", "federation", "privacy", "protocol"):
         if table in raw:
