@@ -87,9 +87,11 @@ def test_only_plain_gaussian_compositions_take_the_exact_path() -> None:
     assert gaussian_precision(compose([gaussian(1.0), sampled])) is None
     assert gaussian_precision(dp_event.NonPrivateDpEvent()) is None
     assert gaussian_precision(dp_event.NoOpDpEvent()) == 0.0
-    # Subsampled events still go through the accountant, unchanged.
+    # Subsampled events still go through the accountant (discretized at 1e-3: a pessimistic
+    # bound, above the finer 1e-4 one by at most about the discretization).
     event = dp_event.SelfComposedDpEvent(sampled, 100)
-    assert epsilon_of(event, 1e-5, "pld") == _discretized_pld_epsilon(event, 1e-5)
+    fine = _discretized_pld_epsilon(event, 1e-5)
+    assert fine <= epsilon_of(event, 1e-5, "pld") <= fine + 1e-3
     assert math.isinf(epsilon_of(compose([gaussian(1.0), dp_event.NonPrivateDpEvent()]),
                                  1e-5, "pld"))
 

@@ -55,17 +55,27 @@ class PrivacyBudgetExceededError(RuntimeError):
     """Raised when a release would take the spent epsilon above the declared budget."""
 
 
+#: Value discretization of the PLD accountant (used for events other than compositions of
+#: unsampled Gaussians, which are evaluated exactly). dp_accounting's discretization is
+#: pessimistic, so every epsilon it reports is an upper bound; 1e-3 is within about 1e-3
+#: of the finer 1e-4 and about 10x faster on Poisson-subsampled Gaussians at small noise
+#: (6.5 s against 0.5 s per evaluation at q = 1e-6, z = 0.18).
+PLD_DISCRETIZATION = 1e-3
+
+
 def make_accountant(kind: AccountantName = "rdp") -> dp_accounting.PrivacyAccountant:
     """Return a fresh ``dp_accounting`` accountant.
 
     ``"rdp"`` is the Renyi accountant (the only one that supports
     ``RepeatAndSelectDpEvent``); ``"pld"`` is the privacy-loss-distribution accountant,
-    tighter for long compositions of Gaussians.
+    tighter for long compositions of subsampled Gaussians (discretized at
+    :data:`PLD_DISCRETIZATION`).
     """
     if kind == "rdp":
         return dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS))
     if kind == "pld":
-        return dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+        return dp_accounting.pld.PLDAccountant(
+            value_discretization_interval=PLD_DISCRETIZATION)
     raise ValueError(f"Unknown accountant={kind!r}; expected 'rdp' or 'pld'.")
 
 
