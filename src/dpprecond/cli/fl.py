@@ -190,6 +190,9 @@ def register(subparsers: Any) -> None:
                         "fl-out)")
     g.add_argument("--progress", action="store_true",
                    help="a tqdm bar instead of one line per round")
+    g.add_argument("--secure", action="store_true",
+                   help="secure mode: noise from the OS CSPRNG, snapped releases, no --seed "
+                        "for the noise (docs/privacy.md)")
     p.set_defaults(func=run)
 
 
@@ -269,7 +272,8 @@ def run(args: argparse.Namespace) -> int:
                            algorithm=args.algorithm, n_clients=args.clients,
                            partition=args.partition, alpha=args.alpha, config=config,
                            learning_rate=args.lr, method_options=options, seed=args.seed,
-                           ledger=ledger, progress=args.progress, callback=line)
+                           ledger=ledger, progress=args.progress, callback=line,
+                           secure=args.secure)
     result.config.update(data=args.data, features=feat)
     result.save_json(out / "history.json")
     plot_history({args.algorithm: result.history}, out / "accuracy.png",

@@ -47,8 +47,8 @@ def load_pca_matrix(data: str,
 
 def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[float],
                   delta: float, row_norm: float, seed: int | None,
-                  center: str | None = None,
-                  options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  center: str | None = None, options: dict[str, Any] | None = None,
+                  secure: bool = False) -> list[dict[str, Any]]:
     """Fit every (method, epsilon) and return one record per fit, with its metrics.
 
     The reference is the exact top-k subspace of the same preprocessed rows (same row
@@ -87,7 +87,8 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
             res = fit(X, k, method=method, target_epsilon=eps,
                                   target_delta=delta, row_norm=row_norm,
                                   center=None if center is None else "private",
-                                  seed=seed, diagnostics=True, **method_opts)
+                                  seed=seed, diagnostics=True, secure=secure,
+                                  **method_opts)
             seconds = time.perf_counter() - t0
             records.append({
                 "method": method, "epsilon_target": eps, "epsilon": res.epsilon,
@@ -157,6 +158,9 @@ def register(subparsers: Any) -> None:
                    help="seed of the noise, for reproducible research only (anyone who knows "
                         "it can regenerate the noise); default: fresh OS entropy")
     p.add_argument("--json", dest="json_path", help="write all results to this JSON file")
+    p.add_argument("--secure", action="store_true",
+                   help="secure mode: noise from the OS CSPRNG, snapped releases; refuses "
+                        "--seed (docs/privacy.md)")
     p.set_defaults(func=run)
 
 
@@ -184,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
           f"center={args.center}, "
           f"seed={'fresh OS entropy' if args.seed is None else args.seed}")
     records = run_pca_table(X, args.n_components, methods, epsilons, args.delta, row_norm,
-                            args.seed, center=center, options=options)
+                            args.seed, center=center, options=options, secure=args.secure)
     print(format_table(records))
     clipped = records[0]["n_clipped"]
     print(f"rows scaled down to the row-norm bound: {clipped} of {X.shape[0]}")

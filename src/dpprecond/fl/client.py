@@ -37,6 +37,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from dpprecond.fl.models import FLModel, clip_rows_safely
+from dpprecond.secure import SecureGenerator, SecureRoot, release
 
 __all__ = [
     "client_level_aggregate",
@@ -52,7 +53,13 @@ __all__ = [
 
 
 def stream(root: np.random.SeedSequence, round_index: int, client: int) -> np.random.Generator:
-    """The generator of (``round_index``, ``client``): spawn key ``root.spawn_key + (t, i)``."""
+    """The generator of (``round_index``, ``client``): spawn key ``root.spawn_key + (t, i)``.
+
+    In secure mode (``root`` a :class:`dpprecond.secure.SecureRoot`) every stream is a
+    :class:`dpprecond.secure.SecureGenerator` instead.
+    """
+    if isinstance(root, SecureRoot):
+        return SecureGenerator()  # type: ignore[return-value]
     seq = np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, round_index, client),
                                  pool_size=root.pool_size)
     return np.random.default_rng(seq)
@@ -67,7 +74,7 @@ def round_generators(root: np.random.SeedSequence, round_index: int,
 def _add_noise(S: np.ndarray, std: float, rngs: list[np.random.Generator]) -> np.ndarray:
     if std > 0:
         for i, rng in enumerate(rngs):  # each client draws from its own stream
-            S[i] += std * rng.standard_normal(S.shape[1])
+            S[i] = release(S[i], std * rng.standard_normal(S.shape[1]), std, rng)
     return S
 
 
@@ -139,7 +146,9 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     D = clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
     total = D.sum(axis=0)
     if noise_multiplier:
-        total += noise_multiplier * 2.0 * clip_norm * server_rng.standard_normal(total.shape[0])
+        std = noise_multiplier * 2.0 * clip_norm
+        total = release(total, std * server_rng.standard_normal(total.shape[0]), std,
+                        server_rng)
     return total / n_clients
 
 
@@ -214,5 +223,5 @@ def second_moment_releases(X: np.ndarray, bounds: np.ndarray, row_clip: float,
         if std:
             E = np.zeros((d1, d1))
             E[iu] = std * rngs[i].standard_normal(len(iu[0]))
-            S += E + np.triu(E, 1).T
+            S = release(S, E + np.triu(E, 1).T, std, rngs[i])
         yield S / (hi - lo)

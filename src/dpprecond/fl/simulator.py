@@ -36,7 +36,7 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
                   model: FLModel | None = None, seed: SeedLike = None,
                   ledger: PrivacyLedger | None = None, progress: bool = False,
                   callback: Callable[[dict[str, float]], None] | None = None,
-                  checkpoint: str | None = None) -> FLResult:
+                  checkpoint: str | None = None, secure: bool = False) -> FLResult:
     """Partition, build the model and the method, and run it on the round engine.
 
     Parameters
@@ -63,8 +63,9 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
         ``root.spawn(2)`` gives the simulation's and the partition's streams. ``None``
         (default) draws fresh OS entropy (the noise is unpredictable); a fixed seed is for
         reproducible research only.
-    ledger, progress, callback, checkpoint
-        As in :func:`dpprecond.fl.engine.simulate`.
+    ledger, progress, callback, checkpoint, secure
+        As in :func:`dpprecond.fl.engine.simulate` (with ``secure=True`` the partition still
+        uses ``seed``, which is then only the data preparation's and may be given).
     """
     config = (config or FLConfig(target_epsilon=1.0)).validated()
     X_train = check_array("X_train", X_train)
@@ -72,12 +73,15 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
     method = make_method(algorithm, learning_rate, **(method_options or {}))
     sim_seq, part_seq = check_seed(seed).spawn(2)
+    sim_seed = None if secure else sim_seq
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)
     model = model or LinearSoftmax(X_train.shape[1], n_classes)
     result = simulate(model, data, method, config, X_test=X_test, y_test=y_test,
-                      seed=sim_seq, ledger=ledger, progress=progress, callback=callback,
-                      checkpoint=checkpoint)
+                      seed=sim_seed, ledger=ledger, progress=progress, callback=callback,
+                      checkpoint=checkpoint, secure=secure)
+    # The seed is not recorded: results are written to disk and shared, and a seed would
+    # let anyone regenerate the noise.
     result.config.update(algorithm=algorithm, n_clients=n_clients, partition=partition,
-                         alpha=alpha, seed=seed if isinstance(seed, int) else None)
+                         alpha=alpha)
     return result

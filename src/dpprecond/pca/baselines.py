@@ -18,6 +18,7 @@ import numpy as np
 
 from dpprecond.pca.core import SQRT2, orthonormalize, private_init, top_eigvecs
 from dpprecond.pca.noise import gaussian_matrix
+from dpprecond.secure import release
 
 __all__ = ["analyze_gauss", "dp_power_method", "exact_top_k", "random_orthonormal"]
 
@@ -60,5 +61,6 @@ def dp_power_method(S: np.ndarray, X0: np.ndarray, n_iter: int, z: float,
     X = X0
     d, k = X.shape
     for _ in range(n_iter):
-        X = orthonormalize(S @ X + gaussian_matrix((d, k), z * SQRT2, rng))
+        std = z * SQRT2
+        X = orthonormalize(release(S @ X, gaussian_matrix((d, k), std, rng), std, rng))
     return X

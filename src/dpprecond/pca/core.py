@@ -41,6 +41,7 @@ from threadpoolctl import threadpool_limits
 
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import DenseRows, RowSource
+from dpprecond.secure import release
 
 __all__ = [
     "SQRT2",
@@ -162,7 +163,7 @@ def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> 
     """
     d = S.shape[0]
     std = z0 * SQRT2
-    M = S + symmetric_gaussian(d, std, rng)
+    M = release(S, symmetric_gaussian(d, std, rng), std, rng)
     w, V = top_eigvecs(M, min(k + 1, d))
     return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std, M=M)
 
@@ -182,7 +183,7 @@ def refine_init(S: np.ndarray, init: InitRelease, z: float,
     k = init.X0.shape[1]
     d = S.shape[0]
     std = z * SQRT2
-    M2 = S + symmetric_gaussian(d, std, rng)
+    M2 = release(S, symmetric_gaussian(d, std, rng), std, rng)
     if init.noise_std == 0 or std == 0:
         M = M2 if std == 0 else init.M
         combined_std = 0.0
@@ -284,7 +285,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 H = Xs[:, sl].T @ SX[:, sl]
                 H = 0.5 * (H + H.T)
                 sH = tr.zH * SQRT2
-                H = H + symmetric_gaussian(k, sH, tr.rng)
+                H = release(H, symmetric_gaussian(k, sH, tr.rng), sH, tr.rng)
                 floor = tr.h_floor_factor * sH if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
                 B, b_norm = _preconditioner(H, floor)
                 XB[:, sl] = Xs[:, sl] @ B
@@ -317,7 +318,8 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 tr = trials[i]
                 Zj = Z[:, j * k:(j + 1) * k]
                 if tr.zZ > 0:
-                    Zj = Zj + gaussian_matrix((d, k), 2.0 * tr.clip_radius * tr.zZ, tr.rng)
+                    sZ = 2.0 * tr.clip_radius * tr.zZ
+                    Zj = release(Zj, gaussian_matrix((d, k), sZ, tr.rng), sZ, tr.rng)
                 out[i] = orthonormalize(Zj)
                 clipped_last[i] = int(clipped_count[j])
     return out, clipped_last
@@ -448,7 +450,8 @@ def select(A: np.ndarray | RowSource, S: np.ndarray, init: InitRelease, *, z_run
     for i, (X, spec) in enumerate(zip(Xs, specs, strict=True)):
         noisy[i] = selection_score(G, X)
         if z_scores[i] > 0:
-            noisy[i] += spec.rng.normal(0.0, z_scores[i] * SQRT2 / h)
+            s_score = z_scores[i] * SQRT2 / h
+            noisy[i] = release(noisy[i], spec.rng.normal(0.0, s_score), s_score, spec.rng)
     best = int(np.argmin(noisy))
     return SelectionResult(Xs[best], specs[best].clip_radius, specs[best].n_iter,
                            float(noisy[best]), n_trials, int(clipped[best]), False,

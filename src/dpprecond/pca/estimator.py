@@ -54,6 +54,9 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
         Also store ``diagnostics_``: values that depend on the private data beyond the
         releases (rows clipped, selection trials, fit time). They are NOT private; a
         warning says so at fit.
+    secure : bool, default=False
+        Secure mode (:mod:`dpprecond.secure`): CSPRNG noise, snapped releases, and
+        ``random_state`` must be ``None``.
 
     Attributes
     ----------
@@ -92,7 +95,7 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     def __init__(self, n_components: int, *, target_epsilon: float, target_delta: float,
                  row_norm: float | None, method: str = DEFAULT_METHOD, center: Any = None,
                  random_state: Any = None, options: dict[str, Any] | None = None,
-                 ledger: Any = None, diagnostics: bool = False) -> None:
+                 ledger: Any = None, diagnostics: bool = False, secure: bool = False) -> None:
         self.n_components = n_components
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -103,6 +106,7 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
         self.options = options
         self.ledger = ledger
         self.diagnostics = diagnostics
+        self.secure = secure
 
     def fit(self, X: Any, y: Any = None) -> PrivatePCA:
         """Fit the private subspace on ``X`` of shape (n_samples, n_features); returns self."""
@@ -116,6 +120,7 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
                                  target_delta=self.target_delta, row_norm=self.row_norm,
                                  center=self.center, seed=self.random_state,
                                  ledger=self.ledger, diagnostics=self.diagnostics,
+                                 secure=self.secure,
                                  **(self.options or {}))
         d = result.components.shape[0]
         self.components_ = np.ascontiguousarray(result.components.T)
