@@ -143,8 +143,8 @@ SECURE_ROOT = SecureRoot()
 
 
 def is_secure(rng: Any) -> bool:
-    """True for a :class:`SecureGenerator` (noise to be snapped)."""
-    return isinstance(rng, SecureGenerator)
+    """True for a :class:`SecureGenerator`, or a wrapper of secure streams (``secure``)."""
+    return isinstance(rng, SecureGenerator) or getattr(rng, "secure", False) is True
 
 
 def snap(values: np.ndarray, noise_std: float) -> np.ndarray:

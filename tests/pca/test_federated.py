@@ -1,0 +1,101 @@
+"""Federated private PCA: client parts sum to the central passes; the two trust models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpprecond.data.synthetic import spiked_covariance
+from dpprecond.pca import fit_private_pca, sin_theta
+from dpprecond.pca.federated import FederatedRows, LocalNoise, split_noise
+from dpprecond.pca.metrics import top_right_singular_vectors
+from dpprecond.pca.rows import ClippedRows
+
+BOUNDS = np.array([0, 700, 1500, 1501, 4000])  # uneven clients, one with a single row
+
+
+@pytest.fixture(scope="module")
+def data() -> np.ndarray:
+    A = spiked_covariance(4000, 12, 2, 20.0, rng=2)
+    A[10] *= 5.0  # a row above the bound: clipped by its client like centrally
+    return A
+
+
+def test_client_passes_sum_to_the_central_passes(data: np.ndarray) -> None:
+    fed = FederatedRows.from_data(data, BOUNDS, 1.0, block_bytes=8 * 12 * 256)
+    cen = ClippedRows.from_data(data, 1.0)
+    np.testing.assert_allclose(fed.gram(), cen.gram(), rtol=1e-12, atol=1e-12)
+    M = np.random.default_rng(0).standard_normal((12, 3))
+    np.testing.assert_allclose(fed.times(M), cen.times(M), rtol=1e-12, atol=1e-13)
+    D = np.random.default_rng(1).standard_normal((4000, 2))
+    np.testing.assert_allclose(fed.t_times(D), cen.t_times(D), rtol=1e-12, atol=1e-11)
+    idx = np.array([0, 699, 700, 1500, 3999])
+    np.testing.assert_array_equal(fed.rows(idx), cen.rows(idx))
+    np.testing.assert_allclose(fed.norms, cen.norms, rtol=1e-15)
+    assert fed.n_clipped == cen.n_clipped == 1
+    mu = cen.column_sum() / 4000
+    np.testing.assert_allclose(fed.centered(mu).gram(), cen.centered(mu).gram(), atol=1e-11)
+
+
+@pytest.mark.parametrize("method", ["analyze_gauss", "fixed", "power"])
+def test_secure_aggregation_equals_the_central_fit(data: np.ndarray, method: str) -> None:
+    kw = dict(method=method, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, seed=7)
+    central = fit_private_pca(data, 2, **kw)
+    fed = fit_private_pca(data, 2, clients=BOUNDS, trust="secure-aggregation", **kw)
+    # the same noise; the data passes differ only in summation order
+    np.testing.assert_allclose(fed.components, central.components, atol=1e-9)
+    assert fed.epsilon == central.epsilon and fed.dp_event == central.dp_event
+
+
+def test_secure_aggregation_shares_are_independent_and_sum_to_the_central_draw() -> None:
+    rng = np.random.default_rng(3)
+    K, s, N = 5, 2.0, 200_000
+    central = s * rng.standard_normal(N)
+    shares = split_noise(central, s, K, rng)
+    np.testing.assert_allclose(shares.sum(axis=0), central, atol=1e-12)
+    cov = np.cov(shares)
+    # each share N(0, s^2/K): entries of the sample covariance have std ~ s^2/K sqrt(2/N)
+    tol = 6 * (s**2 / K) * math.sqrt(2 / N)
+    np.testing.assert_allclose(np.diag(cov), s**2 / K, atol=tol)
+    assert np.abs(cov[~np.eye(K, dtype=bool)]).max() < tol
+
+
+def test_local_noise_is_one_draw_per_client() -> None:
+    streams = np.random.default_rng(0).spawn(4)
+    noise = LocalNoise(streams).standard_normal(100_000)
+    assert noise.var() == pytest.approx(4.0, rel=6 * math.sqrt(2 / 100_000))
+    # it is exactly the sum of the clients' own draws
+    again = sum(s.standard_normal(3) for s in np.random.default_rng(0).spawn(4))
+    np.testing.assert_array_equal(LocalNoise(np.random.default_rng(0).spawn(4))
+                                  .standard_normal(3), again)
+
+
+def test_local_trust_spends_the_same_epsilon_with_more_noise(data: np.ndarray) -> None:
+    V = top_right_singular_vectors(ClippedRows.from_data(data, 1.0).materialize(), 2)
+    errs = {}
+    for trust in ("local", "secure-aggregation"):
+        fits = [fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=0.5,
+                                target_delta=1e-6, row_norm=1.0, seed=s, clients=BOUNDS,
+                                trust=trust) for s in range(6)]
+        assert all(f.epsilon <= 0.5 for f in fits)
+        errs[trust] = np.median([sin_theta(f.components, V) for f in fits])
+    assert errs["local"] > errs["secure-aggregation"]  # sqrt(4) = 2x the noise
+
+
+def test_noise_off_gives_the_exact_subspace_and_select_is_refused(data: np.ndarray) -> None:
+    V = top_right_singular_vectors(ClippedRows.from_data(data, 1.0).materialize(), 2)
+    res = fit_private_pca(data, 2, method="fixed", target_epsilon=1.0, target_delta=1e-6,
+                          row_norm=1.0, clients=BOUNDS, add_noise=False, clip_radius=np.inf,
+                          n_iter=30, seed=0)
+    assert sin_theta(res.components, V) < 1e-6
+    with pytest.raises(ValueError, match="cannot run federated"):
+        fit_private_pca(data, 2, method="select", target_epsilon=1.0, target_delta=1e-6,
+                        row_norm=1.0, clients=BOUNDS)
+    with pytest.raises(ValueError, match="client bounds"):
+        fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=1.0,
+                        target_delta=1e-6, row_norm=1.0, clients=[0, 10, 10, 4000])
+    with pytest.raises(ValueError, match="trust"):
+        fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=1.0,
+                        target_delta=1e-6, row_norm=1.0, clients=BOUNDS, trust="none")
