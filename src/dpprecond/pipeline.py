@@ -1,0 +1,201 @@
+"""Private features, then DP federated training, under one privacy ledger.
+
+The DP-FedSOFIM paper trains a linear head on 64-dimensional frozen features. Without a
+public feature extractor, :func:`run_pipeline` builds the features privately:
+
+1. the training data is split among the clients (as in :func:`dpprecond.fl.run_federated`);
+2. **federated private PCA** (:func:`dpprecond.pca.fit_private_pca` with ``clients=``) on
+   the clients' rows, with a share ``pca_share`` of the budget: every client adds its own
+   noise (``trust="local"``, no trusted party) or shares of it under secure aggregation;
+3. every record is projected on the released components and publicly rescaled,
+   ``z = V^T x sqrt(k) / row_norm`` (``V`` released, ``k`` and ``row_norm`` public: a
+   row-wise post-processing of the release and of the record itself);
+4. **DP federated training** on ``z`` with the rest of the budget, same clients, same
+   records.
+
+Privacy unit: one record of one client, replace-one adjacency, in both stages. Both
+stages release only unsampled Gaussian mechanisms (``analyze_gauss`` or ``fixed`` PCA,
+full-batch federated methods), so their composition is exactly one Gaussian mechanism
+whose precision ``1/z^2`` is the sum of theirs (GDP composition, also adaptive, Dong,
+Roth and Su 2019): the target's precision ``P`` (from dp_accounting) is split as
+``pca_share * P`` for the PCA and the rest for the training, each stage is calibrated to
+its share, and **one** :class:`~dpprecond.accounting.PrivacyLedger` records every release
+of both stages and reports the total per record from dp_accounting.
+
+``features="random:64"`` is the data-independent control: a fixed random feature map
+(:func:`dpprecond.features.random_features.random_fourier_features`, public seed), which
+costs nothing, so the whole budget goes to the training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from dpprecond._validation import (
+    SeedLike,
+    check_array,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_labels,
+    check_positive,
+    check_seed,
+)
+from dpprecond.accounting import PrivacyLedger, calibrate_noise, epsilon_of, gaussian
+from dpprecond.fl import ClientData, FLConfig, make_method, simulate
+from dpprecond.fl.engine import FLResult
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.partition import make_partition
+
+__all__ = ["PipelineResult", "parse_features", "run_pipeline", "split_budget"]
+
+PCA_METHODS = ("analyze_gauss", "fixed")
+
+
+def parse_features(text: str) -> tuple[str, int | None]:
+    """``"pixels"`` -> ``("pixels", None)``; ``"pca:64"`` / ``"random:64"`` -> kind, dim."""
+    kind, sep, dim = text.partition(":")
+    if kind == "pixels" and not sep:
+        return "pixels", None
+    if kind in ("pca", "random") and sep:
+        try:
+            k = int(dim)
+        except ValueError:
+            k = 0
+        if k >= 1:
+            return kind, k
+    raise ValueError(f"Unknown features={text!r}; expected 'pixels', 'pca:K' or 'random:K' "
+                     "with an integer K >= 1 (e.g. pca:64).")
+
+
+def split_budget(target_epsilon: float, target_delta: float,
+                 share: float) -> tuple[float, float]:
+    """``(epsilon_pca, epsilon_fl)`` whose Gaussian precisions add to the target's.
+
+    The target ``(epsilon, delta)`` is one Gaussian mechanism of precision ``P`` (exact
+    calibration); the PCA gets ``share * P`` and the training the rest. Both epsilons are
+    from dp_accounting at ``target_delta``.
+    """
+    z = calibrate_noise(gaussian, target_epsilon, target_delta, "pld")
+    precision = 1.0 / z**2
+    eps_pca = epsilon_of(gaussian((share * precision) ** -0.5), target_delta, "pld")
+    eps_fl = epsilon_of(gaussian(((1.0 - share) * precision) ** -0.5), target_delta, "pld")
+    return eps_pca, eps_fl
+
+
+@dataclass
+class PipelineResult:
+    """The training result, the features' description and the ledger of both stages."""
+
+    fl: FLResult
+    features: str
+    epsilon: float
+    delta: float
+    ledger: PrivacyLedger | None
+    pca_epsilon: float | None = None
+    components: np.ndarray | None = None
+
+    @property
+    def final_accuracy(self) -> float:
+        """Test accuracy after the last round."""
+        return self.fl.final_accuracy
+
+
+def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes: int, *,
+                 features: str = "pca:64", target_epsilon: float | None,
+                 target_delta: float = 1e-5, row_norm: float,
+                 pca_share: float = 0.2, pca_method: str = "analyze_gauss",
+                 pca_options: dict[str, Any] | None = None,
+                 trust: Literal["local", "secure-aggregation"] = "local",
+                 algorithm: str = "sofim-lagged", method_options: dict[str, Any] | None = None,
+                 n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
+                 alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
+                 accountant: Literal["pld", "rdp"] = "pld", seed: SeedLike = None,
+                 ledger: PrivacyLedger | None = None,
+                 progress: bool = False) -> PipelineResult:
+    """Private features, then DP federated training, one ledger (see the module docstring).
+
+    Parameters
+    ----------
+    X_train, y_train, X_test, y_test : array-like
+        Records (rows) and labels; ``X_test`` is public evaluation data.
+    n_classes : int
+        Number of classes.
+    features : str
+        ``"pca:K"`` (private federated PCA, ``K`` components), ``"random:K"`` (a fixed
+        random map, free) or ``"pixels"`` (the rows as they are).
+    target_epsilon : float or None
+        Total budget per record over both stages; ``None`` is a non-private run (exact PCA,
+        no noise).
+    target_delta : float
+        Delta of both stages and of the total.
+    row_norm : float
+        Public bound on the l2 norm of a training row (for the PCA and the rescaling).
+    pca_share : float in (0, 1)
+        Share of the budget's Gaussian precision spent on the PCA.
+    pca_method, pca_options, trust
+        The federated PCA (``"analyze_gauss"`` or ``"fixed"``) and its trust model.
+    algorithm, method_options
+        The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods).
+    n_clients, partition, alpha, n_rounds, clip_norm, accountant
+        Federation and training settings.
+    seed : None, int, SeedSequence or Generator
+        ``spawn(3)``: partition, PCA, training. ``None`` is fresh OS entropy.
+    ledger : PrivacyLedger, optional
+        A ledger to record both stages in (for example one that already holds other
+        releases on the same records); by default a new one capped at ``target_epsilon``.
+    progress : bool
+        Show a tqdm bar over the rounds.
+    """
+    kind, k = parse_features(features)
+    X_train = check_array("X_train", X_train)
+    X_test = check_array("X_test", X_test)
+    y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
+    n_clients = check_int("n_clients", n_clients, low=1, high=X_train.shape[0])
+    row_norm = check_positive("row_norm", row_norm)
+    pca_share = check_fraction("pca_share", pca_share, low_open=True)
+    check_choice("pca_method", pca_method, PCA_METHODS)
+    private = target_epsilon is not None and not math.isinf(target_epsilon)
+    if private and ledger is None:
+        ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
+    part_seq, pca_seq, fl_seq = check_seed(seed).spawn(3)
+    parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
+    data = ClientData.from_partition(X_train, y_train, parts, n_classes)
+
+    eps_pca, eps_fl, V = None, target_epsilon, None
+    if kind == "pca":
+        from dpprecond.pca import fit_private_pca
+
+        if private:
+            eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
+        pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
+                              target_epsilon=eps_pca, target_delta=target_delta,
+                              row_norm=row_norm, seed=pca_seq, ledger=ledger,
+                              clients=data.bounds, trust=trust, **(pca_options or {}))
+        V = pca.components
+        scale = math.sqrt(k) / row_norm
+        Z_train, Z_test = data.X @ V * scale, X_test @ V * scale
+        desc = (f"private federated PCA to {k} dims ({pca_method}, trust={trust}, "
+                f"{'pca_share=' + format(pca_share, 'g') if private else 'exact'})")
+    elif kind == "random":
+        from dpprecond.features.random_features import random_fourier_features
+
+        Z_train = random_fourier_features(data.X, k)
+        Z_test = random_fourier_features(X_test, k)
+        desc = f"random Fourier features to {k} dims (public seed, no budget)"
+    else:
+        Z_train, Z_test, desc = data.X, X_test, "the rows as they are"
+    train = ClientData(Z_train, data.y, data.bounds, n_classes)
+    level = {"target_epsilon": eps_fl} if private else {"noise_multiplier": 0.0}
+    config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
+                      accountant=accountant, **level)
+    method = make_method(algorithm, **(method_options or {}))
+    fl = simulate(LinearSoftmax(Z_train.shape[1], n_classes), train, method, config,
+                  X_test=Z_test, y_test=y_test, seed=fl_seq, ledger=ledger,
+                  progress=progress)
+    total = ledger.epsilon if ledger is not None else math.inf
+    return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca, V)
