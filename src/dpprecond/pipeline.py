@@ -98,6 +98,7 @@ class PipelineResult:
     ledger: PrivacyLedger | None
     pca_epsilon: float | None = None
     components: np.ndarray | None = None
+    test_features: np.ndarray | None = None
 
     @property
     def final_accuracy(self) -> float:
@@ -198,4 +199,4 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                   X_test=Z_test, y_test=y_test, seed=fl_seq, ledger=ledger,
                   progress=progress)
     total = ledger.epsilon if ledger is not None else math.inf
-    return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca, V)
+    return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca, V, Z_test)

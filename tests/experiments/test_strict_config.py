@@ -114,3 +114,24 @@ def test_tune_writes_the_tuned_file_next_to_the_config(tmp_path: Path, capsys) -
     assert cfg.tuned_from == "t" and cfg.output == tmp_path / "out"
     assert cfg.method("fedgd").params["learning_rate"] in (0.1, 0.3)
     assert f"dpprecond experiment run {tuned}" in capsys.readouterr().out
+
+
+def test_private_pca_features_run_through_the_runner(tmp_path: Path) -> None:
+    """A pca:K experiment: each run's PCA and training share one ledger; methods of a seed
+    see the same features (paired)."""
+    from dpprecond.experiments.runner import load_records, run_experiment
+
+    text = (BASE.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:8"\n'
+                         'pca_share = 0.3')
+            .replace("rounds = 2", "rounds = 3")
+            + '[methods.adam]\nalgorithm = "adam"\n')
+    cfg = parse(text, tmp_path)
+    assert cfg.pca == {"share": 0.3, "method": "analyze_gauss", "trust": "local"}
+    assert run_experiment(cfg, progress=False) == 2
+    recs = load_records(cfg, with_predictions=True)
+    for r in recs:
+        assert r["n_releases"] == 1 + 3  # the PCA's Gram release, then one per round
+        assert r["epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
+    with pytest.raises(ValueError, match="features"):
+        parse(BASE.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:0"'),
+              tmp_path)

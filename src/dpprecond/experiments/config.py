@@ -103,6 +103,7 @@ class ExperimentConfig:
     data: str
     report_dir: Path | None = None
     features: str = "pixels"
+    pca: dict[str, Any] = field(default_factory=dict)
     data_path: str | None = None
     checkpoint: str | None = None
     cache_dir: str | None = None
@@ -132,6 +133,16 @@ class ExperimentConfig:
             if m.label == label:
                 return m
         raise KeyError(f"No method {label!r}; known: {[m.label for m in self.methods]}")
+
+
+def _pca_settings(data: Any) -> dict[str, Any]:
+    """The PCA stage's settings of ``pca:K`` features (empty for other features)."""
+    if not data.features.startswith("pca:"):
+        return {}
+    out = {"share": float(data.pca_share), "method": data.pca_method, "trust": data.trust}
+    if data.row_norm is not None:
+        out["row_norm"] = float(data.row_norm)
+    return out
 
 
 def _eps(value: float | int | str) -> float | None:
@@ -190,7 +201,8 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
         report_dir = Path(base_dir) / report_dir
     data, fed, priv = doc.data, doc.federation, doc.privacy
     return ExperimentConfig(
-        name=doc.name, output=output, report_dir=report_dir, data=data.name, features=data.features,
+        name=doc.name, output=output, report_dir=report_dir, data=data.name,
+        features=data.features, pca=_pca_settings(data),
         data_path=data.path, checkpoint=data.checkpoint, cache_dir=data.cache_dir,
         clients=tuple(fed.clients), partitions=tuple(fed.partitions), alpha=float(fed.alpha),
         epsilons=tuple(_eps(e) for e in priv.epsilons), delta=float(priv.delta),
@@ -224,8 +236,11 @@ def run_id(spec: RunSpec) -> str:
 
 
 def _base(cfg: ExperimentConfig) -> RunSpec:
-    return {"data": cfg.data, "features": cfg.features, "alpha": cfg.alpha,
+    base = {"data": cfg.data, "features": cfg.features, "alpha": cfg.alpha,
             "delta": cfg.delta, "clip_norm": cfg.clip_norm, "accountant": cfg.accountant}
+    if cfg.pca:  # private PCA features: their settings determine the run
+        base["pca"] = dict(cfg.pca)
+    return base
 
 
 def expand_runs(cfg: ExperimentConfig, *, tuning: bool = False) -> list[RunSpec]:

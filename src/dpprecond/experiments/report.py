@@ -236,7 +236,8 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
     expected = expand_runs(cfg)
     _write_csv_json(out, recs)
     if y_test is None and recs:
-        y_test = (cache or DataCache(cfg)).get(cfg.data, cfg.features)[3]
+        base = "pixels" if cfg.features.split(":")[0] in ("pca", "random") else cfg.features
+        y_test = (cache or DataCache(cfg)).get(cfg.data, base)[3]
     settings: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         settings[_setting(r["spec"])].append(r)

@@ -102,10 +102,37 @@ def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: n
                     progress=progress)
 
 
+def _pipeline_run(spec: RunSpec, X_tr: np.ndarray, y_tr: np.ndarray, X_eval: np.ndarray,
+                  y_eval: np.ndarray, n_classes: int, sim_seq: np.random.SeedSequence,
+                  progress: bool) -> tuple[FLResult, np.ndarray, float, int]:
+    """``pca:K`` / ``random:K`` features: :func:`dpprecond.pipeline.run_pipeline`.
+
+    Every method of a seed gets the same partition and the same private features (their
+    randomness comes from the seed only), so methods stay paired.
+    """
+    from dpprecond.pipeline import run_pipeline
+
+    pca = spec.get("pca", {})
+    res = run_pipeline(X_tr, y_tr, X_eval, y_eval, n_classes, features=spec["features"],
+                       target_epsilon=spec["epsilon"], target_delta=float(spec["delta"]),
+                       row_norm=pca.get("row_norm", float(np.sqrt(X_tr.shape[1]))),
+                       pca_share=pca.get("share", 0.2),
+                       pca_method=pca.get("method", "analyze_gauss"),
+                       trust=pca.get("trust", "local"), algorithm=spec["algorithm"],
+                       method_options=dict(spec["params"]), n_clients=int(spec["clients"]),
+                       partition=spec["partition"], alpha=float(spec["alpha"]),
+                       n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
+                       accountant=spec["accountant"], seed=sim_seq, progress=progress)
+    releases = res.ledger.n_releases if res.ledger is not None else res.fl.n_releases
+    return res.fl, res.test_features, res.epsilon, releases
+
+
 def execute_run(spec: RunSpec, cache: DataCache, *,
                 progress: bool = False) -> tuple[dict[str, Any], np.ndarray]:
     """Run one spec; return its record and the final predictions on its evaluation set."""
-    X_tr, y_tr, X_te, y_te, n_classes = cache.get(spec["data"], spec["features"])
+    pipeline = spec["features"].split(":")[0] in ("pca", "random")
+    base = "pixels" if pipeline else spec["features"]
+    X_tr, y_tr, X_te, y_te, n_classes = cache.get(spec["data"], base)
     sim_seq, part_seq, val_seq = np.random.SeedSequence(int(spec["seed"])).spawn(3)
     if spec.get("evaluation", "test") == "validation":
         tr, va = validation_split(y_tr, float(spec["validation_fraction"]),
@@ -113,21 +140,26 @@ def execute_run(spec: RunSpec, cache: DataCache, *,
         X_tr, y_tr, X_eval, y_eval = X_tr[tr], y_tr[tr], X_tr[va], y_tr[va]
     else:
         X_eval, y_eval = X_te, y_te
-    parts = make_partition(y_tr, int(spec["clients"]), spec["partition"],
-                           float(spec["alpha"]), np.random.default_rng(part_seq))
-    data = ClientData.from_partition(X_tr, y_tr, parts, n_classes)
-    model = LinearSoftmax(X_tr.shape[1], n_classes)
     start = time.perf_counter()
-    result = _run_method(spec, model, data, X_eval, y_eval, sim_seq, progress)
+    if pipeline:
+        result, X_eval, eps, releases = _pipeline_run(spec, X_tr, y_tr, X_eval, y_eval,
+                                                      n_classes, sim_seq, progress)
+    else:
+        parts = make_partition(y_tr, int(spec["clients"]), spec["partition"],
+                               float(spec["alpha"]), np.random.default_rng(part_seq))
+        data = ClientData.from_partition(X_tr, y_tr, parts, n_classes)
+        result = _run_method(spec, LinearSoftmax(X_tr.shape[1], n_classes), data, X_eval,
+                             y_eval, sim_seq, progress)
+        eps, releases = result.epsilon, result.n_releases
     seconds = time.perf_counter() - start
+    model = LinearSoftmax(X_eval.shape[1], n_classes)
     pred = np.argmax(model.logits(result.params, X_eval), axis=1).astype(np.int16)
-    eps = result.epsilon
     record = {"id": run_id(spec), "spec": spec,
               "final_accuracy": result.final_accuracy,
               "accuracy": [h["test_accuracy"] for h in result.history],
               "noise_multiplier": result.noise_multiplier,
               "epsilon_spent": None if math.isinf(eps) else eps,
-              "n_releases": result.n_releases,
+              "n_releases": releases,
               "seconds": seconds}
     return record, pred
 
@@ -219,7 +251,8 @@ def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: boo
 
     if jobs > 1 and len(todo) > 1:
         for key in dict.fromkeys((s["data"], s["features"]) for s in todo):
-            cache.get(*key)  # load once in the parent; forked workers share it
+            feats = "pixels" if key[1].split(":")[0] in ("pca", "random") else key[1]
+            cache.get(key[0], feats)  # load once in the parent; forked workers share it
         pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_init_worker,
                                    initargs=(cache, os.getpid()))
         try:

@@ -51,10 +51,25 @@ class DataTable(_Table):
     """``[data]``: which dataset and which fixed features."""
 
     name: Literal["digits", "fashion-mnist", "cifar10", "pathmnist"]
-    features: Literal["pixels", "resnet20"] = "pixels"
+    features: StrictStr = "pixels"
+    pca_share: Annotated[Number, Field(gt=0, lt=1)] = 0.2
+    pca_method: Literal["analyze_gauss", "fixed"] = "analyze_gauss"
+    trust: Literal["local", "secure-aggregation"] = "local"
+    row_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     path: StrictStr | None = None
     checkpoint: StrictStr | None = None
     cache_dir: StrictStr | None = None
+
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, value: str) -> str:
+        if value == "resnet20":
+            return value
+        from dpprecond.pipeline import parse_features
+
+        parse_features(value)
+        return value
 
 
 class FederationTable(_Table):
