@@ -228,7 +228,7 @@ def check_array(name: str, value: Any, *, ndim: int | None = 2, min_rows: int = 
         _refuse_dtype(name, src.dtype)
     try:
         with np.errstate(over="ignore"):  # reported below as values beyond the range
-            arr = np.array(src, dtype=dtype, copy=copy or None)
+            arr: np.ndarray = np.array(src, dtype=dtype, copy=copy or None)
     except OverflowError as exc:
         raise ValueError(f"{name} holds a number too large for {np.dtype(dtype).name} ({exc}); "
                          "rescale the data first.") from None
@@ -350,7 +350,7 @@ def check_random_state(seed: Any) -> np.random.Generator:
     if seed is None or isinstance(seed, (numbers.Integral, np.random.SeedSequence)):
         if isinstance(seed, numbers.Integral) and int(seed) < 0:
             raise ValueError(f"Expected random_state >= 0, got random_state={seed}.")
-        return np.random.default_rng(seed)
+        return np.random.default_rng(seed)  # type: ignore[arg-type]
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, np.random.RandomState):

@@ -152,7 +152,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     progress : bool
         Show a tqdm bar over the rounds.
     """
-    kind, k = parse_features(features)
+    kind, dim = parse_features(features)
+    k = int(dim or 0)
     X_train = check_array("X_train", X_train)
     X_test = check_array("X_test", X_test)
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
@@ -172,6 +173,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         from dpprecond.pca import fit_private_pca
 
         if private:
+            assert target_epsilon is not None
             eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
         pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
                               target_epsilon=eps_pca, target_delta=target_delta,

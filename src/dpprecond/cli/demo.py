@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo."""
     from dpprecond.cli.pca import PRIVATE_METHODS, format_table, load_pca_matrix, run_pca_table
 
-    X, row_norm, desc = load_pca_matrix("digits")
+    X, bound, desc = load_pca_matrix("digits")
+    row_norm = float(bound) if bound is not None else 8.0  # digits: sqrt(64)
     print(f"== Private top-5 PCA of {desc}: rows of pixels in [0, 1], public row-norm bound "
           f"sqrt(64) = {row_norm:g}, delta = 1e-6 ==")
     records = run_pca_table(X, 5, list(PRIVATE_METHODS), DEMO_EPSILONS, 1e-6, row_norm,

@@ -76,7 +76,7 @@ def _epsilon(text: str) -> float:
             f"--epsilon expects a number or 'inf' (non-private), got {text!r}") from None
 
 
-def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict[str, float]:
+def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict[str, Any]:
     """FLConfig's privacy arguments from the command line.
 
     ``--epsilon inf`` is the explicit non-private run (``noise_multiplier=0``); with neither
@@ -84,7 +84,7 @@ def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict
     """
     if epsilon is None and noise_multiplier is None:
         return {"target_epsilon": 1.0}
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     if epsilon is not None:
         if math.isinf(epsilon):
             out["noise_multiplier"] = 0.0
@@ -369,7 +369,8 @@ def run_demo(seed: int = 0) -> None:
           "lr 0.1, beta 0.9, rho 0.5, delta 1e-5 (RDP accountant); final test accuracy")
     print(f"{'epsilon':>10} " + " ".join(f"{a:>15}" for a in algorithms))
     for eps in (2.0, 8.0, None):
-        level = {"noise_multiplier": 0.0} if eps is None else {"target_epsilon": eps}
+        level: dict[str, Any] = ({"noise_multiplier": 0.0} if eps is None
+                                 else {"target_epsilon": eps})
         config = FLConfig(n_rounds=40, accountant="rdp", **level)
         accs = [run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                               algorithm=a, n_clients=5, config=config,

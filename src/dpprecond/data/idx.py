@@ -77,7 +77,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"{path}: truncated IDX header ({ndim} dimensions need {offset} header "
                          f"bytes, the file has {len(raw)}); fetch the file again.")
     shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])  # type: ignore[call-overload]
     expected = math.prod(shape) * dtype.itemsize  # exact: Python ints, no overflow
     found = len(raw) - offset
     if found < expected:

@@ -75,13 +75,14 @@ def accuracy_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
                 row.append("not run")
                 continue
             text = _fmt(v, len(cfg.seeds))
-            row.append(f"**{text}**" if best[e] is not None and np.isclose(np.mean(v), best[e])
+            top = best[e]
+            row.append(f"**{text}**" if top is not None and np.isclose(np.mean(v), top)
                        else text)
         lines.append(f"| {m.label} | " + " | ".join(row) + " |")
     return lines
 
 
-def _mean_curves(recs: list[dict[str, Any]]) -> dict[tuple[str, Any], tuple[np.ndarray, ...]]:
+def _mean_curves(recs: list[dict[str, Any]]) -> dict[tuple[str, Any], tuple[Any, ...]]:
     curves: dict[tuple[str, Any], list[list[float]]] = defaultdict(list)
     for r in recs:
         curves[(r["spec"]["method"], r["spec"]["epsilon"])].append(r["accuracy"])
@@ -183,7 +184,7 @@ def _final_accuracy_series(cfg: ExperimentConfig, recs: list[dict[str, Any]],
 def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[str, Any]]],
              out: Path) -> list[Path]:
     paths = []
-    vs_eps: dict[str, dict[str, tuple[list[float], list[float], list[float]]]] = {}
+    vs_eps: dict[str, dict[str, tuple[Any, ...]]] = {}
     private = [e for e in cfg.epsilons if e is not None]
     for setting, recs in sorted(settings.items()):
         title = _setting_title(cfg, setting)
@@ -283,7 +284,9 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
             lines += [*_rounds_table(cfg, srecs), ""]
         refs = [cfg.reference] + [m.label for m in cfg.methods if m.label != cfg.reference
                                   and m.algorithm.startswith("sofim")]
-        for ref in refs if y_test is not None else []:
+        for ref in refs:
+            if y_test is None:
+                break
             lines += [f"Exact McNemar test of `{ref}` against each method on the "
                       f"final test predictions, per seed: ↑ = seeds where `{ref}` is "
                       "significantly better (p < 0.05), ↓ = significantly worse, "

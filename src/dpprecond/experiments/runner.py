@@ -124,6 +124,8 @@ def _pipeline_run(spec: RunSpec, X_tr: np.ndarray, y_tr: np.ndarray, X_eval: np.
                        n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
                        accountant=spec["accountant"], seed=sim_seq, progress=progress)
     releases = res.ledger.n_releases if res.ledger is not None else res.fl.n_releases
+    if res.test_features is None:  # pragma: no cover - run_pipeline always sets them
+        raise RuntimeError("run_pipeline returned no test features")
     return res.fl, res.test_features, res.epsilon, releases
 
 
@@ -172,7 +174,10 @@ def _save_run(runs_dir: Path, record: dict[str, Any], pred: np.ndarray) -> None:
     """
     rid = record["id"]
     atomic_write(runs_dir / f"{rid}.npy", lambda fh: np.save(fh, pred))
-    atomic_write(runs_dir / f"{rid}.json", lambda fh: fh.write(json.dumps(record).encode()))
+    def write_json(fh: Any) -> None:
+        fh.write(json.dumps(record).encode())
+
+    atomic_write(runs_dir / f"{rid}.json", write_json)
 
 
 _WORKER_CACHE: DataCache | None = None

@@ -56,7 +56,7 @@ def array_digest(*arrays: np.ndarray) -> str:
     for a in arrays:
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
+        h.update(a.tobytes())
     return h.hexdigest()
 
 
@@ -104,8 +104,10 @@ def save_cached(cache_dir: Path, fields: Mapping[str, Any], arrays: Mapping[str,
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, fields=np.array(json.dumps(dict(fields), sort_keys=True)),
-                     **{k: np.asarray(v, dtype=dtype) for k, v in arrays.items()})
+            members: dict[str, np.ndarray] = {k: np.asarray(v, dtype=dtype)
+                                              for k, v in arrays.items()}
+            members["fields"] = np.array(json.dumps(dict(fields), sort_keys=True))
+            np.savez(fh, **members)  # type: ignore[arg-type]
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -101,7 +101,8 @@ def _resnet20_features(dataset: Dataset, checkpoint: str | os.PathLike | None,
         "image_shape": [int(s) for s in shape],
         "checkpoint_sha256": _cache.file_sha256(ckpt),
     }
-    shapes = {"X_train": (fields["n_train"], 64), "X_test": (fields["n_test"], 64)}
+    shapes = {"X_train": (int(dataset.X_train.shape[0]), 64),
+              "X_test": (int(dataset.X_test.shape[0]), 64)}
     cdir = None
     if use_cache:
         cdir = _cache.default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()

@@ -188,5 +188,7 @@ def resolve_scale(schedule: Schedule, config: FLConfig) -> float:
             logger.warning("noise_multiplier=0: a non-private run, with no privacy "
                            "guarantee.")
         return float(config.noise_multiplier)
+    if config.target_epsilon is None:
+        raise ValueError("Give target_epsilon or noise_multiplier (FLConfig.validated()).")
     return calibrate(schedule, float(config.target_epsilon), float(config.target_delta),
                      config.accountant)

@@ -98,7 +98,8 @@ def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
     tree = _encode(payload, arrays)
     meta = json.dumps({"format": _FORMAT, "tree": tree})
     remove_stale_temps(path.parent)
-    atomic_write(path, lambda fh: np.savez(fh, __meta__=np.array(meta), **arrays))
+    members = {**arrays, "__meta__": np.array(meta)}
+    atomic_write(path, lambda fh: np.savez(fh, **members))  # type: ignore[arg-type]
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -52,14 +53,14 @@ __all__ = [
 ]
 
 
-def stream(root: np.random.SeedSequence, round_index: int, client: int) -> np.random.Generator:
+def stream(root: Any, round_index: int, client: int) -> Any:
     """The generator of (``round_index``, ``client``): spawn key ``root.spawn_key + (t, i)``.
 
     In secure mode (``root`` a :class:`dpprecond.secure.SecureRoot`) every stream is a
     :class:`dpprecond.secure.SecureGenerator` instead.
     """
     if isinstance(root, SecureRoot):
-        return SecureGenerator()  # type: ignore[return-value]
+        return SecureGenerator()
     seq = np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, round_index, client),
                                  pool_size=root.pool_size)
     return np.random.default_rng(seq)

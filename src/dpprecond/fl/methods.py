@@ -36,7 +36,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -219,7 +219,8 @@ class LocalStepsMethod(Method):
             c_new = c_i - c - delta_y / (self.local_steps * self.local_lr)
             delta_c = c_new - c_i
             c_i = c_new
-        update, server_state = self.server.update((delta_y, delta_c), server_state, params)
+        update, server_state = self.server.update((delta_y, delta_c),  # type: ignore[arg-type]
+                                                  server_state, params)
         return update, (server_state, c_i)
 
 
@@ -323,8 +324,8 @@ class CovarianceMethod(Method):
             x_sq_norms=run.x_sq_norms)
         run.release(round_event(z))
         setup, server_state = state
-        update, server_state = self._server(setup, run.model.n_classes).update(
-            U, server_state, params)
+        n_classes = run.data.n_classes
+        update, server_state = self._server(setup, n_classes).update(U, server_state, params)
         return update, (setup, server_state)
 
 
@@ -333,19 +334,22 @@ class CovarianceMethod(Method):
 
 def _fedgd(learning_rate: float = 0.1, momentum: float = 0.0,
            weight_decay: float = 0.0) -> Method:
-    opts = dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
-    return GradientMethod(server_mod.sgd(**opts), "fedgd", opts)
+    return GradientMethod(server_mod.sgd(learning_rate, momentum, weight_decay), "fedgd",
+                          dict(learning_rate=learning_rate, momentum=momentum,
+                               weight_decay=weight_decay))
 
 
-def _sofim_factory(name: str, precondition: str, lagged: bool) -> Callable[..., Method]:
+def _sofim_factory(name: str, precondition: Literal["gradient", "momentum"],
+                   lagged: bool) -> Callable[..., Method]:
     def factory(learning_rate: float = 0.1, beta: float = 0.9, rho: float = 0.5,
                 bias_correction: bool = True, warmup_rounds: int = 0,
                 weight_decay: float = 0.0) -> Method:
-        opts = dict(learning_rate=learning_rate, beta=beta, rho=rho,
-                    bias_correction=bias_correction, warmup_rounds=warmup_rounds,
-                    weight_decay=weight_decay)
-        return GradientMethod(server_mod.sofim(**opts, precondition=precondition,
-                                               lagged=lagged), name, opts)
+        opts: dict[str, Any] = dict(learning_rate=learning_rate, beta=beta, rho=rho,
+                                    bias_correction=bias_correction,
+                                    warmup_rounds=warmup_rounds, weight_decay=weight_decay)
+        transform = server_mod.sofim(learning_rate, beta, rho, precondition, bias_correction,
+                                     warmup_rounds, weight_decay, lagged)
+        return GradientMethod(transform, name, opts)
 
     factory.__name__ = name.replace("-", "_")
     return factory

@@ -216,6 +216,8 @@ class LinearSoftmax:
             with np.errstate(over="ignore", invalid="ignore"):
                 L = self.logits(params, X)
         else:
+            if bounds is None:
+                raise ValueError("Per-client parameters need the client bounds.")
             L = np.empty((n, self.n_classes), dtype=np.result_type(X, params))
             with np.errstate(over="ignore", invalid="ignore"):
                 for i in range(len(bounds) - 1):
@@ -237,7 +239,7 @@ class LinearSoftmax:
         shifted = np.zeros((idx.size, self.n_classes))
         failed = np.zeros(idx.size, dtype=bool)
         if idx.size:
-            owner = (np.zeros(idx.size, dtype=np.int64) if params.ndim == 1
+            owner = (np.zeros(idx.size, dtype=np.int64) if bounds is None or params.ndim == 1
                      else np.searchsorted(bounds, idx, side="right") - 1)
             Ws = (self._unflatten(params)[None] if params.ndim == 1
                   else params.reshape(-1, self.n_features + 1, self.n_classes))

@@ -128,7 +128,7 @@ def sherman_morrison_apply(m: np.ndarray, v: np.ndarray, rho: float) -> np.ndarr
 class SofimState(NamedTuple):
     """Round counter and the EMA ``M_t`` of the aggregated gradients."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as in optax
     momentum: np.ndarray
 
 
@@ -198,7 +198,7 @@ def scale_by_sofim(beta: float = 0.9, rho: float = 0.5,
 class AdamState(NamedTuple):
     """Round counter, first and second moments."""
 
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as in optax
     mu: np.ndarray
     nu: np.ndarray
 
@@ -297,7 +297,7 @@ def make_optimizer(algorithm: str, learning_rate: float | None = None,
     ``learning_rate=None`` uses the optimizer's default; ``kwargs`` go to the factory.
     """
     check_choice("algorithm", algorithm, ALGORITHMS)
-    lr = {} if learning_rate is None else {"learning_rate": learning_rate}
+    lr: dict[str, Any] = {} if learning_rate is None else {"learning_rate": learning_rate}
     if algorithm == "fedgd":
         return sgd(**lr, **kwargs)
     if algorithm == "sofim":
@@ -334,7 +334,7 @@ def scaffold_server(global_lr: float = 1.0,
     def init(params: np.ndarray) -> ScaffoldState:
         return ScaffoldState(np.zeros_like(params))
 
-    def update(messages: tuple[np.ndarray, np.ndarray | None], state: ScaffoldState,
+    def update(messages: Any, state: ScaffoldState,
                params: np.ndarray) -> tuple[np.ndarray, ScaffoldState]:
         delta_y, delta_c = messages
         control = state.control

@@ -312,7 +312,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                         Z -= rows.t_times(Y)
                     else:
                         D = (Y3[hit] * excess[hit][:, :, None]).reshape(hit.size, m * k)
-                        Ah = rows.rows(hit) if full else block[hit]
+                        Ah = rows.rows(hit) if block is None else block[hit]
                         Z -= Ah.T @ D
             for j, i in enumerate(live):
                 tr = trials[i]

@@ -35,7 +35,7 @@ def _residual(X: np.ndarray, V: np.ndarray) -> np.ndarray:
 
 def sin_theta(X: np.ndarray, V: np.ndarray) -> float:
     """Spectral sin-theta distance ``||(I - X X^T) V||_2`` (largest principal angle's sine)."""
-    return float(min(1.0, np.linalg.norm(_residual(X, V), 2)))
+    return min(1.0, float(np.linalg.norm(_residual(X, V), 2)))
 
 
 def sin_theta_frobenius(X: np.ndarray, V: np.ndarray) -> float:
