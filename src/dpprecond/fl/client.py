@@ -72,6 +72,16 @@ def round_generators(root: np.random.SeedSequence, round_index: int,
     return [stream(root, round_index, i) for i in range(n_clients)]
 
 
+def _fp(model: FLModel, X: np.ndarray, bounds: np.ndarray) -> float:
+    """``1 +`` the model's bound on the rounding of a client's clipped sum, relative to the
+    sensitivity (:func:`dpprecond.fl.kernels.rounding_slack`); noise stds are multiplied
+    by it so that the computed sums meet the accounted sensitivity."""
+    slack = getattr(model, "rounding_slack", None)
+    if slack is None or len(bounds) < 2:
+        return 1.0
+    return 1.0 + slack(int(np.diff(bounds).max(initial=1)), X.dtype)
+
+
 def _add_noise(S: np.ndarray, std: float, rngs: list[np.random.Generator]) -> np.ndarray:
     if std > 0:
         for i, rng in enumerate(rngs):  # each client draws from its own stream
@@ -91,7 +101,9 @@ def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
     """
     sizes = np.diff(bounds).astype(np.float64)
     S = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
-    S = _add_noise(S, noise_multiplier * 2.0 * clip_norm if noise_multiplier else 0.0, rngs)
+    std = noise_multiplier * 2.0 * clip_norm * _fp(model, X, bounds) if noise_multiplier \
+        else 0.0
+    S = _add_noise(S, std, rngs)
     return S / sizes[:, None]
 
 
@@ -110,7 +122,7 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     sizes = np.diff(bounds)
     expected = sampling_rate * sizes.astype(np.float64)
     Y = np.tile(params, (n_clients, 1))
-    std = noise_multiplier * clip_norm if noise_multiplier else 0.0
+    std = noise_multiplier * clip_norm * _fp(model, X, bounds) if noise_multiplier else 0.0
     for _ in range(local_steps):
         if sampling_rate < 1.0:
             mask = np.concatenate([rng.random(int(m)) < sampling_rate
@@ -146,8 +158,9 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
         D = (params - Y) / (local_lr * local_steps)
     D = clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
     total = D.sum(axis=0)
-    if noise_multiplier:
-        std = noise_multiplier * 2.0 * clip_norm
+    if noise_multiplier:  # the sum of K clipped updates: rounding below gamma_K K C
+        u = 2.0**-53
+        std = noise_multiplier * 2.0 * clip_norm * (1.0 + n_clients * n_clients * u)
         total = release(total, std * server_rng.standard_normal(total.shape[0]), std,
                         server_rng)
     return total / n_clients
@@ -172,7 +185,8 @@ def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.n
     """
     n_clients = len(bounds) - 1
     sizes = np.diff(bounds).astype(np.float64)[:, None]
-    std = 2.0 * noise_multiplier * clip_norm if noise_multiplier else 0.0
+    std = 2.0 * noise_multiplier * clip_norm * _fp(model, X, bounds) if noise_multiplier \
+        else 0.0
     Y = np.tile(params, (n_clients, 1))
     for _ in range(local_steps):
         S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)

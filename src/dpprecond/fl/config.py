@@ -49,6 +49,12 @@ class FLConfig:
         Aggregation weights (uniform, as the authors, or by client size).
     accountant : {"pld", "rdp"}
         dp_accounting accountant used for calibration and reported epsilons.
+    precision : {"float64", "float32"}
+        Precision of the records for the forward pass (the records are rounded to
+        float32 once, a per-record map, and read at half the memory traffic). The clipped
+        sums are float64 in both cases, with the noise inflated by the bound on their
+        rounding (:func:`dpprecond.fl.kernels.rounding_slack`), so the guarantee is the
+        same.
 
     Every field is public (it describes the mechanism, not the data).
     """
@@ -64,6 +70,7 @@ class FLConfig:
     local_lr: float = 0.1
     weighting: Literal["uniform", "size"] = "uniform"
     accountant: Literal["pld", "rdp"] = "pld"
+    precision: Literal["float64", "float32"] = "float64"
 
     def validated(self) -> FLConfig:
         """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
@@ -77,6 +84,7 @@ class FLConfig:
         check_positive("local_lr", self.local_lr)
         check_choice("weighting", self.weighting, ("uniform", "size"))
         check_choice("accountant", self.accountant, ("pld", "rdp"))
+        check_choice("precision", self.precision, ("float64", "float32"))
         private = self.target_epsilon is not None or bool(self.noise_multiplier)
         if private and math.isinf(self.clip_norm):
             raise ValueError("A private run needs a finite clip_norm (the sensitivity is "

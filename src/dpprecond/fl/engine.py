@@ -237,9 +237,11 @@ def simulate(model: FLModel, data: ClientData,
         if ledger is not None:
             ledger.spend(event, count)
 
+    X_run = data.X if config.precision == "float64" else data.X.astype(np.float32)
     run = RunContext(model, data, config, multipliers, noise_root, setup_root, release,
-                     x_sq_norms=np.einsum("ij,ij->i", data.X, data.X),  # constant over rounds
-                     weights=client_weights(data.sizes, config.weighting))
+                     x_sq_norms=np.einsum("ij,ij->i", X_run, X_run,  # constant over rounds
+                                          dtype=np.float64),
+                     weights=client_weights(data.sizes, config.weighting), X=X_run)
     history: list[dict[str, float]] = []
     if resume is None:
         params = model.init_params(np.random.default_rng(init_seq))

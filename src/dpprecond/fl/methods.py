@@ -65,7 +65,9 @@ class RunContext:
 
     ``release(event, count)`` records releases in the run's ledger; ``multipliers`` holds
     the calibrated noise multipliers (``z``; or ``z_cov`` and ``z_grad``); ``noise_root``
-    and ``setup_root`` are the seed sequences of the per-(round, client) streams.
+    and ``setup_root`` are the seed sequences of the per-(round, client) streams. ``X`` is
+    the array the gradient passes read (``data.X``, or its float32 copy with
+    ``config.precision="float32"``); ``x_sq_norms`` are its squared row norms in float64.
     """
 
     model: FLModel
@@ -77,6 +79,7 @@ class RunContext:
     release: Callable[..., None]
     x_sq_norms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    X: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 class Method:
@@ -134,19 +137,19 @@ class GradientMethod(Method):
         K = data.n_clients
         rngs = client_mod.round_generators(run.noise_root, t, K + 1)
         if cfg.mechanism == "full-batch":
-            U = client_mod.full_batch_messages(run.model, params, data.X, data.y, data.bounds,
+            U = client_mod.full_batch_messages(run.model, params, run.X, data.y, data.bounds,
                                                cfg.clip_norm, z, rngs[:K],
                                                x_sq_norms=run.x_sq_norms)
             G = run.weights @ U
         elif cfg.mechanism == "poisson":
             U = client_mod.poisson_local_messages(
-                run.model, params, data.X, data.y, data.bounds, cfg.clip_norm, z, rngs[:K],
+                run.model, params, run.X, data.y, data.bounds, cfg.clip_norm, z, rngs[:K],
                 sampling_rate=cfg.sampling_rate, local_steps=cfg.local_steps,
                 local_lr=cfg.local_lr)
             G = run.weights @ U
         else:
             G = client_mod.client_level_aggregate(
-                run.model, params, data.X, data.y, data.bounds, cfg.clip_norm, z, rngs[K],
+                run.model, params, run.X, data.y, data.bounds, cfg.clip_norm, z, rngs[K],
                 local_steps=cfg.local_steps, local_lr=cfg.local_lr)
         run.release(round_event(z, cfg.mechanism, sampling_rate=cfg.sampling_rate,
                                 local_steps=cfg.local_steps))
@@ -208,7 +211,7 @@ class LocalStepsMethod(Method):
         K, z = run.data.n_clients, run.multipliers["z"]
         correction = (c - c_i) if self.control_variates else None
         delta_y = client_mod.local_step_deltas(
-            run.model, params, run.data.X, run.data.y, run.data.bounds, run.config.clip_norm,
+            run.model, params, run.X, run.data.y, run.data.bounds, run.config.clip_norm,
             z, client_mod.round_generators(run.noise_root, t, K),
             local_steps=self.local_steps, local_lr=self.local_lr, correction=correction,
             x_sq_norms=run.x_sq_norms)
@@ -319,7 +322,7 @@ class CovarianceMethod(Method):
               state: Any) -> tuple[np.ndarray, Any]:
         data, z = run.data, run.multipliers["z_grad"]
         U = client_mod.full_batch_messages(
-            run.model, params, data.X, data.y, data.bounds, run.config.clip_norm, z,
+            run.model, params, run.X, data.y, data.bounds, run.config.clip_norm, z,
             client_mod.round_generators(run.noise_root, t, data.n_clients),
             x_sq_norms=run.x_sq_norms)
         run.release(round_event(z))

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from dpprecond.clipping import SHRINK, clip_to_radius, safe_row_norms
+from dpprecond.fl.kernels import clipped_sums, rounding_slack
 
 __all__ = [
     "FLModel",
@@ -257,6 +258,37 @@ class LinearSoftmax:
                           x_sq_norms: np.ndarray | None = None) -> np.ndarray:
         """Per-client sums of clipped per-example gradients, shape (K, n_params).
 
+        One pass over ``X`` (:func:`dpprecond.fl.kernels.clipped_sums`: logits, residuals,
+        clip factors and the client's ``X_b^T R_b`` while a block of rows is in cache);
+        ``X`` may be float64 or float32 (the products then run in float32, the sums are
+        float64; see the kernel's rounding bound). Records the fast path cannot handle
+        (huge entries, overflowing logits) go through the overflow-safe path
+        (:meth:`clipped_grad_sums_safe`).
+        """
+        if x_sq_norms is None:
+            x_sq_norms = np.einsum("ij,ij->i", X, X, dtype=np.float64)
+        W = params.reshape(-1, self.n_features + 1, self.n_classes)
+        out, hard = clipped_sums(X, y, W[0] if params.ndim == 1 else W, bounds, clip_norm,
+                                 x_sq_norms)
+        if hard.size:  # rare: a hostile or extreme record
+            owner = np.searchsorted(bounds, hard, side="right") - 1
+            K = len(bounds) - 1
+            counts = np.bincount(owner, minlength=K)
+            sub_bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
+            Xh = np.asarray(X[hard], dtype=np.float64)
+            sub = self.clipped_grad_sums_safe(params, Xh, y[hard], sub_bounds, clip_norm)
+            out += sub.reshape(out.shape)
+        return out.reshape(len(bounds) - 1, self.n_params)
+
+    def rounding_slack(self, max_client_rows: int, dtype: Any = np.float64) -> float:
+        """Relative excess of a computed clipped sum over ``2C`` (see the kernel)."""
+        return rounding_slack(int(max_client_rows), dtype)
+
+    def clipped_grad_sums_safe(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                               bounds: np.ndarray, clip_norm: float, *,
+                               x_sq_norms: np.ndarray | None = None) -> np.ndarray:
+        """The overflow-safe reference of :meth:`clipped_grad_sums`, shape (K, n_params).
+
         Cost: one forward product ``X W`` (all clients at once when ``params`` is shared)
         and one product ``X_i^T R_i`` per client on contiguous row blocks, whose total is
         one ``X^T R``; the per-example norms come from ``||x~|| ||r||`` in O(n (d + k)).
@@ -400,6 +432,12 @@ class TorchModel:
                           y: np.ndarray) -> np.ndarray:
         """Per-example gradients from ``torch.func``, shape (n, n_params)."""
         return self._per_example(params, X, y)
+
+    def rounding_slack(self, max_client_rows: int, dtype: Any = np.float64) -> float:
+        """Relative excess of a computed clipped sum over ``2C``: one float64 sum of
+        ``max_client_rows`` clipped gradients (see :mod:`dpprecond.fl.kernels`)."""
+        return rounding_slack(int(max_client_rows), np.float64,
+                              block_rows=int(max_client_rows))
 
     def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                           bounds: np.ndarray, clip_norm: float, *,
