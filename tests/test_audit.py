@@ -191,7 +191,7 @@ def test_selection_pair_moves_the_score_by_one_over_h() -> None:
 
 def test_audit_pca_selection_score() -> None:
     case = audit_cases.selection_case(CLAIM, DELTA)
-    res = audit(case.mechanism, case.pair, n_runs=400, delta=DELTA, batch=False,
+    res = audit(case.mechanism, case.pair, n_runs=300, delta=DELTA, batch=False,
                 claimed_epsilon=case.claimed_epsilon, seed=3)
     _check(res, case)
 
@@ -207,7 +207,7 @@ def test_fl_message_pair_reaches_2C() -> None:
     bounds = np.array([0, 4])
     U = [full_batch_messages(model, params, X, labels, bounds, 1.0, 0.0, [])[0]
          for labels in (y, y2)]
-    assert np.linalg.norm(U[0] - U[1]) * 4 == pytest.approx(2.0, rel=1e-9)  # 2C / |D_i|
+    assert np.linalg.norm(U[0] - U[1]) * 4 == pytest.approx(2.0, rel=1e-8)  # 2C SHRINK / |D_i|
 
 
 def test_audit_fl_message() -> None:
@@ -227,7 +227,7 @@ def test_audit_fl_run() -> None:
     once = simulate(case.info["model"], case.pair[0], sgd(case.info["learning_rate"]),
                     case.info["config"], X_test=X, y_test=y, seed=5)
     assert once.epsilon == pytest.approx(case.claimed_epsilon, rel=1e-12)  # what it reports
-    res = audit(case.mechanism, case.pair, n_runs=2000, delta=DELTA, batch=False,
+    res = audit(case.mechanism, case.pair, n_runs=1000, delta=DELTA, batch=False,
                 claimed_epsilon=case.claimed_epsilon, seed=5)
     _check(res, case)
 
