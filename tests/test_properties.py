@@ -191,10 +191,11 @@ finite_float = st.one_of(st.floats(allow_nan=False, allow_infinity=False),
 
 @st.composite
 def numeric_matrices(draw: Any, max_rows: int = 10, max_cols: int = 4,
-                     finite: bool = False) -> np.ndarray:
-    """2-D arrays of numeric dtypes (float64/32, ints, bool), any shape up to the bounds."""
+                     finite: bool = False, cols: list[int] | None = None) -> np.ndarray:
+    """2-D arrays of numeric dtypes (float64/32, ints, bool), any shape up to the bounds
+    (or a column count drawn from ``cols``)."""
     n = draw(st.integers(0, max_rows))
-    d = draw(st.integers(0, max_cols))
+    d = draw(st.integers(0, max_cols) if cols is None else st.sampled_from(cols))
     dtype = draw(st.sampled_from(["float64", "float64", "float32", "int64", "int8", "uint8",
                                   "bool"]))
     if dtype == "float64":
@@ -348,19 +349,33 @@ def test_fit_centering_modes(method: str, center: Any, scale: float) -> None:
         check_result(res, X, 2, method, _eps_for(method), 1e-5, 4.0 * scale)
 
 
-OPTION_VALUES = st.sampled_from([0, 1, 2, 3, -1, 0.0, 0.5, 1.0, 1.5, 64, 1e-300, 1e300,
-                                 math.inf, math.nan, True, False, None, "x", "refine",
-                                 "random", "private", "pld", [], [0.1, 1.0], [1, 2], [0],
-                                 [math.inf], [-1.0]])
+#: Values inside each option's domain (edges included); WEIRD values are tried on every
+#: option too, so that the validation of each one is exercised.
+OPTION_DOMAIN: dict[str, list[Any]] = {
+    "add_noise": [True, False], "accountant": ["rdp", "pld"],
+    "mean_share": [1e-300, 0.1, 0.999], "mean_trials": [1, 1.0, 2.5, 30.0],
+    "init_share": [1e-6, 0.25, 0.999], "score_share": [1e-6, 0.1, 0.999],
+    "h_share": [1e-6, 0.5, 0.999], "clip_grid": [None, [0.1, 1.0], [1e-300], [1e300]],
+    "iter_grid": [None, [0], [1, 2], [0, 4]], "t_max": [0, 1, 4], "beta": [1e-300, 0.01, 0.99],
+    "h_floor_factor": [1e-300, 1.0, 4.0, 1e300], "max_batch_columns": [1, 2, 1024],
+    "small_gap": ["refine", "return_init"], "clip_radius": [None, 1e-300, 0.01, 1.0, 1e300],
+    "n_iter": [0, 1, 3], "power_init": ["random", "private"],
+}
+WEIRD = [-1, 0, 0.0, 1.5, 1e300, math.inf, math.nan, True, None, "x", [], [math.inf], [-1.0],
+         np.array([[1.0]])]
 
 
-@_settings(80)
+@_settings(100)
 @given(method=st.sampled_from(METHODS), data=st.data())
 def test_fit_method_options(method: str, data: Any) -> None:
     """Random values for a method's options (and an unknown option): named error or result."""
     names = [*sorted(DEFAULT_OPTIONS[method]), "no_such_option"]
     chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3, unique=True))
-    options = {name: data.draw(OPTION_VALUES, label=name) for name in chosen}
+    options = {}
+    for name in chosen:
+        pool = OPTION_DOMAIN.get(name, [])
+        weird = not pool or data.draw(st.integers(0, 3), label=f"{name} weird?") == 0
+        options[name] = data.draw(st.sampled_from(WEIRD if weird else pool), label=name)
     res = run_or_named_error(
         lambda: fit_private_pca(X_FIXED, 2, method=method, epsilon=_eps_for(method),
                                 delta=1e-5, row_norm=4.0, rng=3, **options), chosen)
@@ -370,8 +385,7 @@ def test_fit_method_options(method: str, data: Any) -> None:
         assert res is None
     event("named error" if res is None else "correct result")
     if res is not None:
-        eps = _eps_for(method) if options.get("add_noise", True) is not False else None
-        check_result(res, X_FIXED, 2, method, eps if eps is not None else math.inf, 1e-5, 4.0)
+        check_result(res, X_FIXED, 2, method, _eps_for(method) or math.inf, 1e-5, 4.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -417,7 +431,7 @@ def fitted() -> PrivatePCA:
 
 
 @_settings(150)
-@given(X=numeric_matrices(max_rows=6, max_cols=6))
+@given(X=numeric_matrices(max_rows=6, cols=[5, 5, 5, 2, 2, 0, 1, 6]))
 def test_estimator_transform_and_inverse(fitted: PrivatePCA, X: np.ndarray) -> None:
     """transform: (m, 5) numeric -> (m, 2) float64, finite when the input is finite and its
     projections are representable; otherwise an error naming X. Same for the inverse."""
