@@ -220,8 +220,8 @@ def test_audit_fl_message() -> None:
 
 def test_audit_fl_run() -> None:
     case = audit_cases.fl_run_case(CLAIM, DELTA)
+    from dpprecond.fl.engine import simulate
     from dpprecond.fl.server import sgd
-    from dpprecond.fl.simulator import simulate
 
     X, y = case.pair[0].X, case.pair[0].y
     once = simulate(case.info["model"], case.pair[0], sgd(case.info["learning_rate"]),

@@ -20,7 +20,7 @@ Cases:
 - :func:`selection_case`: the noisy score of Algorithm 3 (:func:`~dpprecond.pca.core.select`);
 - :func:`fl_message_case`: one client message of full-batch DP-FedGD
   (:func:`dpprecond.fl.client.full_batch_messages`, :class:`~dpprecond.fl.models.LinearSoftmax`);
-- :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.simulator.simulate`.
+- :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.engine.simulate`.
 """
 
 from __future__ import annotations
@@ -311,18 +311,18 @@ def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: flo
     :class:`~dpprecond.fl.models.LinearSoftmax`, so both clipped gradients have norm ``C``
     and are opposite (two classes): the change of the clipped sum is ``2C``, the stated
     sensitivity. ``z`` is the library's calibration for one round
-    (:func:`dpprecond.fl.accounting.calibrate_noise_multiplier`). Runs are batched through
+    (:func:`dpprecond.fl.accounting.calibrate` of a one-round schedule). Runs are batched through
     the library's function: :func:`~dpprecond.fl.client.full_batch_messages` is called
     with ``chunk`` copies of the client, each drawing from its own stream (spawn key
     ``(0, i)``). Statistic: the message projected on the sensitivity direction.
     """
-    from dpprecond.fl.accounting import calibrate_noise_multiplier, training_event
+    from dpprecond.fl.accounting import Schedule, calibrate, training_event
     from dpprecond.fl.client import full_batch_messages, round_generators
     from dpprecond.fl.models import LinearSoftmax
 
     X, y, y2 = _fl_records()
     model = LinearSoftmax(X.shape[1], 2)
-    z = calibrate_noise_multiplier(epsilon, delta, 1)
+    z = calibrate(Schedule("rounds", 1), epsilon, delta)
     u = _sensitivity_direction(model, X[0], clip_norm)
     params = model.init_params(np.random.default_rng(0))
     n = X.shape[0]
@@ -347,7 +347,7 @@ def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: flo
 
 def fl_run_case(epsilon: float = 1.0, delta: float = 1e-5, *, n_rounds: int = 3,
                 clip_norm: float = 1.0, learning_rate: float = 0.01) -> AuditCase:
-    """A short DP-FedGD run through :func:`dpprecond.fl.simulator.simulate`.
+    """A short DP-FedGD run through the round engine, :func:`dpprecond.fl.engine.simulate`.
 
     One client with the four records of :func:`fl_message_case` (record 0 relabelled in
     ``D'``), ``n_rounds`` rounds of full-batch DP-FedGD (server SGD), the noise multiplier
@@ -360,14 +360,16 @@ def fl_run_case(epsilon: float = 1.0, delta: float = 1e-5, *, n_rounds: int = 3,
     parameters projected on the round-one sensitivity direction. The claim is the epsilon
     ``simulate`` reports.
     """
-    from dpprecond.fl.accounting import calibrate_noise_multiplier, training_event
+    from dpprecond.fl.accounting import Schedule, calibrate, training_event
+    from dpprecond.fl.config import FLConfig
+    from dpprecond.fl.data import ClientData
+    from dpprecond.fl.engine import simulate
     from dpprecond.fl.models import LinearSoftmax
     from dpprecond.fl.server import sgd
-    from dpprecond.fl.simulator import ClientData, FLConfig, simulate
 
     X, y, y2 = _fl_records()
     model = LinearSoftmax(X.shape[1], 2)
-    z = calibrate_noise_multiplier(epsilon, delta, n_rounds)
+    z = calibrate(Schedule("rounds", n_rounds), epsilon, delta)
     u = _sensitivity_direction(model, X[0], clip_norm)
     config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_epsilon=None,
                       target_delta=delta, noise_multiplier=z)
