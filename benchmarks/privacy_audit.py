@@ -36,7 +36,6 @@ from tests.test_audit import extreme_norm_pair, old_scaled_gram
 from _common import OUT_DIR, environment, markdown_table
 from dpprecond import audit_cases
 from dpprecond.audit import gaussian_audit_ceiling, sample_statistics, threshold_audit
-from dpprecond.pca import budget
 from dpprecond.pca.rows import ClippedRows
 
 CLAIM, DELTA, CONFIDENCE = 1.0, 1e-5, 0.95
@@ -67,7 +66,7 @@ def _quarter_noise_case() -> audit_cases.AuditCase:
 
 def _extreme_norm_case(gram: str) -> audit_cases.AuditCase:
     X, Y = extreme_norm_pair()
-    plan = budget.plan_analyze_gauss(CLAIM, DELTA)
+    plan, claim, _ = audit_cases.pca_plan("analyze_gauss", CLAIM, DELTA)
     z0 = plan.noise_multipliers["z0"]
     old = [old_scaled_gram(A, 1.0) for A in (X, Y)]
     diff = audit_cases.upper_triangle(old[1] - old[0])
@@ -83,9 +82,8 @@ def _extreme_norm_case(gram: str) -> audit_cases.AuditCase:
         compute(Y) - compute(X)))) / (z0 * np.sqrt(2.0))
     name = ("BROKEN: Gram before c0181e8, row e1 vs 1e9 e1" if gram == "old"
             else "Library Gram (c0181e8), row e1 vs 1e9 e1")
-    return audit_cases.AuditCase(name, mechanism, True, (X, Y),
-                                 budget.plan_epsilon(plan, DELTA), DELTA, max(shift, 1e-300),
-                                 {"z0": z0})
+    return audit_cases.AuditCase(name, mechanism, True, (X, Y), claim, DELTA,
+                                 max(shift, 1e-300), {"z0": z0})
 
 
 def jobs(scale: float) -> list[Job]:

@@ -32,7 +32,7 @@ from dpprecond.audit import (
     gaussian_audit_ceiling,
     threshold_audit,
 )
-from dpprecond.pca import budget, fit_private_pca
+from dpprecond.pca import fit_private_pca
 from dpprecond.pca.core import private_init
 from dpprecond.pca.rows import ClippedRows
 
@@ -130,8 +130,8 @@ def test_pca_init_pair_reaches_sqrt2_and_the_case_is_the_api_release() -> None:
     # The released matrix of fit_private_pca(method="analyze_gauss", k = d) is the case's
     # release (same noise multiplier up to the API's rounding inflation, same stream).
     n, d = D.shape
-    res = fit_private_pca(D, d, method="analyze_gauss", epsilon=CLAIM, delta=DELTA,
-                          row_norm=1.0, rng=11)
+    res = fit_private_pca(D, d, method="analyze_gauss", target_epsilon=CLAIM,
+                          target_delta=DELTA, row_norm=1.0, seed=11)
     assert res.info["noise_multipliers"]["z0"] == case.info["z0"]
     assert res.epsilon == pytest.approx(case.claimed_epsilon, rel=1e-12)
     V = res.components
@@ -285,8 +285,8 @@ def extreme_norm_pair() -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("gram", ["old", "library"])
 def test_extreme_norm_pair_against_the_old_gram_is_a_violation(gram: str) -> None:
     X, Y = extreme_norm_pair()
-    plan = budget.plan_analyze_gauss(CLAIM, DELTA)
-    z0, claim = plan.noise_multipliers["z0"], budget.plan_epsilon(plan, DELTA)
+    plan, claim, _ = audit_cases.pca_plan("analyze_gauss", CLAIM, DELTA)
+    z0 = plan.noise_multipliers["z0"]
     diff = audit_cases.upper_triangle(old_scaled_gram(Y, 1.0) - old_scaled_gram(X, 1.0))
     assert np.linalg.norm(diff) > 10 * math.sqrt(2.0)  # the cancellation error, ~79
     u = diff / np.linalg.norm(diff)

@@ -8,8 +8,8 @@ library claims for what is released, and ``pair_mu``: sensitivity reached by the
 divided by the noise standard deviation. For a Gaussian release no audit of that pair can
 prove more than the exact epsilon of a Gaussian mechanism with ``mu = pair_mu``
 (:attr:`AuditCase.pair_epsilon`); a pair that is tight for the claim has
-``pair_epsilon`` close to ``claimed_epsilon`` (the claims use the RDP accountant, a little
-looser than the exact Gaussian curve).
+``pair_epsilon`` equal to ``claimed_epsilon`` when the claim is exact (PLD: the Gaussian-only
+PCA methods and FL) and a little below it under the Renyi accountant (the selection).
 
 Cases:
 
@@ -42,6 +42,7 @@ __all__ = [
     "gram_release_statistics",
     "iteration_case",
     "pca_init_case",
+    "pca_plan",
     "selection_case",
     "upper_triangle",
 ]
@@ -127,6 +128,20 @@ def gram_release_statistics(S: np.ndarray, noise_multiplier: float, direction: n
     return out
 
 
+def pca_plan(method: str, epsilon: float, delta: float) -> tuple[Any, float, str]:
+    """A PCA method's budget plan, its reported epsilon and its accountant.
+
+    Through the method registry (:data:`dpprecond.pca.methods.METHODS`) with the method's
+    default options, as :func:`dpprecond.pca.fit_private_pca` builds them.
+    """
+    from dpprecond.pca.methods import METHODS
+
+    spec = METHODS[method]
+    opts = spec.options({})
+    plan = spec.plan(epsilon, delta, opts, None)
+    return plan, epsilon_of(plan.event, delta, opts["accountant"]), opts["accountant"]
+
+
 def _library_gram(X: np.ndarray) -> np.ndarray:
     from dpprecond.pca.rows import ClippedRows
 
@@ -140,19 +155,18 @@ def pca_init_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100, d:
     Data: ``n - 1`` fixed rows of norm <= 1 and one changed row, ``e1`` in ``D`` and ``e2``
     in ``D'`` (orthogonal unit rows: ``||triu(a a^T - b b^T)||_F = sqrt(2)``, the stated
     sensitivity). ``row_norm = 1``; the Gram matrix is the library's
-    (:meth:`dpprecond.pca.rows.ClippedRows.gram`) and the noise multiplier is the one
-    :func:`dpprecond.pca.budget.plan_analyze_gauss` calibrates for ``(epsilon, delta)``
-    (without the float-rounding inflation of ``fit_private_pca``, below ``1e-6``: a
-    slightly *less* noisy release, which only makes the audit stricter). Statistic: the
-    projection of the released upper triangle on ``triu(a a^T - b b^T) / sqrt(2)``.
+    (:meth:`dpprecond.pca.rows.ClippedRows.gram`) and the noise multiplier is the one the
+    method registry's Analyze Gauss plan calibrates for ``(epsilon, delta)``
+    (:func:`pca_plan`; without the float-rounding inflation of ``fit_private_pca``, below
+    ``1e-6``: a slightly *less* noisy release, which only makes the audit stricter).
+    Statistic: the projection of the released upper triangle on
+    ``triu(a a^T - b b^T) / sqrt(2)``.
     """
-    from dpprecond.pca import budget
-
     rows = np.random.default_rng(data_seed).standard_normal((n - 1, d))
     rows /= np.linalg.norm(rows, axis=1).max()
     a, b = np.eye(d)[0], np.eye(d)[1]
     D, D2 = np.vstack([a, rows]), np.vstack([b, rows])
-    plan = budget.plan_analyze_gauss(epsilon, delta)
+    plan, claim, accountant = pca_plan("analyze_gauss", epsilon, delta)
     z0 = plan.noise_multipliers["z0"]
     direction = _unit(upper_triangle(np.outer(b, b) - np.outer(a, a)))
 
@@ -160,8 +174,9 @@ def pca_init_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100, d:
         return gram_release_statistics(_library_gram(X), z0, direction, rng, n_runs)
 
     return AuditCase("PCA init / Analyze Gauss (A^T A + W)", mechanism, True, (D, D2),
-                     budget.plan_epsilon(plan, delta), delta, 1.0 / z0,
-                     {"z0": z0, "direction": direction, "n": n, "d": d})
+                     claim, delta, 1.0 / z0,
+                     {"z0": z0, "direction": direction, "n": n, "d": d,
+                      "accountant": accountant})
 
 
 def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
@@ -171,7 +186,8 @@ def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
 
     Noise: the iteration's event ``Composed([Gaussian(zH), Gaussian(zZ)])`` is calibrated to
     ``(epsilon, delta)`` with the library's split
-    (:func:`dpprecond.pca.budget.trial_multipliers`, ``T = 1``). Public start ``X0 = e1``
+    (:func:`dpprecond.pca.budget.trial_multipliers`, ``T = 1``) and the accountant of the
+    ``"fixed"`` method (the registry's default). Public start ``X0 = e1``
     (``k = 1``). The changed row is ``a = cos(phi) e1 + sin(phi) e2`` in ``D`` and
     ``a' = cos(phi) e1 - sin(phi) e2`` in ``D'``; the other rows lie in
     ``span(e3, ..., ed)``, so ``H = X0^T A^T A X0 = cos(phi)^2`` is the same for both and
@@ -187,7 +203,10 @@ def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
     """
     from dpprecond.pca.budget import trial_multipliers
     from dpprecond.pca.core import TrialSpec, run_trials
+    from dpprecond.pca.methods import METHODS
     from dpprecond.pca.rows import ClippedRows
+
+    accountant = METHODS["fixed"].defaults["accountant"]
 
     def multipliers(c: float) -> dict[str, float]:
         return trial_multipliers(c, 1, score_share=None, h_share=h_share)
@@ -196,7 +215,7 @@ def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
         z = multipliers(c)
         return compose([gaussian(z["zH"]), gaussian(z["zZ"])])
 
-    z_run = calibrate_noise(event, epsilon, delta, "rdp")
+    z_run = calibrate_noise(event, epsilon, delta, accountant)
     z = multipliers(z_run)
     floor = h_floor_factor * z["zH"] * SQRT2
     cos_phi = 1.01 * clip_radius * math.sqrt(floor)
@@ -220,9 +239,9 @@ def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
         return X1[:, 1] / np.linalg.norm(X1[:, 2:], axis=1)
 
     return AuditCase("PCA iteration (H and Z releases, T = 1)", mechanism, True, (D, D2),
-                     epsilon_of(event(z_run), delta, "rdp"), delta, sin_phi / z["zZ"],
+                     epsilon_of(event(z_run), delta, accountant), delta, sin_phi / z["zZ"],
                      {"z_run": z_run, **z, "clip_radius": clip_radius, "sin_phi": sin_phi,
-                      "d": d})
+                      "d": d, "accountant": accountant})
 
 
 def selection_case(epsilon: float = 1.0, delta: float = 1e-5, *, m: int = 1000, d: int = 3,
@@ -247,14 +266,16 @@ def selection_case(epsilon: float = 1.0, delta: float = 1e-5, *, m: int = 1000, 
     """
     from dpprecond.pca.budget import trial_multipliers
     from dpprecond.pca.core import InitRelease, select
+    from dpprecond.pca.methods import METHODS
     from dpprecond.pca.rows import ClippedRows
 
     mean_trials = 1.0
+    accountant = METHODS["select"].defaults["accountant"]  # RDP: repeat-and-select
 
     def event(c: float) -> dp_event.DpEvent:
         return dp_event.RepeatAndSelectDpEvent(gaussian(c), mean_trials, 1)
 
-    z_run = calibrate_noise(event, epsilon, delta, "rdp")
+    z_run = calibrate_noise(event, epsilon, delta, accountant)
     z = trial_multipliers(z_run, 1, score_share=score_share, h_share=0.5)
     R = 1.0 / math.sqrt(m) if clip_radius is None else clip_radius
     base = np.zeros((m + 1, d))
@@ -271,7 +292,7 @@ def selection_case(epsilon: float = 1.0, delta: float = 1e-5, *, m: int = 1000, 
         return res.noisy_score
 
     return AuditCase("PCA selection score (Algorithm 3, one trial)", mechanism, False,
-                     (D, D2), epsilon_of(event(z_run), delta, "rdp"), delta,
+                     (D, D2), epsilon_of(event(z_run), delta, accountant), delta,
                      1.0 / (SQRT2 * z["z_score"]),
                      {"z_run": z_run, "z_score": z["z_score"], "score_share": score_share,
                       "clip_radius": R, "m": m})
