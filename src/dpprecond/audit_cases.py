@@ -28,12 +28,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond.accounting import calibrate_noise, compose, epsilon_of, gaussian
+
+if TYPE_CHECKING:
+    from dpprecond.pca.rows import RowSource
 
 __all__ = [
     "AuditCase",
@@ -123,6 +126,8 @@ def gram_release_statistics(S: np.ndarray, noise_multiplier: float, direction: n
         c = min(chunk, n_runs - lo)
         big = np.kron(np.eye(c), S)
         M = private_init(big, 1, noise_multiplier, rng).M
+        if M is None:  # private_init always keeps its release
+            raise RuntimeError("private_init returned no released matrix.")
         blocks = M.reshape(c, d, c, d)[np.arange(c), :, np.arange(c), :]
         out[lo:lo + c] = upper_triangle(blocks) @ direction
     return out
@@ -234,7 +239,8 @@ def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
         rows = ClippedRows.from_data(X, 1.0)
         specs = [TrialSpec(clip_radius, 1, z["zH"], z["zZ"], g, h_floor_factor)
                  for g in rng.spawn(n_runs)]
-        out, _ = run_trials(rows, rows.gram(), X0, specs)
+        # cast: RowSource declares norms as a variable, ClippedRows has a property
+        out, _ = run_trials(cast("RowSource", rows), rows.gram(), X0, specs)
         X1 = np.stack([x[:, 0] for x in out])
         return X1[:, 1] / np.linalg.norm(X1[:, 2:], axis=1)
 
@@ -286,7 +292,8 @@ def selection_case(epsilon: float = 1.0, delta: float = 1e-5, *, m: int = 1000, 
 
     def mechanism(X: np.ndarray, rng: np.random.Generator) -> float:
         rows = ClippedRows.from_data(X, 1.0)
-        res = select(rows, rows.gram(), init, z_run=z_run, mean_trials=mean_trials,
+        res = select(cast("RowSource", rows), rows.gram(), init, z_run=z_run,
+                     mean_trials=mean_trials,
                      score_share=score_share, h_share=0.5, radii=np.array([R]),
                      iters=np.array([1]), rng=rng)
         return res.noisy_score
