@@ -1,0 +1,416 @@
+"""Worst-case audits of this library's own mechanisms (see :mod:`dpprecond.audit`).
+
+Each builder returns an :class:`AuditCase`: a vectorized mechanism that runs the library's
+*own* release code (not a re-derivation of it) on a dataset, a neighbouring pair that
+reaches the release's sensitivity (replace-one), the statistic (the projection of the
+output on the sensitivity direction, or the closest released quantity), the epsilon the
+library claims for what is released, and ``pair_mu``: sensitivity reached by the pair
+divided by the noise standard deviation. For a Gaussian release no audit of that pair can
+prove more than the exact epsilon of a Gaussian mechanism with ``mu = pair_mu``
+(:attr:`AuditCase.pair_epsilon`); a pair that is tight for the claim has
+``pair_epsilon`` equal to ``claimed_epsilon`` when the claim is exact (PLD: the Gaussian-only
+PCA methods and FL) and a little below it under the Renyi accountant (the selection).
+
+Cases:
+
+- :func:`pca_init_case`: the release ``M = A^T A + W`` of Algorithm 1 / Analyze Gauss
+  (:func:`dpprecond.pca.core.private_init`), unit rows ``a = e1`` against ``b = e2``;
+- :func:`iteration_case`: one iteration of Algorithm 2 (:func:`~dpprecond.pca.core.run_trials`
+  with ``T = 1``) with the changed row clipped at the radius;
+- :func:`selection_case`: the noisy score of Algorithm 3 (:func:`~dpprecond.pca.core.select`);
+- :func:`fl_message_case`: one client message of full-batch DP-FedGD
+  (:func:`dpprecond.fl.client.full_batch_messages`, :class:`~dpprecond.fl.models.LinearSoftmax`);
+- :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.engine.simulate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+from dp_accounting import dp_event
+
+from dpprecond.accounting import calibrate_noise, compose, epsilon_of, gaussian
+
+if TYPE_CHECKING:
+    from dpprecond.pca.rows import RowSource
+
+__all__ = [
+    "AuditCase",
+    "fl_message_case",
+    "fl_run_case",
+    "gram_release_statistics",
+    "iteration_case",
+    "pca_init_case",
+    "pca_plan",
+    "selection_case",
+    "upper_triangle",
+]
+
+SQRT2 = math.sqrt(2.0)
+
+
+@dataclass(frozen=True)
+class AuditCase:
+    """One mechanism of the library with its worst-case pair and its claim.
+
+    Attributes
+    ----------
+    name : str
+    mechanism : callable
+        ``(dataset, rng, n_runs) -> statistics`` of shape ``(n_runs,)`` if ``batch``,
+        else ``(dataset, rng) -> statistic``.
+    batch : bool
+    pair : (D, D')
+        Neighbouring datasets (replace-one).
+    claimed_epsilon : float
+        The epsilon the library reports for the audited release at ``delta``.
+    delta : float
+    pair_mu : float
+        Sensitivity reached by the pair / noise std (see the module docstring).
+    info : dict
+        Noise multipliers and other parameters of the case.
+    """
+
+    name: str
+    mechanism: Callable[..., Any]
+    batch: bool
+    pair: tuple[Any, Any]
+    claimed_epsilon: float
+    delta: float
+    pair_mu: float
+    info: dict[str, Any]
+
+    @property
+    def pair_epsilon(self) -> float:
+        """Exact epsilon at ``delta`` of a Gaussian mechanism with ``mu = pair_mu``."""
+        return epsilon_of(gaussian(1.0 / self.pair_mu), self.delta, "pld")
+
+
+def upper_triangle(M: np.ndarray) -> np.ndarray:
+    """The upper triangle (diagonal included) of the last two axes, flattened."""
+    d = M.shape[-1]
+    iu = np.triu_indices(d)
+    return M[..., iu[0], iu[1]]
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+# --------------------------------------------------------------------------------------
+# PCA
+# --------------------------------------------------------------------------------------
+
+
+def gram_release_statistics(S: np.ndarray, noise_multiplier: float, direction: np.ndarray,
+                            rng: np.random.Generator, n_runs: int,
+                            chunk: int = 64) -> np.ndarray:
+    """``n_runs`` releases of ``S`` by :func:`~dpprecond.pca.core.private_init`, projected.
+
+    Batched through the library's release: ``private_init`` is called on the block-diagonal
+    ``I_c (x) S`` (``c = chunk`` copies); its release is ``I_c (x) S + W`` with ``W``
+    symmetric Gaussian, so the ``c`` diagonal blocks are ``c`` independent releases of
+    ``S`` with exactly the library's noise (the off-diagonal noise is discarded). Returns
+    the projection of each block's upper triangle on ``direction`` (unit length, the
+    layout of :func:`upper_triangle`).
+    """
+    from dpprecond.pca.core import private_init
+
+    d = S.shape[0]
+    out = np.empty(n_runs)
+    for lo in range(0, n_runs, chunk):
+        c = min(chunk, n_runs - lo)
+        big = np.kron(np.eye(c), S)
+        M = private_init(big, 1, noise_multiplier, rng).M
+        if M is None:  # private_init always keeps its release
+            raise RuntimeError("private_init returned no released matrix.")
+        blocks = M.reshape(c, d, c, d)[np.arange(c), :, np.arange(c), :]
+        out[lo:lo + c] = upper_triangle(blocks) @ direction
+    return out
+
+
+def pca_plan(method: str, epsilon: float, delta: float) -> tuple[Any, float, str]:
+    """A PCA method's budget plan, its reported epsilon and its accountant.
+
+    Through the method registry (:data:`dpprecond.pca.methods.METHODS`) with the method's
+    default options, as :func:`dpprecond.pca.fit_private_pca` builds them.
+    """
+    from dpprecond.pca.methods import METHODS
+
+    spec = METHODS[method]
+    opts = spec.options({})
+    plan = spec.plan(epsilon, delta, opts, None)
+    return plan, epsilon_of(plan.event, delta, opts["accountant"]), opts["accountant"]
+
+
+def _library_gram(X: np.ndarray) -> np.ndarray:
+    from dpprecond.pca.rows import ClippedRows
+
+    return ClippedRows.from_data(X, 1.0).gram()
+
+
+def pca_init_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100, d: int = 2,
+                  data_seed: int = 0) -> AuditCase:
+    """Algorithm 1 / Analyze Gauss: the release of the upper triangle of ``A^T A``.
+
+    Data: ``n - 1`` fixed rows of norm <= 1 and one changed row, ``e1`` in ``D`` and ``e2``
+    in ``D'`` (orthogonal unit rows: ``||triu(a a^T - b b^T)||_F = sqrt(2)``, the stated
+    sensitivity). ``row_norm = 1``; the Gram matrix is the library's
+    (:meth:`dpprecond.pca.rows.ClippedRows.gram`) and the noise multiplier is the one the
+    method registry's Analyze Gauss plan calibrates for ``(epsilon, delta)``
+    (:func:`pca_plan`; without the float-rounding inflation of ``fit_private_pca``, below
+    ``1e-6``: a slightly *less* noisy release, which only makes the audit stricter).
+    Statistic: the projection of the released upper triangle on
+    ``triu(a a^T - b b^T) / sqrt(2)``.
+    """
+    rows = np.random.default_rng(data_seed).standard_normal((n - 1, d))
+    rows /= np.linalg.norm(rows, axis=1).max()
+    a, b = np.eye(d)[0], np.eye(d)[1]
+    D, D2 = np.vstack([a, rows]), np.vstack([b, rows])
+    plan, claim, accountant = pca_plan("analyze_gauss", epsilon, delta)
+    z0 = plan.noise_multipliers["z0"]
+    direction = _unit(upper_triangle(np.outer(b, b) - np.outer(a, a)))
+
+    def mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        return gram_release_statistics(_library_gram(X), z0, direction, rng, n_runs)
+
+    return AuditCase("PCA init / Analyze Gauss (A^T A + W)", mechanism, True, (D, D2),
+                     claim, delta, 1.0 / z0,
+                     {"z0": z0, "direction": direction, "n": n, "d": d,
+                      "accountant": accountant})
+
+
+def iteration_case(epsilon: float = 1.0, delta: float = 1e-5, *, d: int = 64,
+                   clip_radius: float = 0.002, n: int = 32, h_share: float = 0.5,
+                   h_floor_factor: float = 4.0, data_seed: int = 0) -> AuditCase:
+    """One iteration of Algorithm 2 (releases ``H`` and ``Z``), a changed row at the radius.
+
+    Noise: the iteration's event ``Composed([Gaussian(zH), Gaussian(zZ)])`` is calibrated to
+    ``(epsilon, delta)`` with the library's split
+    (:func:`dpprecond.pca.budget.trial_multipliers`, ``T = 1``) and the accountant of the
+    ``"fixed"`` method (the registry's default). Public start ``X0 = e1``
+    (``k = 1``). The changed row is ``a = cos(phi) e1 + sin(phi) e2`` in ``D`` and
+    ``a' = cos(phi) e1 - sin(phi) e2`` in ``D'``; the other rows lie in
+    ``span(e3, ..., ed)``, so ``H = X0^T A^T A X0 = cos(phi)^2`` is the same for both and
+    the preconditioner sits at its public floor (``B = floor^-1/2`` unless the noise of
+    ``H`` exceeds 4 standard deviations). ``cos(phi)`` is chosen so that
+    ``y = cos(phi) B > R``: both rows are clipped to ``c = R`` and
+    ``Z - Z' = 2 R sin(phi) e2``, within ``1e-4`` relatively of the sensitivity ``2R``.
+    The mechanism runs :func:`~dpprecond.pca.core.run_trials` once with ``n_runs`` trials
+    of ``T = 1`` (each with its own generator; the library batches them). The release is
+    observed through the returned ``X1 = Z / ||Z||``; statistic:
+    ``X1[1] / ||X1[2:]||`` (the e2 coordinate over the norm of the coordinates that carry
+    only noise, which removes the normalization).
+    """
+    from dpprecond.pca.budget import trial_multipliers
+    from dpprecond.pca.core import TrialSpec, run_trials
+    from dpprecond.pca.methods import METHODS
+    from dpprecond.pca.rows import ClippedRows
+
+    accountant = METHODS["fixed"].defaults["accountant"]
+
+    def multipliers(c: float) -> dict[str, float]:
+        return trial_multipliers(c, 1, score_share=None, h_share=h_share)
+
+    def event(c: float) -> dp_event.DpEvent:
+        z = multipliers(c)
+        return compose([gaussian(z["zH"]), gaussian(z["zZ"])])
+
+    z_run = calibrate_noise(event, epsilon, delta, accountant)
+    z = multipliers(z_run)
+    floor = h_floor_factor * z["zH"] * SQRT2
+    cos_phi = 1.01 * clip_radius * math.sqrt(floor)
+    sin_phi = math.sqrt(1.0 - cos_phi**2)
+    rest = np.zeros((n - 1, d))
+    rest[:, 2:] = np.random.default_rng(data_seed).standard_normal((n - 1, d - 2))
+    rest /= np.linalg.norm(rest, axis=1).max()
+    a = np.zeros(d)
+    a[0], a[1] = cos_phi, sin_phi
+    a2 = a.copy()
+    a2[1] = -sin_phi
+    D, D2 = np.vstack([a, rest]), np.vstack([a2, rest])
+    X0 = np.eye(d)[:, :1]
+
+    def mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        rows = ClippedRows.from_data(X, 1.0)
+        specs = [TrialSpec(clip_radius, 1, z["zH"], z["zZ"], g, h_floor_factor)
+                 for g in rng.spawn(n_runs)]
+        # cast: RowSource declares norms as a variable, ClippedRows has a property
+        out, _ = run_trials(cast("RowSource", rows), rows.gram(), X0, specs)
+        X1 = np.stack([x[:, 0] for x in out])
+        return X1[:, 1] / np.linalg.norm(X1[:, 2:], axis=1)
+
+    return AuditCase("PCA iteration (H and Z releases, T = 1)", mechanism, True, (D, D2),
+                     epsilon_of(event(z_run), delta, accountant), delta, sin_phi / z["zZ"],
+                     {"z_run": z_run, **z, "clip_radius": clip_radius, "sin_phi": sin_phi,
+                      "d": d, "accountant": accountant})
+
+
+def selection_case(epsilon: float = 1.0, delta: float = 1e-5, *, m: int = 1000, d: int = 3,
+                   score_share: float = 0.9, clip_radius: float | None = None) -> AuditCase:
+    """The noisy score of Algorithm 3, through :func:`dpprecond.pca.core.select`.
+
+    Selection from a public init (``X0 = e1``, released eigenvalues ``(1, 0)`` with
+    negligible noise, so ``tau_lo ~ 0``, ``tau_hi ~ 1``, ``h ~ 1``), one trial
+    (``mean_trials = 1``) of ``T = 1``. ``z_run`` is calibrated so that the selection's
+    event ``RepeatAndSelect(Gaussian(z_run), mean_trials=1)`` (as built by
+    :func:`dpprecond.pca.budget.plan_select`) meets ``(epsilon, delta)``; the score gets
+    the share ``score_share`` of it.
+
+    Data: ``m`` rows ``e1`` plus the changed row, ``e2`` in ``D`` and the zero row in
+    ``D'``. The trial's iterate depends only on rows with an ``e1`` component, so it has
+    the same distribution under ``D`` and ``D'``; only the score differs:
+    ``||(I - X X^T) phi(A^T A)||_2`` is about 1 for ``D`` (``phi(1) = 1`` on ``e2``) and
+    about ``sin(X, e1) ~ 1e-3`` for ``D'``. The score's noise is calibrated to the
+    Frobenius sensitivity ``sqrt(2)/h``; this pair (like any: the score moves by at most
+    the spectral norm of the change of ``phi``) moves it by ``~1/h``, so
+    ``pair_mu = 1 / (sqrt(2) z_score)``. Statistic: the released ``noisy_score``.
+    """
+    from dpprecond.pca.budget import trial_multipliers
+    from dpprecond.pca.core import InitRelease, select
+    from dpprecond.pca.methods import METHODS
+    from dpprecond.pca.rows import ClippedRows
+
+    mean_trials = 1.0
+    accountant = METHODS["select"].defaults["accountant"]  # RDP: repeat-and-select
+
+    def event(c: float) -> dp_event.DpEvent:
+        return dp_event.RepeatAndSelectDpEvent(gaussian(c), mean_trials, 1)
+
+    z_run = calibrate_noise(event, epsilon, delta, accountant)
+    z = trial_multipliers(z_run, 1, score_share=score_share, h_share=0.5)
+    R = 1.0 / math.sqrt(m) if clip_radius is None else clip_radius
+    base = np.zeros((m + 1, d))
+    base[:m, 0] = 1.0
+    D, D2 = base.copy(), base.copy()
+    D[m, 1] = 1.0
+    init = InitRelease(X0=np.eye(d)[:, :1], eigvals=np.array([1.0, 0.0]), noise_std=1e-12)
+
+    def mechanism(X: np.ndarray, rng: np.random.Generator) -> float:
+        rows = ClippedRows.from_data(X, 1.0)
+        res = select(cast("RowSource", rows), rows.gram(), init, z_run=z_run,
+                     mean_trials=mean_trials,
+                     score_share=score_share, h_share=0.5, radii=np.array([R]),
+                     iters=np.array([1]), rng=rng)
+        return res.noisy_score
+
+    return AuditCase("PCA selection score (Algorithm 3, one trial)", mechanism, False,
+                     (D, D2), epsilon_of(event(z_run), delta, accountant), delta,
+                     1.0 / (SQRT2 * z["z_score"]),
+                     {"z_run": z_run, "z_score": z["z_score"], "score_share": score_share,
+                      "clip_radius": R, "m": m})
+
+
+# --------------------------------------------------------------------------------------
+# Federated learning
+# --------------------------------------------------------------------------------------
+
+
+def _fl_records() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four records with two features; record 0 has label 0 in ``D`` and 1 in ``D'``."""
+    X = np.array([[3.0, 0.0], [1.0, 1.0], [-1.0, 0.5], [0.0, -1.0]])
+    y = np.array([0, 1, 0, 1])
+    y2 = y.copy()
+    y2[0] = 1
+    return X, y, y2
+
+
+def _sensitivity_direction(model: Any, x: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Unit direction of ``clip(g(x, 0)) - clip(g(x, 1))`` at the initial parameters.
+
+    Computed with the model's own clipped gradients (two one-record clients).
+    """
+    params = model.init_params(np.random.default_rng(0))
+    G = model.clipped_grad_sums(params, np.vstack([x, x]), np.array([0, 1]),
+                                np.array([0, 1, 2]), clip_norm)
+    return _unit(G[0] - G[1])
+
+
+def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: float = 1.0,
+                    chunk: int = 20000) -> AuditCase:
+    """One client message of full-batch DP-FedGD (record-level, replace-one).
+
+    The client holds four records; record 0 is ``(x, 0)`` in ``D`` and ``(x, 1)`` in ``D'``
+    with ``||x~|| ||softmax - onehot|| > C`` at the initial (zero) parameters of
+    :class:`~dpprecond.fl.models.LinearSoftmax`, so both clipped gradients have norm ``C``
+    and are opposite (two classes): the change of the clipped sum is ``2C``, the stated
+    sensitivity. ``z`` is the library's calibration for one round
+    (:func:`dpprecond.fl.accounting.calibrate` of a one-round schedule). Runs are batched through
+    the library's function: :func:`~dpprecond.fl.client.full_batch_messages` is called
+    with ``chunk`` copies of the client, each drawing from its own stream (spawn key
+    ``(0, i)``). Statistic: the message projected on the sensitivity direction.
+    """
+    from dpprecond.fl.accounting import Schedule, calibrate, training_event
+    from dpprecond.fl.client import full_batch_messages, round_generators
+    from dpprecond.fl.models import LinearSoftmax
+
+    X, y, y2 = _fl_records()
+    model = LinearSoftmax(X.shape[1], 2)
+    z = calibrate(Schedule("rounds", 1), epsilon, delta)
+    u = _sensitivity_direction(model, X[0], clip_norm)
+    params = model.init_params(np.random.default_rng(0))
+    n = X.shape[0]
+
+    def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
+                  n_runs: int) -> np.ndarray:
+        Xd, yd = data
+        out = np.empty(n_runs)
+        for lo in range(0, n_runs, chunk):
+            c = min(chunk, n_runs - lo)
+            root = np.random.SeedSequence(int(rng.integers(0, 2**63)))
+            U = full_batch_messages(model, params, np.tile(Xd, (c, 1)), np.tile(yd, c),
+                                    np.arange(0, c * n + 1, n), clip_norm, z,
+                                    round_generators(root, 0, c))
+            out[lo:lo + c] = U @ u
+        return out
+
+    return AuditCase("FL client message (full-batch DP-FedGD, one round)", mechanism, True,
+                     ((X, y), (X, y2)), epsilon_of(training_event(z, 1), delta, "pld"),
+                     delta, 1.0 / z, {"noise_multiplier": z, "clip_norm": clip_norm})
+
+
+def fl_run_case(epsilon: float = 1.0, delta: float = 1e-5, *, n_rounds: int = 3,
+                clip_norm: float = 1.0, learning_rate: float = 0.01) -> AuditCase:
+    """A short DP-FedGD run through the round engine, :func:`dpprecond.fl.engine.simulate`.
+
+    One client with the four records of :func:`fl_message_case` (record 0 relabelled in
+    ``D'``), ``n_rounds`` rounds of full-batch DP-FedGD (server SGD), the noise multiplier
+    calibrated by the library for ``n_rounds`` rounds and passed explicitly
+    (``target_epsilon=None``), and an explicit seed per run. With a small server step the
+    model stays near zero, record 0 stays clipped and its clipped gradient keeps its
+    direction, so the final parameters of ``D`` and ``D'`` differ by about
+    ``n_rounds * 2C`` (times the step) against noise of ``sqrt(n_rounds) 2 z C``:
+    ``pair_mu = sqrt(n_rounds) / z``, the composition's own mu. Statistic: the final
+    parameters projected on the round-one sensitivity direction. The claim is the epsilon
+    ``simulate`` reports.
+    """
+    from dpprecond.fl.accounting import Schedule, calibrate, training_event
+    from dpprecond.fl.config import FLConfig
+    from dpprecond.fl.data import ClientData
+    from dpprecond.fl.engine import simulate
+    from dpprecond.fl.models import LinearSoftmax
+    from dpprecond.fl.server import sgd
+
+    X, y, y2 = _fl_records()
+    model = LinearSoftmax(X.shape[1], 2)
+    z = calibrate(Schedule("rounds", n_rounds), epsilon, delta)
+    u = _sensitivity_direction(model, X[0], clip_norm)
+    config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_epsilon=None,
+                      target_delta=delta, noise_multiplier=z)
+    parts = [np.arange(X.shape[0])]
+    pair = (ClientData.from_partition(X, y, parts, 2), ClientData.from_partition(X, y2, parts, 2))
+
+    def mechanism(data: Any, rng: np.random.Generator) -> float:
+        seed = np.random.SeedSequence(int(rng.integers(0, 2**63)))
+        res = simulate(model, data, sgd(learning_rate), config, X_test=X, y_test=y, seed=seed)
+        return float(res.params @ u)
+
+    return AuditCase(f"FL run (DP-FedGD, {n_rounds} rounds, final model)", mechanism, False,
+                     pair, epsilon_of(training_event(z, n_rounds), delta, "pld"), delta,
+                     math.sqrt(n_rounds) / z,
+                     {"noise_multiplier": z, "n_rounds": n_rounds, "clip_norm": clip_norm,
+                      "learning_rate": learning_rate, "config": config, "model": model})
