@@ -11,7 +11,7 @@ method options.
 
 Examples are derandomized (a fixed seed: the same examples on every run) and their number
 is set per test so that the file runs in well under 30 s. Inputs that currently fail a
-property are pinned as strict xfails at the end of the file (each with a minimal repro);
+property were pinned as strict xfails (minimal repros at the end of the file), fixed since;
 a fix makes them pass, which fails the suite until the marker is removed.
 """
 
@@ -125,8 +125,6 @@ def check_result(res: Any, X: np.ndarray, k: int, method: str, epsilon: Any,
 #: and the finding. Each has a strict-xfail repro at the end of the file; when a fix lands,
 #: the repro passes (failing the suite) and both entries are removed.
 KNOWN_FAILURES = {
-    "f(a) and f(b) must have different signs": "calibrate_noise floors epsilon at 1e-300 "
-                                               "in a log: a target below it fails in brentq",
 }
 KNOWN = object()
 #: A valid target may be refused (error naming epsilon) only below this epsilon: at the
@@ -528,18 +526,13 @@ def test_small_epsilon_at_small_delta_calibrates() -> None:
     assert res.epsilon <= 0.01
 
 
-@pytest.mark.xfail(strict=True, reason="select's Renyi accountant (orders up to 1024) cannot "
-                                       "certify epsilon below about (ln(1/delta) - ln 1024)"
-                                       "/1023: 'Cannot reach'")
 def test_known_select_small_epsilon_is_reachable() -> None:
+    """Found by these properties: the Renyi orders stopped at 1024 (now 65536)."""
     res = fit_private_pca(X_SMALL, 2, method="select", target_epsilon=0.01,
                           target_delta=1e-12, row_norm=3.0, seed=0)
     assert res.epsilon <= 0.01
 
 
-@pytest.mark.xfail(strict=True, reason="calibrate_noise floors epsilon at 1e-300 inside a "
-                                       "log: brentq's 'f(a) and f(b) must have different "
-                                       "signs' for a smaller target")
 @pytest.mark.parametrize("method", ["analyze_gauss", "select"])
 def test_known_tiny_epsilon_is_a_named_error(method: str) -> None:
     with pytest.raises(ValueError, match="epsilon"):

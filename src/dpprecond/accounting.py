@@ -42,10 +42,12 @@ __all__ = [
 AccountantName = Literal["rdp", "pld", "auto"]
 
 #: RDP orders: dense at small orders (where tight epsilons live) and long enough for tiny
-#: deltas. RepeatAndSelect needs fractional orders near 1 as well.
+#: deltas and small epsilons (the optimal order is about 2 ln(1/delta) / epsilon, 5,500 at
+#: epsilon 0.01 and delta 1e-12). RepeatAndSelect needs fractional orders near 1 as well.
 RDP_ORDERS: tuple[float, ...] = tuple(
-    [1.0 + x / 20.0 for x in range(1, 100)] + list(range(6, 64)) + [64, 80, 96, 128, 160, 192,
-                                                                    256, 384, 512, 768, 1024]
+    [1.0 + x / 20.0 for x in range(1, 100)] + list(range(6, 64))
+    + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144,
+       8192, 12288, 16384, 32768, 65536]
 )
 #: Largest noise scale :func:`calibrate_noise` will try before giving up.
 MAX_NOISE_SCALE = 1e12
@@ -121,7 +123,7 @@ def gaussian_precision(event: dp_event.DpEvent) -> float | None:
         z = float(event.noise_multiplier)
         if z == math.inf:
             return 0.0
-        return 1.0 / z**2 if z > 0 else None
+        return (1.0 / z) ** 2 if z > 0 else None  # no overflow for huge z
     if isinstance(event, dp_event.SelfComposedDpEvent):
         inner = gaussian_precision(event.event)
         return None if inner is None else event.count * inner
@@ -246,8 +248,13 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
                 return hi
     # log(epsilon) is closer to linear in log(scale); a zero epsilon (large delta) is
     # floored so that the logarithm stays finite.
-    root = optimize.brentq(lambda s: math.log(max(eps_at(s), 1e-300)) - math.log(epsilon),
-                           lo, hi, rtol=rel_tol / 10, xtol=1e-12)
+    try:
+        root = optimize.brentq(lambda s: math.log(max(eps_at(s), 1e-300))
+                               - math.log(epsilon), lo, hi, rtol=rel_tol / 10, xtol=1e-12)
+    except ValueError:  # the target is below what the accountant resolves
+        raise ValueError(f"Cannot reach epsilon={epsilon:g} at delta={delta:g}: the "
+                         "accountant does not resolve epsilons this small. Raise epsilon."
+                         ) from None
     scale = root
     for _ in range(50):
         if eps_at(scale) <= epsilon:

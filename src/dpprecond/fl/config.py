@@ -15,7 +15,13 @@ from dpprecond._validation import (
 )
 from dpprecond.fl.accounting import MECHANISMS, check_privacy_level
 
-__all__ = ["FLConfig"]
+__all__ = ["MAX_CLIP_NORM", "MAX_NOISE_STD", "FLConfig"]
+
+#: Largest clipping norm of a private run (larger ones overflow the noise arithmetic).
+MAX_CLIP_NORM = 1e100
+#: Largest noise standard deviation ``2 z C`` of a message: beyond it the server step's
+#: arithmetic (SOFIM squares the aggregate) overflows float64.
+MAX_NOISE_STD = 1e100
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,10 @@ class FLConfig:
         check_choice("accountant", self.accountant, ("pld", "rdp"))
         check_choice("precision", self.precision, ("float64", "float32"))
         private = self.target_epsilon is not None or bool(self.noise_multiplier)
+        if private and not math.isinf(self.clip_norm) and self.clip_norm > MAX_CLIP_NORM:
+            raise ValueError(f"clip_norm={self.clip_norm:g} is too large: per-example "
+                             f"gradients beyond {MAX_CLIP_NORM:g} and their noise would "
+                             "overflow float64 arithmetic; rescale the features instead.")
         if private and math.isinf(self.clip_norm):
             raise ValueError("A private run needs a finite clip_norm (the sensitivity is "
                              "2 * clip_norm); got clip_norm=inf.")

@@ -33,6 +33,16 @@ class ClientData:
         if X.ndim != 2:
             raise ValueError(f"Expected ClientData.X to be 2-D, got shape {X.shape}.")
         object.__setattr__(self, "y", check_labels("y", self.y, n_classes, n_rows=X.shape[0]))
+        bounds = np.asarray(self.bounds)
+        if bounds.ndim != 1 or bounds.size < 2 or not np.issubdtype(bounds.dtype, np.integer) \
+                or bounds[0] != 0 or bounds[-1] != X.shape[0]:
+            raise ValueError(f"Expected ClientData.bounds to be integers from 0 to n = "
+                             f"{X.shape[0]}, got {bounds.tolist()[:8]}.")
+        empty = np.flatnonzero(np.diff(bounds) <= 0)
+        if empty.size:
+            raise ValueError(f"Client {int(empty[0])} has no data (bounds "
+                             f"{bounds.tolist()[:8]}); every client needs at least one "
+                             "example.")
 
     @property
     def n_clients(self) -> int:

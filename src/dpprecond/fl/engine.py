@@ -41,7 +41,7 @@ from dpprecond._validation import SeedLike, check_array, check_int, check_labels
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
-from dpprecond.fl.config import FLConfig
+from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import GradientMethod, Method, RunContext, make_method
 from dpprecond.fl.models import FLModel
@@ -200,6 +200,13 @@ def simulate(model: FLModel, data: ClientData,
     schedule = method.schedule(config)
     scale = resolve_scale(schedule, config)
     multipliers = schedule.multipliers(scale)
+    largest = max(multipliers.values()) * 2.0 * config.clip_norm
+    if config.private and largest > MAX_NOISE_STD:
+        raise ValueError(f"The noise std 2 z C = {largest:.3g} (noise multiplier "
+                         f"{max(multipliers.values()):.3g}, clip_norm {config.clip_norm:g}) "
+                         f"exceeds {MAX_NOISE_STD:g}: the run would overflow float64 and "
+                         "learn nothing. Lower noise_multiplier or clip_norm (or raise "
+                         "target_epsilon).")
     if ledger is not None:  # refuse the whole plan before any data is touched
         ledger.check(schedule.event(scale))
 

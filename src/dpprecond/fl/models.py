@@ -72,7 +72,7 @@ def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
     """``min(1, clip_norm / norm)`` elementwise (1 where the norm is 0; all 1 if C = inf)."""
     if np.isinf(clip_norm):
         return np.ones_like(norms)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # an overflow means a factor of 1
         return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
 
 
@@ -227,7 +227,7 @@ class LinearSoftmax:
         sq = np.einsum("ij,ij->i", X, X) if x_sq_norms is None else x_sq_norms
         hard = ~(sq < _SQ_LIMIT) | ~np.isfinite(L).all(axis=1)
         idx = np.flatnonzero(hard)
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):  # hard rows are redone below
             L -= L.max(axis=1, keepdims=True)
         Xt = np.hstack([X[idx], np.ones((idx.size, 1), dtype=X.dtype)])
         nu, pre = safe_row_norms(Xt)
@@ -344,7 +344,13 @@ class LinearSoftmax:
         return np.sqrt((np.einsum("ij,ij->i", X, X) + 1.0) * np.einsum("ij,ij->i", R, R))
 
     def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """Mean cross-entropy and accuracy on (X, y) (finite logits for every finite row)."""
+        """Mean cross-entropy and accuracy on (X, y) (finite logits for every finite row).
+
+        Non-finite parameters (a diverged model) give ``(nan, nan)``, never a plausible
+        value.
+        """
+        if not np.all(np.isfinite(params)):
+            return float("nan"), float("nan")
         logits, _ = self.shifted_logits(params, X)
         acc = float(np.mean(np.argmax(logits, axis=1) == y))
         _, losses = _softmax_residuals(logits, y)

@@ -54,7 +54,9 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     config : FLConfig, optional
         Privacy and training settings; default ``FLConfig(target_epsilon=1.0)``.
     learning_rate : float, optional
-        The method's (server) learning rate; ``None`` keeps its default.
+        The method's ``learning_rate`` option (the server step of the gradient methods,
+        DP-FedFC and DP-FedNew); ``None`` keeps its default. DP-FedAvg and DP-SCAFFOLD
+        have ``local_lr`` and ``global_lr`` instead (pass them in ``method_options``).
     method_options : dict, optional
         Other options of the method (:func:`dpprecond.fl.methods.method_options`).
     model : FLModel, optional
@@ -69,6 +71,9 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     """
     config = (config or FLConfig(target_epsilon=1.0)).validated()
     X_train = check_array("X_train", X_train)
+    if X_train.shape[1] < 1:
+        raise ValueError(f"X_train has no columns (shape {X_train.shape}); give at least one "
+                         "feature.")
     n_clients = check_int("n_clients", n_clients, low=1, high=X_train.shape[0])
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
     method = make_method(algorithm, learning_rate, **(method_options or {}))
