@@ -144,9 +144,9 @@ def clipped_sums(X: np.ndarray, y: np.ndarray, W: np.ndarray, bounds: np.ndarray
         for u in range(len(units)):
             one(u)
     else:
-        from threadpoolctl import threadpool_limits
+        from dpprecond._threads import serial_blas
 
-        with threadpool_limits(limits=1, user_api="blas"), \
+        with serial_blas(), \
                 ThreadPoolExecutor(max_workers=threads) as pool:
             list(pool.map(one, range(len(units))))
     K = len(bounds) - 1

@@ -115,14 +115,9 @@ def block_products(X: np.ndarray, R: np.ndarray, bounds: np.ndarray) -> np.ndarr
         for i in range(n_blocks):
             one(i)
         return out
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
-        for i in range(n_blocks):
-            one(i)
-        return out
-    with threadpool_limits(limits=1, user_api="blas"), \
-            ThreadPoolExecutor(max_workers=n_threads) as pool:
+    from dpprecond._threads import serial_blas
+
+    with serial_blas(), ThreadPoolExecutor(max_workers=n_threads) as pool:
         list(pool.map(one, range(n_blocks)))
     return out
 

@@ -34,11 +34,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import linalg
-from threadpoolctl import threadpool_limits
 
+from dpprecond._threads import serial_blas
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import DenseRows, RowSource
 from dpprecond.secure import release
@@ -82,7 +83,7 @@ def orthonormalize(Z: np.ndarray) -> np.ndarray:
     return Q * s
 
 
-def _serial_blas() -> threadpool_limits:
+def _serial_blas() -> Any:
     """Run a d x d eigensolver on one BLAS thread.
 
     The tridiagonal reduction is a long chain of small level-2 BLAS calls; with OpenBLAS
@@ -90,7 +91,7 @@ def _serial_blas() -> threadpool_limits:
     partial ``eigh`` was measured at 4.9 s with 2 threads against 0.06 s with one (2 cores,
     load average 4). The limit is restored on exit.
     """
-    return threadpool_limits(limits=1, user_api="blas")
+    return serial_blas()
 
 
 def top_eigvecs(M: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

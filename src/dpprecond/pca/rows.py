@@ -72,7 +72,8 @@ def mean_sensitivity(n_samples: int) -> float:
 class RowSource(Protocol):
     """What the power iteration needs from the rows of ``A`` (each of norm <= 1)."""
 
-    norms: np.ndarray
+    @property
+    def norms(self) -> np.ndarray: ...
 
     @property
     def shape(self) -> tuple[int, int]: ...
