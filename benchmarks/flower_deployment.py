@@ -17,7 +17,12 @@ scripts on PATH. The Ray simulation tests cover the same ServerApp/ClientApp cod
 
 Usage::
 
-    PYTHONPATH=src python benchmarks/flower_deployment.py [--rounds 3] [--keep-logs DIR]
+    PYTHONPATH=src python benchmarks/flower_deployment.py [--rounds 3] [--algorithm sofim]
+        [--keep-logs DIR]
+
+``--algorithm scaffold`` checks that each SuperNode keeps its control variate in its
+Flower context across the per-message ``flwr-clientapp`` processes; ``fedfc``/``fednew``
+run the setup round through the deployment.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--algorithm", default="sofim")
     parser.add_argument("--keep-logs", default=None, help="copy the daemons' logs here")
     args = parser.parse_args()
 
@@ -121,7 +127,8 @@ def main() -> int:
                 "--node-config", f"partition-id={i} num-partitions=2 allow-seeded-noise=true"])
         time.sleep(3)
         out = work / "out"
-        run_config = (f"n-clients=2 n-rounds={args.rounds} noise-multiplier=1.3 "
+        run_config = (f"algorithm='{args.algorithm}' n-clients=2 n-rounds={args.rounds} "
+                      "noise-multiplier=1.3 "
                       f"target-epsilon='' clip-norm=1.0 noise-seed={SEED} "
                       f"partition-seed={SEED} round-timeout=300.0 output-dir='{out}'")
         t1 = time.perf_counter()
@@ -150,17 +157,17 @@ def main() -> int:
 
     ds = featurized_dataset("digits")
     ref = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
-                        algorithm="sofim", n_clients=2, seed=SEED,
+                        algorithm=args.algorithm, n_clients=2, seed=SEED,
                         config=FLConfig(n_rounds=args.rounds, clip_norm=1.0,
                                         target_epsilon=None, noise_multiplier=1.3))
     diff = float(np.abs(params - ref.params).max())
     print(f"deployment: 1 SuperLink + 2 SuperNodes on loopback, {args.rounds} rounds of "
-          f"DP-FedSOFIM on digits (z=1.3, C=1)")
+          f"{args.algorithm} on digits (noise scale 1.3, C=1)")
     print(f"start-up {t1 - t0:.1f} s, flwr run until result {t2 - t1:.1f} s")
     for r in history:
         print(f"  round {r['round']}: replied {r['clients_replied']}, epsilon "
               f"{float(r['epsilon']):.4f}, test accuracy {r['test_accuracy']:.4f}")
-    print(f"max |params - simulator params| = {diff:.3g} (max |params| = "
+    print(f"max |params - engine params| = {diff:.3g} (max |params| = "
           f"{np.abs(ref.params).max():.3g})")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if diff <= 1e-10 * max(1.0, float(np.abs(ref.params).max())) else 1

@@ -1,8 +1,9 @@
-"""The Flower adapter: same numbers as the in-process simulator, dropout, privacy guards.
+"""The Flower adapter: the engine's numbers for every method, dropout policies, guards.
 
-Two tests start Flower's Ray simulation (``run_simulation``); Ray's start-up (about 5 s)
-and the actors' first imports dominate their wall time. Everything else runs in process on
-a small stand-in for Flower's Grid, which calls the real ClientApp object.
+Two tests start Flower's Ray simulation (``run_simulation``); Ray's start-up and the
+actors' first imports dominate their wall time, so each runs several methods in one
+ServerApp. Everything else runs in process on a small stand-in for Flower's Grid, which
+calls the real ClientApp object with a persistent Context per node.
 
 Flower is a hard requirement here: CI installs ``.[all]``, which includes the ``flower``
 extra, so a missing flwr fails these tests instead of skipping them.
@@ -12,51 +13,60 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
+from dpprecond import PrivacyBudgetExceededError
+from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower import (
     DPFedStrategy,
     PartitionedDataset,
     RoundRequest,
-    client_message,
     client_rng,
     make_client_app,
-    make_server_app,
     query_reply,
     simulator_seeds,
     train_reply,
 )
-from dpprecond.adapters.flower.app import config_from_run_config
+from dpprecond.adapters.flower.app import config_from_run_config, method_from_run_config
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
-from dpprecond.adapters.flower.protocol import aggregate, epsilon_after_rounds
-from dpprecond.fl import ClientData, FLConfig, run_federated
+from dpprecond.adapters.flower.server_side import release_events
+from dpprecond.fl import METHODS, ClientData, FLConfig, make_method, method_options, run_federated
 from dpprecond.fl import client as client_mod
+from dpprecond.fl.accounting import resolve_scale
+from dpprecond.fl.engine import simulate
+from dpprecond.fl.methods import Method
 from dpprecond.fl.models import LinearSoftmax
-from dpprecond.fl.server import make_optimizer
+from dpprecond.fl.partition import client_weights
+from dpprecond.fl.server import FedNewState
+from dpprecond.secure import SecureGenerator
 
 SEED = 7
 K = 4
 T = 3
-# Explicit noise and clipping (never the defaults): noise std per coordinate of a message is
-# 2 z C / |D_i| = 2 * 1.3 * 1 / 359 ~ 7e-3, so one wrong noise draw moves a parameter by
-# far more than the tolerances below.
-CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=None, noise_multiplier=1.3)
+# Explicit clipping and a calibrated noise (the strategy must calibrate exactly as the
+# engine). Noise std per coordinate of a gradient message is 2 z C / |D_i| with z >= 1.2,
+# C = 1, |D_i| ~ 359, i.e. ~7e-3: one wrong noise draw moves a parameter by far more than
+# the tolerances below.
+CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0)
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
 # Tolerance of "same model up to summation order". Both engines run the same operations on
 # the same numbers with the same noise draws; what may differ is how BLAS blocks the
-# forward product X W (all clients at once in the simulator, one client per Flower node),
+# forward product X W (all clients at once in the engine, one client per Flower node),
 # which can change the last bits of a logit (relative 1e-16 times the length-65 dot).
-# Clipped sums of <= 360 examples, a well-conditioned server step (rho = 0.5) and three
-# rounds keep that far below 1e-10 relative; a single wrong noise draw would be ~1e-3.
+# Clipped sums of <= 360 examples, well-conditioned server steps and three rounds keep that
+# far below 1e-10 relative; a single wrong noise draw would be ~1e-3.
 RTOL, ATOL = 1e-10, 1e-13
 
 
@@ -65,43 +75,145 @@ def digits():
     return featurized_dataset("digits")
 
 
-@pytest.fixture(scope="module")
-def reference(digits):
-    """The in-process simulator on the same partition, seed and noise."""
+def _reference(digits, name: str, config: FLConfig = CONFIG):
     return run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test,
-                         digits.n_classes, algorithm="sofim", n_clients=K, config=CONFIG,
+                         digits.n_classes, algorithm=name, n_clients=K, config=config,
                          seed=SEED)
 
 
-def _strategy(digits, algorithm: str = "sofim", config: FLConfig = CONFIG,
+def _strategy(digits, name: str = "sofim", config: FLConfig = CONFIG,
               **kwargs) -> DPFedStrategy:
-    return DPFedStrategy(LinearSoftmax(digits.n_features, digits.n_classes),
-                         make_optimizer(algorithm), config, K, X_test=digits.X_test,
-                         y_test=digits.y_test, seed=SEED, **kwargs)
+    kwargs.setdefault("seed", SEED)
+    return DPFedStrategy(LinearSoftmax(digits.n_features, digits.n_classes), make_method(name),
+                         config, K, X_test=digits.X_test, y_test=digits.y_test, **kwargs)
+
+
+def _assert_same_run(result, ref, label: str) -> None:
+    np.testing.assert_allclose(result.params, ref.params, rtol=RTOL, atol=ATOL, err_msg=label)
+    assert np.abs(ref.params).max() > 1e-3, label  # the model moved: a real comparison
+    assert result.noise_multiplier == ref.noise_multiplier, label
+    assert result.events == ref.events, label  # the same releases, in the same order
+    assert [r["epsilon"] for r in result.history] == [r["epsilon"] for r in ref.history]
+    assert result.epsilon == ref.epsilon, label
+
+
+def _client_data() -> tuple[ClientData, list]:
+    """The 4 clients' data, stacked client-contiguously (the engine's layout)."""
+    load = PartitionedDataset("digits", seed=SEED)
+    locals_ = [load(ClientInfo(i, K, {}, {})) for i in range(K)]
+    sizes = np.cumsum([0] + [len(x.y) for x in locals_])
+    parts = [np.arange(sizes[i], sizes[i + 1]) for i in range(K)]
+    data = ClientData.from_partition(np.vstack([x.X for x in locals_]),
+                                     np.concatenate([x.y for x in locals_]), parts, 10)
+    return data, locals_
+
+
+def _replay(name: str, dropped: dict[int, set[int]]) -> np.ndarray:
+    """Flower-free replay of the documented dropout policies from the engine's pieces.
+
+    ``dropped[t]``: clients left out of round ``t`` (0: the setup round of fedfc/fednew).
+    Every client draws from its engine stream; the messages of all clients are computed
+    and the dropped rows discarded (streams are per client, so this changes nothing else).
+    """
+    data, locals_ = _client_data()
+    model = locals_[0].model
+    method = make_method(name)
+    schedule = method.schedule(CONFIG)
+    z = schedule.multipliers(resolve_scale(schedule, CONFIG))
+    tree = simulator_seeds(SEED)
+    params = np.zeros(model.n_params)
+    args = (data.X, data.y, data.bounds, CONFIG.clip_norm)
+
+    def gens(t: int) -> list:
+        return client_mod.round_generators(tree.noise, t - 1, K)
+
+    def present(t: int) -> list[int]:
+        return [i for i in range(K) if i not in dropped.get(t, set())]
+
+    if name in ("fedfc", "fednew"):
+        moments = list(client_mod.second_moment_releases(
+            data.X, data.bounds, method.feature_clip(model.n_features), z["z_cov"],
+            client_mod.round_generators(tree.setup, 0, K)))
+        members = present(0)  # fednew: the consensus; fedfc: the moments in P
+        setup = method.setup_from_moments([moments[i] for i in members])
+        state = method.server_transform(setup, 10).init(params)
+        for t in range(1, T + 1):
+            U = client_mod.full_batch_messages(model, params, *args, z["z_grad"], gens(t))
+            if name == "fedfc":
+                rows = present(t)
+                upd, state = method.server_transform(setup, 10).update(U[rows], state, params)
+            else:
+                rows = [members.index(i) for i in present(t) if i in members]
+                sub = method.server_transform(setup[rows], 10)
+                upd, new = sub.update(U[[members[r] for r in rows]],
+                                      FedNewState(state.duals[rows], state.consensus), params)
+                duals = state.duals.copy()
+                duals[rows] = new.duals
+                state = FedNewState(duals, new.consensus)
+            params = params + upd
+        return params
+    if name in ("fedavg", "scaffold"):
+        c_i = np.zeros((K, model.n_params))
+        state = method.server.init(params)
+        for t in range(1, T + 1):
+            rows = present(t)
+            correction = (state.control - c_i) if method.control_variates else None
+            dy = client_mod.local_step_deltas(model, params, *args, z["z"], gens(t),
+                                              local_steps=method.local_steps,
+                                              local_lr=method.local_lr, correction=correction)
+            dc = None
+            if method.control_variates:
+                c_new = method.updated_controls(c_i, state.control, dy)
+                dc = np.zeros_like(c_i)
+                dc[rows] = c_new[rows] - c_i[rows]
+                c_i[rows] = c_new[rows]  # a client left out keeps its c_i
+            upd, state = method.server.update((dy[rows], dc), state, params)
+            params = params + upd
+        return params
+    state = method.transform.init(params)
+    for t in range(1, T + 1):
+        rows = present(t)
+        U = client_mod.full_batch_messages(model, params, *args, z["z"], gens(t))
+        upd, state = method.transform.update(client_weights(np.ones(len(rows))) @ U[rows],
+                                             state, params)
+        params = params + upd
+    return params
 
 
 # ---------------------------------------------------------------------------------------
-# Ray simulations (run_simulation)
+# Ray simulations (run_simulation): at most two in the suite
 # ---------------------------------------------------------------------------------------
+
+def _server_app(strategies: list[DPFedStrategy]) -> ServerApp:
+    """One ServerApp that runs several strategies one after the other on the same nodes."""
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        for strategy in strategies:
+            strategy.run(grid, timeout=300)
+
+    return app
+
 
 @pytest.mark.slow
-def test_flower_simulation_reproduces_the_simulator(digits, reference):
-    strategy = _strategy(digits)
-    run_simulation(make_server_app(lambda ctx: strategy, round_timeout=300),
+def test_flower_simulation_reproduces_the_engine(digits):
+    """DP-FedSOFIM, DP-SCAFFOLD (the c_i in each node's context.state across rounds) and
+    DP-FedNew (a setup round) through Ray equal run_federated with the same seed."""
+    names = ["sofim", "scaffold", "fednew"]
+    strategies = [_strategy(digits, name) for name in names]
+    run_simulation(_server_app(strategies),
                    make_client_app(PartitionedDataset("digits", seed=SEED), noise_seed=SEED),
                    num_supernodes=K, backend_config=RAY)
-    result = strategy.result_
-    np.testing.assert_allclose(result.params, reference.params, rtol=RTOL, atol=ATOL)
-    assert np.abs(reference.params).max() > 1e-3  # the model moved: a real comparison
-    assert result.noise_multiplier == reference.noise_multiplier == 1.3
-    for got, want in zip(result.history, reference.history, strict=True):
-        assert got["epsilon"] == want["epsilon"]
-        assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=1e-12)
-        assert got["clients_replied"] == [0, 1, 2, 3]
+    for name, strategy in zip(names, strategies, strict=True):
+        result = strategy.result_
+        _assert_same_run(result, _reference(digits, name), name)
+        assert all(r["clients_replied"] == [0, 1, 2, 3] for r in result.history), name
 
 
-def _faulty_client_app(load_data, failing_client: int, failing_round: int) -> ClientApp:
-    """The adapter's handlers, except that one client raises in one round."""
+def _faulty_client_app(load_data, failing: set[tuple[int, int]]) -> ClientApp:
+    """The adapter's handlers, except that client i raises in round t for (i, t) in failing
+    (round 0: the setup round)."""
     app = ClientApp()
 
     @app.query()
@@ -110,50 +222,44 @@ def _faulty_client_app(load_data, failing_client: int, failing_round: int) -> Cl
 
     @app.train()
     def _train(message: Message, context: Context) -> Message:
-        if (context.node_config["partition-id"] == failing_client
-                and message.content["config"]["server-round"] == failing_round):
+        key = (context.node_config["partition-id"], message.content["config"]["server-round"])
+        if key in failing:
             raise RuntimeError("simulated crash of this client")
         return train_reply(message, context, load_data, noise_seed=SEED)
 
     return app
 
 
-def _replay(digits, algorithm: str, dropped: dict[int, set[int]]) -> np.ndarray:
-    """Flower-free replay of a seeded run in which ``dropped[t]`` miss round ``t``."""
-    load = PartitionedDataset("digits", seed=SEED)
-    locals_ = [load(ClientInfo(i, K, {}, {})) for i in range(K)]
-    model = locals_[0].model
-    optimizer = make_optimizer(algorithm)
-    params = np.zeros(model.n_params)
-    state = optimizer.init(params)
-    for t in range(1, T + 1):
-        request = RoundRequest(t, CONFIG.clip_norm, CONFIG.noise_multiplier)
-        present = [i for i in range(K) if i not in dropped.get(t, set())]
-        U = np.stack([client_message(model, params, locals_[i].X, locals_[i].y, request,
-                                     client_rng(SEED, t, i)) for i in present])
-        sizes = np.array([locals_[i].X.shape[0] for i in present])
-        updates, state = optimizer.update(aggregate(U, sizes), state, params)
-        params = params + updates
-    return params
-
-
 @pytest.mark.slow
-def test_a_client_that_raises_is_left_out_of_that_round(digits):
-    strategy = _strategy(digits, algorithm="fedgd")
-    run_simulation(make_server_app(lambda ctx: strategy, round_timeout=300),
-                   _faulty_client_app(PartitionedDataset("digits", seed=SEED), 2, 2),
+def test_clients_that_raise_are_left_out_as_documented(digits):
+    """Client 2 raises in round 2 and client 3 in the setup round: DP-FedGD renormalizes
+    the weights, DP-SCAFFOLD keeps client 2's c_i, DP-FedNew excludes client 3 for the
+    whole run; each equals a Flower-free replay of its policy and epsilon is not reduced."""
+    names = ["fedgd", "scaffold", "fednew"]
+    strategies = [_strategy(digits, name) for name in names]
+    run_simulation(_server_app(strategies),
+                   _faulty_client_app(PartitionedDataset("digits", seed=SEED),
+                                      {(2, 2), (3, 0)}),
                    num_supernodes=K, backend_config=RAY)
-    h = strategy.result_.history
-    assert len(h) == T
-    assert [r["clients_replied"] for r in h] == [[0, 1, 2, 3], [0, 1, 3], [0, 1, 2, 3]]
-    assert [r["clients_failed"] for r in h] == [[], [2], []]
-    assert "simulated crash" in h[1]["failures"]["2"]
-    assert all(r["clients_timed_out"] == [] and r["clients_absent"] == [] for r in h)
-    # Round 2 averages the three repliers (weights 1/3), nothing else changes.
-    np.testing.assert_allclose(strategy.result_.params,
-                               _replay(digits, "fedgd", {2: {2}}), rtol=RTOL, atol=ATOL)
-    # Every client that was asked is charged, so dropping out does not lower epsilon.
-    assert h[-1]["epsilon"] == epsilon_after_rounds(1.3, T, CONFIG.target_delta)
+    for name, strategy in zip(names, strategies, strict=True):
+        h = strategy.result_.history
+        assert len(h) == T
+        ref = _reference(digits, name)
+        assert strategy.result_.events == ref.events  # dropping out does not lower epsilon
+        assert [r["clients_failed"] for r in h] == [[], [2], []]
+        assert "simulated crash" in h[1]["failures"]["2"]
+        assert all(r["clients_timed_out"] == [] and r["clients_absent"] == [] for r in h)
+        dropped = {2: {2}}
+        if name == "fednew":
+            assert strategy.setup_["clients_failed"] == [3]
+            assert all(r["clients_excluded"] == [3] for r in h)  # never asked again
+            assert [r["clients_replied"] for r in h] == [[0, 1, 2], [0, 1], [0, 1, 2]]
+            dropped[0] = {3}
+        else:
+            assert [r["clients_replied"] for r in h] == [[0, 1, 2, 3], [0, 1, 3],
+                                                         [0, 1, 2, 3]]
+        np.testing.assert_allclose(strategy.result_.params, _replay(name, dropped),
+                                   rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,11 +269,15 @@ def test_a_client_that_raises_is_left_out_of_that_round(digits):
 class LocalGrid:
     """Flower's Grid interface over in-process ClientApps (node ids 101, 102, ...).
 
-    ``silent`` node ids never answer (a timeout); ``tamper`` rewrites a reply.
+    Each node keeps one Context (its ``state`` persists across rounds, as in Flower).
+    ``silent(node, request)`` drops a message unanswered (a client that never computed);
+    ``late(node, request)`` lets the client compute but drops its reply (it arrived after
+    the timeout); ``tamper`` rewrites a reply. ``sent`` counts the messages sent.
     """
 
     def __init__(self, app: ClientApp, n_nodes: int = K, *, node_config: Callable | None = None,
-                 silent: Callable[[int, str], bool] = lambda node, kind: False,
+                 silent: Callable[[int, dict], bool] = lambda node, req: False,
+                 late: Callable[[int, dict], bool] = lambda node, req: False,
                  tamper: Callable[[int, Message, Message], Message] | None = None) -> None:
         self.app = app
         self.nodes = list(range(101, 101 + n_nodes))
@@ -175,8 +285,8 @@ class LocalGrid:
         self.contexts = {n: Context(run_id=1, node_id=n, node_config=cfg(i),
                                     state=RecordDict(), run_config={})
                          for i, n in enumerate(self.nodes)}
-        self.silent = silent
-        self.tamper = tamper
+        self.silent, self.late, self.tamper = silent, late, tamper
+        self.sent = 0
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.nodes)
@@ -185,13 +295,17 @@ class LocalGrid:
                          timeout: float | None = None) -> Iterable[Message]:
         replies = []
         for msg in messages:
+            self.sent += 1
             node = msg.metadata.dst_node_id
-            if self.silent(node, msg.metadata.message_type):
+            req = dict(msg.content["config"]) if "config" in msg.content else {}
+            if msg.metadata.message_type == "train" and self.silent(node, req):
                 continue
             try:
                 reply = self.app(msg, self.contexts[node])
             except Exception as exc:  # what Flower's runtime does with a raising ClientApp
                 reply = Message(Error(0, f"{type(exc).__name__}: {exc}"), reply_to=msg)
+            if msg.metadata.message_type == "train" and self.late(node, req):
+                continue
             if self.tamper is not None:
                 reply = self.tamper(node, msg, reply)
             replies.append(reply)
@@ -214,43 +328,129 @@ def seeded_app():
     return make_client_app(PartitionedDataset("digits", seed=SEED), noise_seed=SEED)
 
 
-def test_local_grid_reproduces_the_simulator_for_every_server_transform(digits, seeded_app):
-    for algorithm in ("fedgd", "sofim", "sofim-momentum", "sofim-lagged", "adam", "yogi"):
-        ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test,
-                            digits.n_classes, algorithm=algorithm, n_clients=K, config=CONFIG,
-                            seed=SEED)
-        result = _strategy(digits, algorithm).run(LocalGrid(seeded_app), timeout=10)
-        np.testing.assert_allclose(result.params, ref.params, rtol=RTOL, atol=ATOL,
-                                   err_msg=algorithm)
-        assert [r["epsilon"] for r in result.history] == [r["epsilon"] for r in ref.history]
+def test_local_grid_reproduces_the_engine_for_every_method(digits, seeded_app):
+    assert sorted(METHODS) == sorted(["fedgd", "sofim", "sofim-momentum", "sofim-lagged",
+                                      "adam", "yogi", "fedavg", "scaffold", "fedfc", "fednew"])
+    for name in METHODS:
+        result = _strategy(digits, name).run(LocalGrid(seeded_app), timeout=10)
+        _assert_same_run(result, _reference(digits, name), name)
 
 
-def test_size_weighting_and_poisson_mechanism_match_the_simulator(digits, seeded_app):
-    for config in (FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=None,
-                            noise_multiplier=1.3, weighting="size"),
-                   FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=None,
-                            noise_multiplier=1.3, mechanism="poisson", sampling_rate=0.5,
-                            local_steps=2, local_lr=0.5)):
-        ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test,
-                            digits.n_classes, algorithm="sofim", n_clients=K, config=config,
-                            seed=SEED)
+def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_app):
+    for config in (FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
+                            weighting="size"),
+                   FLConfig(n_rounds=T, clip_norm=1.0, noise_multiplier=1.3, accountant="rdp",
+                            mechanism="poisson", sampling_rate=0.5, local_steps=2,
+                            local_lr=0.5)):
         result = _strategy(digits, config=config).run(LocalGrid(seeded_app), timeout=10)
-        np.testing.assert_allclose(result.params, ref.params, rtol=RTOL, atol=ATOL)
-        assert result.epsilon == ref.epsilon
+        _assert_same_run(result, _reference(digits, "sofim", config), config.mechanism)
+
+
+def test_release_events_compose_to_the_calibrated_schedule():
+    for name in METHODS:
+        method = make_method(name)
+        schedule = method.schedule(CONFIG)
+        scale = resolve_scale(schedule, CONFIG)
+        setup, per_round = release_events(schedule, schedule.multipliers(scale))
+        ledger = PrivacyLedger(CONFIG.target_delta, accountant=CONFIG.accountant)
+        for event, count in setup + per_round * T:
+            ledger.spend(event, count)
+        plan = PrivacyLedger(CONFIG.target_delta, accountant=CONFIG.accountant)
+        assert ledger.epsilon == pytest.approx(plan.epsilon_with(schedule.event(scale)),
+                                               rel=1e-12), name
+        assert ledger.epsilon == pytest.approx(4.0, rel=1e-3), name
+
+
+def test_a_callers_ledger_is_checked_before_any_message_and_records_the_run(digits,
+                                                                           seeded_app):
+    ledger = PrivacyLedger(CONFIG.target_delta, max_epsilon=5.0)
+    ledger.spend(make_method("fedfc").schedule(CONFIG).event(1.0))  # a prior release
+    spent = ledger.epsilon
+    grid = LocalGrid(seeded_app)
+    with pytest.raises(PrivacyBudgetExceededError, match="max_epsilon=5"):
+        _strategy(digits, "fedfc", ledger=ledger).run(grid, timeout=10)
+    assert grid.sent == 0 and ledger.epsilon == spent  # refused before any message
+    roomy = PrivacyLedger(CONFIG.target_delta, max_epsilon=4.5)
+    result = _strategy(digits, "fedfc", ledger=roomy).run(LocalGrid(seeded_app), timeout=10)
+    assert roomy.events == result.events and roomy.epsilon == result.epsilon
+    _assert_same_run(result, _reference(digits, "fedfc"), "fedfc with a ledger")
+
+
+def test_a_late_scaffold_reply_leaves_the_clients_control_variate_unchanged(digits,
+                                                                          seeded_app):
+    """Client 1 computes round 2 but its reply misses the timeout: the server's c does not
+    move with it, and the client discards the c_i it computed (its next request says its
+    last aggregated round was 1), exactly as if it had failed."""
+    grid = LocalGrid(seeded_app, late=lambda node, req: node == 102 and
+                     req.get("server-round") == 2)
+    strategy = _strategy(digits, "scaffold")
+    result = strategy.run(grid, timeout=1)
+    assert [r["clients_timed_out"] for r in result.history] == [[], [1], []]
+    np.testing.assert_allclose(result.params, _replay("scaffold", {2: {1}}), rtol=RTOL,
+                               atol=ATOL)
+    # c is the mean of the clients' committed c_i (each pending one was aggregated in round 3)
+    controls = [grid.contexts[n].state["dpprecond-control"]["pending"].numpy()
+                for n in grid.nodes]
+    np.testing.assert_allclose(strategy.server_.state.control, np.mean(controls, axis=0),
+                               rtol=1e-9, atol=1e-15)
+
+
+def test_covariance_methods_without_a_clients_moment(digits, seeded_app):
+    """Client 3 never answers the setup round. DP-FedNew runs on clients 0..2 alone, which
+    is the engine on those three clients' data; DP-FedFC builds P from three moments and
+    keeps all four clients in the gradient rounds."""
+    silent = LocalGrid(seeded_app, silent=lambda node, req: node == 104 and
+                       req.get("kind") == "second-moment")
+    result = _strategy(digits, "fednew").run(silent, timeout=1)
+    data, _ = _client_data()
+    three = ClientData(data.X[:data.bounds[3]], data.y[:data.bounds[3]], data.bounds[:4], 10)
+    ref = simulate(LinearSoftmax(64, 10), three, make_method("fednew"), CONFIG,
+                   X_test=digits.X_test, y_test=digits.y_test,
+                   seed=simulator_seeds(SEED).simulation)
+    _assert_same_run(result, ref, "fednew on three clients")
+    assert result.config["setup_round"]["clients_timed_out"] == [3]
+    assert all(r["clients_excluded"] == [3] and r["clients_replied"] == [0, 1, 2]
+               for r in result.history)
+    grid = LocalGrid(seeded_app, silent=lambda node, req: node == 104 and
+                     req.get("kind") == "second-moment")
+    fedfc = _strategy(digits, "fedfc").run(grid, timeout=1)
+    assert all(r["clients_replied"] == [0, 1, 2, 3] for r in fedfc.history)
+    np.testing.assert_allclose(fedfc.params, _replay("fedfc", {0: {3}}), rtol=RTOL, atol=ATOL)
+
+
+def test_fednew_admm_runs_over_the_repliers_of_a_round(digits, seeded_app):
+    """Client 0 misses round 2: its dual stays put, the duals still sum to zero."""
+    grid = LocalGrid(seeded_app, silent=lambda node, req: node == 101 and
+                     req.get("server-round") == 2)
+    strategy = _strategy(digits, "fednew")
+    states = []
+    update = strategy.server_.update
+
+    def recording(*args, **kwargs):
+        out = update(*args, **kwargs)
+        states.append(strategy.server_.state)
+        return out
+
+    strategy.server_.update = recording  # type: ignore[method-assign]
+    result = strategy.run(grid, timeout=1)
+    np.testing.assert_array_equal(states[1].duals[0], states[0].duals[0])
+    assert np.abs(states[1].duals[1] - states[0].duals[1]).max() > 0
+    for s in states:
+        np.testing.assert_allclose(s.duals.sum(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(result.params, _replay("fednew", {2: {0}}), rtol=RTOL,
+                               atol=ATOL)
 
 
 def test_timeouts_malformed_replies_and_absent_clients_are_recorded(digits, seeded_app):
-    def silent(node: int, kind: str) -> bool:
-        return node == 102 and kind == "train"  # client 1 never answers a round
-
     def tamper(node: int, request: Message, reply: Message) -> Message:
         if node == 103 and request.metadata.message_type == "train":  # a 3-vector message
-            bad = RecordDict({"message": ArrayRecord({"message": Array(np.zeros(3))}),
+            bad = RecordDict({"reply": ArrayRecord({"message": Array(np.zeros(3))}),
                               "metrics": reply.content["metrics"]})
             return Message(bad, reply_to=request)
         return reply
 
-    grid = LocalGrid(seeded_app, n_nodes=3, silent=silent, tamper=tamper,
+    grid = LocalGrid(seeded_app, n_nodes=3, silent=lambda node, req: node == 102,
+                     tamper=tamper,
                      node_config=lambda i: {"partition-id": i, "num-partitions": K})
     strategy = _strategy(digits, connect_timeout=0.5)
     result = strategy.run(grid, timeout=1)
@@ -259,14 +459,17 @@ def test_timeouts_malformed_replies_and_absent_clients_are_recorded(digits, seed
         assert r["clients_timed_out"] == [1]
         assert r["clients_failed"] == [2] and "malformed" in r["failures"]["2"]
         assert r["clients_absent"] == [3]  # never connected
-    assert result.epsilon == epsilon_after_rounds(1.3, T, CONFIG.target_delta)
+    assert result.events == _reference(digits, "sofim").events  # everybody asked is charged
 
 
 def test_a_round_without_enough_replies_leaves_the_model_unchanged(digits, seeded_app):
-    grid = LocalGrid(seeded_app, silent=lambda node, kind: kind == "train" and node != 101)
+    grid = LocalGrid(seeded_app, silent=lambda node, req: node != 101)
     result = _strategy(digits, min_replies=2).run(grid, timeout=1)
     assert all(r["n_replied"] == 1 and r["update_norm"] == 0.0 for r in result.history)
     np.testing.assert_array_equal(result.params, np.zeros_like(result.params))
+    nobody = LocalGrid(seeded_app, silent=lambda node, req: True)
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        _strategy(digits, "fedfc").run(nobody, timeout=1)
 
 
 def test_misconfigured_federations_are_refused(digits, seeded_app):
@@ -278,65 +481,66 @@ def test_misconfigured_federations_are_refused(digits, seeded_app):
                                                            "num-partitions": 5})
     with pytest.raises(ValueError, match="num-partitions=5"):
         _strategy(digits).run(wrong_k, timeout=1)
-    nobody = LocalGrid(seeded_app, silent=lambda node, kind: True)
+
+    class NoNodes(LocalGrid):
+        def get_node_ids(self) -> Iterable[int]:
+            return []
+
     with pytest.raises(RuntimeError, match="No client registered"):
-        _strategy(digits, connect_timeout=0.3).run(nobody, timeout=1)
+        _strategy(digits, connect_timeout=0.3).run(NoNodes(seeded_app), timeout=1)
 
 
 def test_strategy_validates_its_settings(digits):
     model = LinearSoftmax(digits.n_features, digits.n_classes)
+    explicit = dict(n_rounds=2, clip_norm=1.0, noise_multiplier=1.0)
     with pytest.raises(ValueError, match="trusted aggregator"):
-        DPFedStrategy(model, make_optimizer("sofim"),
-                      FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=None,
-                               noise_multiplier=1.0, mechanism="client-level"), K)
+        DPFedStrategy(model, "sofim", FLConfig(**explicit, mechanism="client-level"), K)
+    with pytest.raises(ValueError, match="mechanism='full-batch'"):  # method.check
+        DPFedStrategy(model, "fedfc", FLConfig(**explicit, mechanism="poisson",
+                                               sampling_rate=0.5), K)
     with pytest.raises(TypeError, match="FLConfig"):
-        DPFedStrategy(model, make_optimizer("sofim"), {"n_rounds": 2}, K)  # type: ignore
+        DPFedStrategy(model, "sofim", {"n_rounds": 2}, K)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="GradientMethod, LocalStepsMethod"):
+        DPFedStrategy(model, Method(), CONFIG, K)
     with pytest.raises(ValueError, match="n_clients"):
-        DPFedStrategy(model, make_optimizer("sofim"), CONFIG, 0)
-    strategy = DPFedStrategy(model, make_optimizer("sofim"), CONFIG, K)
+        DPFedStrategy(model, "sofim", CONFIG, 0)
+    with pytest.raises(ValueError, match="refuses seeds"):
+        DPFedStrategy(model, "sofim", CONFIG, K, seed=1, secure=True)
+    strategy = DPFedStrategy(model, "sofim", CONFIG, K)
     with pytest.raises(ValueError, match="calibrated"):
         strategy.start(LocalGrid(ClientApp()), None, num_rounds=T + 1)  # type: ignore
 
 
 # ---------------------------------------------------------------------------------------
-# The client: same numbers as the simulator, unpredictable noise by default, consent
+# The client: the engine's streams, unpredictable noise by default, consent, secure mode
 # ---------------------------------------------------------------------------------------
 
-def test_seed_tree_and_client_message_match_the_simulator(digits):
-    """Row i of the simulator's messages from one client alone (to the last bits: the
-    forward product of one client's rows may round differently from all clients' rows)."""
-    load = PartitionedDataset("digits", seed=SEED)
-    locals_ = [load(ClientInfo(i, K, {}, {})) for i in range(K)]
-    model = locals_[0].model
-    parts = [np.arange(sum(len(x.y) for x in locals_[:i]),
-                       sum(len(x.y) for x in locals_[:i + 1])) for i in range(K)]
-    data = ClientData.from_partition(np.vstack([x.X for x in locals_]),
-                                     np.concatenate([x.y for x in locals_]), parts, 10)
-    params = np.random.default_rng(0).standard_normal(model.n_params) * 0.1
-    for t in (1, 3):
-        rngs = client_mod.round_generators(simulator_seeds(SEED).noise, t - 1, K)
-        U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds, 1.0,
-                                           1.3, rngs)
-        request = RoundRequest(t, 1.0, 1.3)
-        for i in range(K):
-            u = client_message(model, params, locals_[i].X, locals_[i].y, request,
-                               client_rng(SEED, t, i))
-            np.testing.assert_allclose(u, U[i], rtol=RTOL, atol=ATOL)
-    # The seed tree is run_federated's: one round of SGD with lr 1 from zeros is -G.
-    config = FLConfig(n_rounds=1, clip_norm=1.0, target_epsilon=None, noise_multiplier=1.3)
+def test_seed_tree_is_the_engines(digits):
+    """simulate(seed=tree.simulation) is run_federated(seed) (same partition), and the
+    clients' seeded generators are the engine's (round, client) streams."""
+    data, _ = _client_data()
+    tree = simulator_seeds(SEED)
+    config = FLConfig(n_rounds=2, clip_norm=1.0, noise_multiplier=1.3)
     ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
-                        algorithm="fedgd", learning_rate=1.0, n_clients=K, config=config,
-                        seed=SEED)
-    zero = np.zeros(model.n_params)
-    G = aggregate(np.stack([client_message(model, zero, x.X, x.y, RoundRequest(1, 1.0, 1.3),
-                                           client_rng(SEED, 1, i))
-                            for i, x in enumerate(locals_)]), np.full(K, 1))
-    np.testing.assert_allclose(ref.params, -G, rtol=RTOL, atol=ATOL)
+                        algorithm="fedfc", n_clients=K, config=config, seed=SEED)
+    again = simulate(LinearSoftmax(64, 10), data, "fedfc", config, X_test=digits.X_test,
+                     y_test=digits.y_test, seed=tree.simulation)
+    np.testing.assert_array_equal(again.params, ref.params)
+    sim, part = np.random.SeedSequence(SEED).spawn(2)
+    init, noise, setup = sim.spawn(3)
+    for mine, engine in ((tree.init, init), (tree.noise, noise), (tree.setup, setup),
+                         (tree.partition, part)):
+        assert (mine.entropy, mine.spawn_key) == (engine.entropy, engine.spawn_key)
+    grad = RoundRequest(3, "gradient", 1.0, 1.0)
+    moment = RoundRequest(0, "second-moment", 1.0, 1.0)
+    assert client_rng(SEED, grad, 2).random() == client_mod.stream(noise, 2, 2).random()
+    assert client_rng(SEED, moment, 2).random() == client_mod.stream(setup, 0, 2).random()
 
 
-def _train_message(params: np.ndarray, request: RoundRequest) -> Message:
-    content = RecordDict({"params": ArrayRecord({"params": Array(params)}),
-                          "config": ConfigRecord(request.to_config())})
+def _train_message(params: np.ndarray | None, request: RoundRequest) -> Message:
+    content = RecordDict({"config": ConfigRecord(request.to_config())})
+    if params is not None:
+        content["params"] = ArrayRecord({"params": Array(params)})
     return Message(content, dst_node_id=101, message_type="train")
 
 
@@ -346,47 +550,91 @@ def _context(node_config: dict, run_config: dict | None = None) -> Context:
                    state=RecordDict(), run_config=run_config or {})
 
 
-def _reply_message(reply: Message) -> np.ndarray:
-    return reply.content["message"]["message"].numpy()
+def _released(reply: Message) -> np.ndarray:
+    record = reply.content["reply"]
+    return next(iter(record.values())).numpy()
 
 
 def test_unseeded_clients_draw_fresh_noise_and_seeds_need_the_nodes_consent(digits):
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
-    msg = _train_message(params, RoundRequest(1, 1.0, 1.3))
-    a = _reply_message(train_reply(msg, _context({}), load))
-    b = _reply_message(train_reply(msg, _context({}), load))
-    assert np.abs(a - b).max() > 1e-3  # OS entropy: two calls, two noise draws
-    seeded = _reply_message(train_reply(msg, _context({}), load, noise_seed=SEED))
-    with pytest.raises(ValueError, match="allow-seeded-noise"):
-        train_reply(msg, _context({}, {"noise-seed": SEED}), load)
-    consented = train_reply(msg, _context({"allow-seeded-noise": True}, {"noise-seed": SEED}),
-                            load)
-    np.testing.assert_array_equal(_reply_message(consented), seeded)
-    empty = _context({}, {"noise-seed": ""})  # empty string = fresh entropy, no consent needed
-    assert np.abs(_reply_message(train_reply(msg, empty, load)) - seeded).max() > 1e-3
+    for msg in (_train_message(params, RoundRequest(1, "gradient", 1.0, 1.3)),
+                _train_message(None, RoundRequest(0, "second-moment", 8.0, 1.3))):
+        a = _released(train_reply(msg, _context({}), load))
+        b = _released(train_reply(msg, _context({}), load))
+        assert np.abs(a - b).max() > 1e-3  # OS entropy: two calls, two noise draws
+        seeded = _released(train_reply(msg, _context({}), load, noise_seed=SEED))
+        with pytest.raises(ValueError, match="allow-seeded-noise"):
+            train_reply(msg, _context({}, {"noise-seed": SEED}), load)
+        consented = train_reply(msg, _context({"allow-seeded-noise": True},
+                                              {"noise-seed": SEED}), load)
+        np.testing.assert_array_equal(_released(consented), seeded)
+        empty = _context({}, {"noise-seed": ""})  # empty = fresh entropy, no consent needed
+        assert np.abs(_released(train_reply(msg, empty, load)) - seeded).max() > 1e-3
+
+
+def test_secure_mode_at_the_client(digits, seeded_app):
+    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0, secure=True), 0),
+                      SecureGenerator)
+    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0), 0, secure=True),
+                      SecureGenerator)
+    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0), 0),
+                      np.random.Generator)
+    load = PartitionedDataset("digits", seed=SEED)
+    params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
+    msg = _train_message(params, RoundRequest(1, "gradient", 1.0, 1.3))
+    with pytest.raises(ValueError, match="Secure mode refuses seeded noise"):
+        train_reply(msg, _context({"secure-noise": True}), load, noise_seed=SEED)
+    # A secure run: every client's noise from the CSPRNG (the seeded app refuses, so the
+    # strategy's secure request reaches the clients), two runs differ.
+    unseeded = make_client_app(PartitionedDataset("digits", seed=SEED))
+    runs = [_strategy(digits, "scaffold", seed=None, secure=True).run(LocalGrid(unseeded),
+                                                                     timeout=10)
+            for _ in range(2)]
+    assert all(r["clients_replied"] == [0, 1, 2, 3] for r in runs[0].history)
+    assert np.abs(runs[0].params - runs[1].params).max() > 1e-4
+    refused = _strategy(digits, "fedgd", seed=None, secure=True).run(LocalGrid(seeded_app),
+                                                                     timeout=10)
+    assert all(r["clients_failed"] == [0, 1, 2, 3] for r in refused.history)
+    assert "refuses seeded noise" in refused.history[0]["failures"]["0"]
 
 
 def test_client_guards(digits):
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
-    msg = _train_message(params, RoundRequest(1, 1.0, 0.5))
+    msg = _train_message(params, RoundRequest(1, "gradient", 1.0, 0.5))
     with pytest.raises(ValueError, match="min-noise-multiplier=1"):
         train_reply(msg, _context({"min-noise-multiplier": 1.0}), load)
+    moment = _train_message(None, RoundRequest(0, "second-moment", 8.0, 0.5))
+    with pytest.raises(ValueError, match="min-noise-multiplier=1"):
+        train_reply(moment, _context({"min-noise-multiplier": 1.0}), load)
     nobody = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(ValueError, match="--node-config"):
         train_reply(msg, nobody, load)
     with pytest.raises(ValueError, match="needs 650 finite"):
-        train_reply(_train_message(np.zeros(3), RoundRequest(1, 1.0, 0.5)), _context({}), load)
+        train_reply(_train_message(np.zeros(3), RoundRequest(1, "gradient", 1.0, 0.5)),
+                    _context({}), load)
+    scaffold = RoundRequest(2, "local-steps", 1.0, 1.0, local_steps=2, control_variates=True,
+                            accepted_round=1)
+    with pytest.raises(ValueError, match="no 'control' array"):  # SCAFFOLD without c
+        train_reply(_train_message(params, scaffold), _context({}), load)
     with pytest.raises(ValueError, match="clip_norm"):
-        RoundRequest(1, float("inf"), 1.0).validated()
+        RoundRequest(1, "gradient", float("inf"), 1.0).validated()
     with pytest.raises(ValueError, match="local_steps=1"):
-        RoundRequest(1, 1.0, 1.0, local_steps=2).validated()
+        RoundRequest(1, "gradient", 1.0, 1.0, local_steps=2).validated()
+    with pytest.raises(ValueError, match="setup round"):
+        RoundRequest(1, "second-moment", 1.0, 1.0).validated()
+    with pytest.raises(ValueError, match="accepted_round"):
+        RoundRequest(2, "local-steps", 1.0, 1.0, accepted_round=2).validated()
     with pytest.raises(ValueError, match="missing"):
         RoundRequest.from_config({"server-round": 1})
 
 
-def test_run_config_needs_exactly_one_noise_setting():
+# ---------------------------------------------------------------------------------------
+# The run config and the example app
+# ---------------------------------------------------------------------------------------
+
+def test_run_config_needs_exactly_one_noise_setting_and_known_method_options():
     with pytest.raises(ValueError, match="exactly one"):
         config_from_run_config({"target-epsilon": 1.0, "noise-multiplier": 1.0})
     with pytest.raises(ValueError, match="exactly one"):
@@ -394,6 +642,25 @@ def test_run_config_needs_exactly_one_noise_setting():
     cfg = config_from_run_config({"target-epsilon": 2.0, "noise-multiplier": "",
                                   "n-rounds": 5, "clip-norm": 3.0})
     assert (cfg.target_epsilon, cfg.noise_multiplier, cfg.n_rounds) == (2.0, None, 5)
+    method = method_from_run_config({"algorithm": "scaffold", "method-options.local-steps": 3,
+                                     "method-options.gamma": ""})
+    assert method.describe() == make_method("scaffold", local_steps=3).describe()
+    with pytest.raises(TypeError, match="gamma"):
+        method_from_run_config({"algorithm": "scaffold", "method-options.gamma": 2.0})
+    with pytest.raises(ValueError, match="lerning_rate"):
+        method_from_run_config({"algorithm": "sofim", "method-options.lerning-rate": 0.1})
+
+
+def test_example_app_lists_every_option_of_every_method():
+    path = Path(__file__).resolve().parents[2] / "examples" / "flower-app" / "pyproject.toml"
+    app = tomllib.loads(path.read_text())["tool"]["flwr"]["app"]
+    listed = set(app["config"]["method-options"])
+    every = {k.replace("_", "-") for name in METHODS for k in method_options(name)}
+    assert listed == every
+    assert all(v == "" for v in app["config"]["method-options"].values())  # defaults apply
+    method_from_run_config({"algorithm": app["config"]["algorithm"],
+                            **{f"method-options.{k}": v
+                               for k, v in app["config"]["method-options"].items()}})
 
 
 def test_importing_dpprecond_does_not_import_flower_and_a_missing_flwr_names_the_extra():

@@ -200,6 +200,15 @@ class LocalStepsMethod(Method):
     def schedule(self, config: FLConfig) -> Schedule:
         return Schedule("local-steps", int(config.n_rounds), steps=self.local_steps)
 
+    def updated_controls(self, c_i: np.ndarray, c: np.ndarray,
+                         delta_y: np.ndarray) -> np.ndarray:
+        """The clients' new control variates ``c_i+ = c_i - c - delta_y / (L eta_l)``.
+
+        Row-wise (one row per client), so a client computes its own row alone (the Flower
+        adapter calls this on each client); post-processing of its releases and of ``c``.
+        """
+        return c_i - c - delta_y / (self.local_steps * self.local_lr)
+
     def start(self, run: RunContext, params: np.ndarray) -> Any:
         client_controls = np.zeros((run.data.n_clients, params.shape[0]))
         return (self.server.init(params), client_controls)
@@ -219,7 +228,7 @@ class LocalStepsMethod(Method):
             run.release(round_event(z))
         delta_c = None
         if self.control_variates:
-            c_new = c_i - c - delta_y / (self.local_steps * self.local_lr)
+            c_new = self.updated_controls(c_i, c, delta_y)
             delta_c = c_new - c_i
             c_i = c_new
         update, server_state = self.server.update((delta_y, delta_c),  # type: ignore[arg-type]
@@ -294,25 +303,33 @@ class CovarianceMethod(Method):
     def noise_multiplier(self, multipliers: dict[str, float]) -> float:
         return multipliers["z_grad"]
 
+    def feature_clip(self, n_features: int) -> float:
+        """The row clip ``C_x`` of the covariance release (``row_clip`` or ``sqrt(d + 1)``)."""
+        return math.sqrt(n_features + 1) if self.row_clip is None else self.row_clip
+
+    def setup_from_moments(self, moments: list[np.ndarray]) -> np.ndarray:
+        """Post-process the released ``C_i`` (client order): DP-FedFC's ``P`` (d + 1, d + 1),
+        DP-FedNew's per-client solvers (K, d + 1, d + 1)."""
+        if self.name == "fedfc":
+            return server_mod.fedfc_preconditioner(moments, self.gamma)
+        return server_mod.fednew_solvers(moments, hessian_scale=self.hessian_scale,
+                                         alpha=self.alpha, rho=self.rho)
+
     def start(self, run: RunContext, params: np.ndarray) -> Any:
         model: LinearSoftmax = run.model  # type: ignore[assignment]
         data = run.data
-        d1 = model.n_features + 1
-        row_clip = math.sqrt(d1) if self.row_clip is None else self.row_clip
         z_cov = run.multipliers["z_cov"]
         moments = list(client_mod.second_moment_releases(
-            data.X, data.bounds, row_clip, z_cov,
+            data.X, data.bounds, self.feature_clip(model.n_features), z_cov,
             client_mod.round_generators(run.setup_root, 0, data.n_clients)))
         run.release(round_event(z_cov))
-        if self.name == "fedfc":
-            setup = server_mod.fedfc_preconditioner(moments, self.gamma)
-        else:
-            setup = server_mod.fednew_solvers(moments, hessian_scale=self.hessian_scale,
-                                              alpha=self.alpha, rho=self.rho)
-        return (setup, self._server(setup, model.n_classes).init(params))
+        setup = self.setup_from_moments(moments)
+        return (setup, self.server_transform(setup, model.n_classes).init(params))
 
-    def _server(self, setup: np.ndarray, n_classes: int) -> server_mod.GradientTransformation:
-        """The server transform built from the post-processed one-off releases."""
+    def server_transform(self, setup: np.ndarray,
+                         n_classes: int) -> server_mod.GradientTransformation:
+        """The server transform built from the post-processed one-off releases
+        (:meth:`setup_from_moments`); DP-FedNew's acts on the clients of ``setup``'s rows."""
         if self.name == "fedfc":
             return server_mod.preconditioned_server(setup, self.learning_rate, n_classes)
         return server_mod.fednew_server(setup, rho=self.rho, learning_rate=self.learning_rate,
@@ -327,8 +344,8 @@ class CovarianceMethod(Method):
             x_sq_norms=run.x_sq_norms)
         run.release(round_event(z))
         setup, server_state = state
-        n_classes = run.data.n_classes
-        update, server_state = self._server(setup, n_classes).update(U, server_state, params)
+        update, server_state = self.server_transform(setup, run.data.n_classes).update(
+            U, server_state, params)
         return update, (setup, server_state)
 
 

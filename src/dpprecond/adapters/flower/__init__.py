@@ -4,21 +4,27 @@ Needs the optional extra: ``pip install 'dpprecond[flower]'``; importing this pa
 without Flower raises an ``ImportError`` that says so (``import dpprecond`` never imports
 Flower).
 
-Layout (adapters move arrays and configurations; the mathematics stays in
-:mod:`dpprecond.fl`):
+Every method of :mod:`dpprecond.fl.methods` runs here with the engine's own pieces: its
+release schedule calibrates the noise and fills the ledger, its client mechanism runs on
+each client, its server transform runs on the server. The adapter only moves arrays and
+configurations:
 
-- :mod:`~dpprecond.adapters.flower.protocol`: the message contract and the Flower-free steps
-  (a client's message from :mod:`dpprecond.fl.client`, the aggregate, the accounting call);
-- :mod:`~dpprecond.adapters.flower.strategy`: :class:`DPFedStrategy`, the server side of
-  DP-FedSOFIM, DP-FedGD, DP-FedAdam and DP-FedYogi (any
-  :func:`dpprecond.fl.server.make_optimizer` transform), with dropout handling;
-- :mod:`~dpprecond.adapters.flower.client_app`: the ClientApp (clip, add noise, send);
+- :mod:`~dpprecond.adapters.flower.protocol`: the message contract (record keys, the
+  per-client :class:`RoundRequest`, reply shapes, the seed tree, the noise source);
+- :mod:`~dpprecond.adapters.flower.client_side`: one client's release, a call of
+  :mod:`dpprecond.fl.client` on that client (Flower-free);
+- :mod:`~dpprecond.adapters.flower.server_side`: the run's calibration, ledger, requests
+  and server transform (Flower-free);
+- :mod:`~dpprecond.adapters.flower.strategy`: :class:`DPFedStrategy`, the Flower strategy
+  (registration, messages, dropout records);
+- :mod:`~dpprecond.adapters.flower.client_app`: the ClientApp (guards, noise source,
+  SCAFFOLD's state);
 - :mod:`~dpprecond.adapters.flower.server_app`: the ServerApp running a strategy on the Grid;
 - :mod:`~dpprecond.adapters.flower.data`: where a client's data comes from;
 - :mod:`~dpprecond.adapters.flower.app`: ``server_app``/``client_app`` driven by the run
   config, the components of ``examples/flower-app``.
 
-See docs/flower.md for the privacy model and a deployment guide.
+See docs/flower.md for the privacy model, the dropout policies and a deployment guide.
 """
 
 from dpprecond.adapters.flower._require import require_flwr
@@ -32,15 +38,15 @@ from dpprecond.adapters.flower.client_app import (  # noqa: E402
     query_reply,
     train_reply,
 )
+from dpprecond.adapters.flower.client_side import client_reply  # noqa: E402
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset  # noqa: E402
 from dpprecond.adapters.flower.protocol import (  # noqa: E402
     RoundRequest,
-    aggregate,
-    client_message,
     client_rng,
     simulator_seeds,
 )
 from dpprecond.adapters.flower.server_app import make_server_app  # noqa: E402
+from dpprecond.adapters.flower.server_side import ServerSide  # noqa: E402
 from dpprecond.adapters.flower.strategy import DPFedStrategy  # noqa: E402
 
 __all__ = [
@@ -50,8 +56,8 @@ __all__ = [
     "NodeFileData",
     "PartitionedDataset",
     "RoundRequest",
-    "aggregate",
-    "client_message",
+    "ServerSide",
+    "client_reply",
     "client_rng",
     "make_client_app",
     "make_server_app",

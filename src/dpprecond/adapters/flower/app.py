@@ -7,16 +7,22 @@ These are the components of the example app (``examples/flower-app/pyproject.tom
     clientapp = "dpprecond.adapters.flower.app:client_app"
 
 Run-config keys (``[tool.flwr.app.config]``; ``""`` means unset). Server: ``algorithm``
-(a name of :func:`dpprecond.fl.server.make_optimizer`), ``learning-rate``, ``n-clients``,
-``n-rounds``, ``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one),
-``target-delta``, ``mechanism``, ``sampling-rate``, ``local-steps``, ``local-lr``,
-``weighting``, ``accountant``, ``round-timeout``, ``connect-timeout``, ``min-replies``,
-``evaluate`` (server-side accuracy on the dataset's public test split), ``output-dir``
-(write ``result.json`` and ``params.npy`` there). Data: ``data`` (a dataset name, or
-``"node-file"`` for each client's own file), ``data-path``, ``features``, ``partition``,
-``alpha``, ``partition-seed``, ``n-features`` and ``n-classes`` (for ``"node-file"``).
-Noise: ``noise-seed`` (testing only, and honoured only by SuperNodes whose node config has
-``allow-seeded-noise=true``; see :mod:`dpprecond.adapters.flower.client_app`).
+(a method of :mod:`dpprecond.fl.methods`: ``fedgd``, ``sofim``, ``sofim-momentum``,
+``sofim-lagged``, ``adam``, ``yogi``, ``fedavg``, ``scaffold``, ``fedfc``, ``fednew``) and its
+options in the table ``[tool.flwr.app.config.method-options]`` (flattened by Flower to
+``method-options.<name>``, dashes for underscores; ``""`` keeps the method's default, and
+an option the algorithm does not have is an error), ``n-clients``, ``n-rounds``,
+``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one), ``target-delta``,
+``max-epsilon`` (refuse a plan above it), ``mechanism``, ``sampling-rate``,
+``local-steps``, ``local-lr`` (the Poisson mechanism of the gradient methods), ``weighting``,
+``accountant``, ``secure`` (secure-mode noise at the clients), ``round-timeout``,
+``connect-timeout``, ``min-replies``, ``evaluate`` (server-side accuracy on the dataset's
+public test split), ``output-dir`` (write ``result.json`` and ``params.npy`` there). Data:
+``data`` (a dataset name, or ``"node-file"`` for each client's own file), ``data-path``,
+``features``, ``partition``, ``alpha``, ``partition-seed``, ``n-features`` and
+``n-classes`` (for ``"node-file"``). Noise: ``noise-seed`` (testing only, and honoured only
+by SuperNodes whose node config has ``allow-seeded-noise=true``; see
+:mod:`dpprecond.adapters.flower.client_app`).
 """
 
 from __future__ import annotations
@@ -29,16 +35,21 @@ import numpy as np
 from flwr.app import Context
 
 from dpprecond._validation import check_int
+from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
 from dpprecond.adapters.flower.server_app import make_server_app
 from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult
+from dpprecond.fl.methods import METHODS, Method, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax
-from dpprecond.fl.server import make_optimizer
 
-__all__ = ["client_app", "config_from_run_config", "server_app", "strategy_from_run_config"]
+__all__ = ["OPTIONS_TABLE", "client_app", "config_from_run_config", "method_from_run_config",
+           "server_app", "strategy_from_run_config"]
+
+#: The run-config table of the method's options (``method-options.<name>``).
+OPTIONS_TABLE = "method-options"
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +93,33 @@ def _load(info: ClientInfo) -> LocalData:
     return PartitionedDataset.from_run_config(dict(info.run_config))(info)
 
 
+def method_from_run_config(run_config: dict[str, Any]) -> Method:
+    """``make_method(algorithm, **options)`` from ``algorithm`` and ``method-options.*``.
+
+    Raises ``ValueError`` for an unknown option key (not an option of any method) and
+    ``TypeError`` (from :func:`~dpprecond.fl.methods.make_method`) for a set option that
+    the chosen algorithm does not have.
+    """
+    name = str(run_config.get("algorithm", "sofim"))
+    known = {k for m in METHODS for k in method_options(m)}
+    prefix = OPTIONS_TABLE + "."
+    options: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if not key.startswith(prefix) or value == "" or value is None:
+            continue
+        option = key[len(prefix):].replace("-", "_")
+        if option not in known:
+            raise ValueError(f"Unknown run config key {key!r}: {option!r} is not an option of "
+                             f"any method; known options: {sorted(known)}.")
+        options[option] = value
+    return make_method(name, **options)
+
+
 def strategy_from_run_config(context: Context) -> DPFedStrategy:
     """Build the run's :class:`DPFedStrategy` from ``context.run_config``."""
     rc = dict(context.run_config)
     config = config_from_run_config(rc)
-    optimizer = make_optimizer(str(rc.get("algorithm", "sofim")),
-                               _optional_float(rc, "learning-rate"))
+    method = method_from_run_config(rc)
     X_test = y_test = None
     if rc.get("data", "digits") == "node-file":
         model = LinearSoftmax(check_int("n-features", rc.get("n-features")),
@@ -99,8 +131,12 @@ def strategy_from_run_config(context: Context) -> DPFedStrategy:
             X_test, y_test = ds.X_test, ds.y_test
     noise_seed = rc.get("noise-seed", "")
     seed = None if noise_seed in ("", None) else int(noise_seed)
-    return DPFedStrategy(model, optimizer, config, check_int("n-clients", rc.get("n-clients")),
+    max_eps = _optional_float(rc, "max-epsilon")
+    ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps)
+    secure = bool(rc.get("secure", False))
+    return DPFedStrategy(model, method, config, check_int("n-clients", rc.get("n-clients")),
                          X_test=X_test, y_test=y_test, seed=seed,
+                         ledger=ledger, secure=secure,
                          connect_timeout=float(rc.get("connect-timeout", 120.0)),
                          min_replies=int(rc.get("min-replies", 1)))
 

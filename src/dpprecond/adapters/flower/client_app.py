@@ -1,12 +1,19 @@
-"""The Flower ClientApp: one client's clipped, noised message per round.
+"""The Flower ClientApp: one client's clipped, noised release per request.
 
 A client answers two kinds of messages:
 
 - ``query`` (registration, once): its client id and the federation size it was told, so
   the server can name clients in its history and detect a misconfigured federation;
-- ``train`` (every round): :func:`~dpprecond.adapters.flower.protocol.client_message` on
-  its own data, i.e. the simulator's mechanism (:mod:`dpprecond.fl.client`) on one client.
-  The noise is added here, on the client, before anything leaves the machine.
+- ``train`` (the setup round and every round): the release the
+  :class:`~dpprecond.adapters.flower.protocol.RoundRequest` asks for, computed by
+  :func:`~dpprecond.adapters.flower.client_side.client_reply` (the engine's client
+  mechanism on this one client). The noise is added here, on the client, before anything
+  leaves the machine.
+
+DP-SCAFFOLD's control variate ``c_i`` lives in the client's Flower ``context.state``
+(which Flower keeps per node and run, across rounds); the newly computed one is kept
+pending until the server reports that round's reply as aggregated
+(:func:`~dpprecond.adapters.flower.client_side.settle_control`).
 
 Who the client is comes from the SuperNode's node config, which the client's operator sets
 (``flower-supernode --node-config "partition-id=3 num-partitions=20"``; Flower's
@@ -18,11 +25,14 @@ simulation sets both). Node-config keys the client honours, all optional:
     client never follows a run-config seed unless its own operator allowed it. Without the
     consent a seeded request is refused (the client drops out, with this reason).
 ``min-noise-multiplier`` (float, default 0)
-    The client refuses any round that asks for a smaller noise multiplier.
+    The client refuses any release that asks for a smaller noise multiplier.
+``secure-noise`` (bool, default false)
+    Always draw the noise in secure mode (:mod:`dpprecond.secure`: the OS CSPRNG, snapped
+    releases), whatever the server asks; seeds are then refused.
 
 The Python API (:func:`make_client_app` with ``noise_seed``) is for simulations in which
 one party owns every client; deployments leave it ``None``: fresh OS entropy per client and
-round (:func:`~dpprecond.adapters.flower.protocol.client_rng`).
+request (:func:`~dpprecond.adapters.flower.protocol.client_rng`).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import numpy as np
 from flwr.app import (
     Array,
     ArrayRecord,
+    ConfigRecord,
     Context,
     Message,
     MetricRecord,
@@ -44,12 +55,8 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from dpprecond._validation import check_int
-from dpprecond.adapters.flower.protocol import (
-    KEYS,
-    RoundRequest,
-    client_message,
-    client_rng,
-)
+from dpprecond.adapters.flower.client_side import ControlState, client_reply, settle_control
+from dpprecond.adapters.flower.protocol import KEYS, RoundRequest, client_rng
 from dpprecond.fl.models import FLModel
 
 __all__ = [
@@ -147,58 +154,101 @@ def query_reply(message: Message, context: Context) -> Message:
     return Message(RecordDict({KEYS.metrics: metrics}), reply_to=message)
 
 
+def _received(content: RecordDict, name: str, n_params: int, model: FLModel) -> np.ndarray:
+    if KEYS.params not in content or name not in content[KEYS.params]:
+        raise ValueError(f"The request has no {name!r} array; the server and the client run "
+                         "different versions of the dpprecond adapter.")
+    value = np.asarray(content[KEYS.params][name].numpy(), dtype=np.float64)
+    if value.shape != (n_params,) or not np.isfinite(value).all():
+        raise ValueError(f"Received {name} of shape {value.shape} (finite: "
+                         f"{bool(np.isfinite(value).all())}); this client's model {model!r} "
+                         f"needs {n_params} finite values.")
+    return value
+
+
+def _control_state(context: Context, n_params: int) -> ControlState:
+    """This client's SCAFFOLD state (zeros before its first round)."""
+    if KEYS.state not in context.state:
+        return ControlState(np.zeros(n_params))
+    arrays = context.state[KEYS.state]
+    pending = arrays["pending"].numpy() if "pending" in arrays else None
+    return ControlState(arrays["control"].numpy(), pending,
+                        int(context.state[KEYS.state_round]["pending-round"]))
+
+
+def _keep_control(context: Context, control: np.ndarray, pending: np.ndarray,
+                  server_round: int) -> None:
+    context.state[KEYS.state] = ArrayRecord({"control": Array(control),
+                                             "pending": Array(pending)})
+    context.state[KEYS.state_round] = ConfigRecord({"pending-round": server_round})
+
+
 def train_reply(message: Message, context: Context, load_data: LoadData, *,
                 noise_seed: int | None = None) -> Message:
-    """One round: read the model and the request, reply with the noisy message.
+    """Answer one request: read it (and the model), release, reply.
 
     Parameters
     ----------
     message : Message
-        The server's train message (records ``params`` and ``config``).
+        The server's train message (records ``config``, and ``params`` except in the setup
+        round).
     context : Context
-        The client's Flower context (node config: who it is; run config: the run).
+        The client's Flower context (node config: who it is; run config: the run; state:
+        SCAFFOLD's control variate).
     load_data : callable
         ``load_data(ClientInfo) -> LocalData`` (the client's model and examples).
     noise_seed : int or None
         ``None`` (deployments): fresh OS entropy. An integer (one-owner simulations): the
-        simulator's stream of (round, client). Otherwise the run config's ``noise-seed`` is
+        engine's stream of (round, client). Otherwise the run config's ``noise-seed`` is
         used only with the node's consent (module docstring).
     """
     info = client_info(context)
     request = RoundRequest.from_config(message.content[KEYS.config])
     _check_policy(info, request)
+    secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
     seed = noise_seed if noise_seed is not None else _run_config_seed(info)
+    rng = client_rng(seed, request, info.client_id, secure=secure)
     local = load_data(info)
-    arrays = message.content[KEYS.params]
-    params = np.asarray(arrays[KEYS.params].numpy(), dtype=np.float64)
-    if params.shape != (local.model.n_params,) or not np.isfinite(params).all():
-        raise ValueError(f"Received parameters of shape {params.shape} (finite: "
-                         f"{bool(np.isfinite(params).all())}); this client's model "
-                         f"{local.model!r} needs {local.model.n_params} finite values.")
-    rng = client_rng(seed, request.server_round, info.client_id)
-    u = client_message(local.model, params, local.X, local.y, request, rng)
+    n_params = local.model.n_params
+    params = control = client_control = None
+    if request.kind != "second-moment":
+        params = _received(message.content, KEYS.params, n_params, local.model)
+    state = None
+    if request.control_variates:
+        control = _received(message.content, KEYS.control, n_params, local.model)
+        state = _control_state(context, n_params)
+        client_control = settle_control(state, request.accepted_round)
+    arrays, new_control = client_reply(local.model, params, local.X, local.y, request, rng,
+                                       control=control, client_control=client_control)
+    if new_control is not None:
+        assert client_control is not None
+        _keep_control(context, client_control, new_control, request.server_round)
+    metrics: dict[str, int] = {KEYS.client_id: info.client_id}
+    if request.report_size:
+        metrics[KEYS.n_examples] = int(local.X.shape[0])
     content = RecordDict({
-        KEYS.message: ArrayRecord({KEYS.message: Array(u)}),
-        KEYS.metrics: MetricRecord({KEYS.client_id: info.client_id,
-                                    KEYS.n_examples: int(local.X.shape[0])}),
+        KEYS.reply: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+        KEYS.metrics: MetricRecord(metrics),
     })
-    logger.debug("client %d answered round %d", info.client_id, request.server_round)
+    logger.debug("client %d answered round %d (%s)", info.client_id, request.server_round,
+                 request.kind)
     return Message(content, reply_to=message)
 
 
 def make_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
-    """A ClientApp answering registration (``query``) and rounds (``train``).
+    """A ClientApp answering registration (``query``) and requests (``train``).
 
     Parameters
     ----------
     load_data : callable
-        ``load_data(ClientInfo) -> LocalData``; called every round, so cache expensive
-        loading inside it (see :mod:`dpprecond.adapters.flower.data`). It must be picklable
-        for Flower's Ray simulation (a module-level function or a dataclass instance).
+        ``load_data(ClientInfo) -> LocalData``; called for every request, so cache
+        expensive loading inside it (see :mod:`dpprecond.adapters.flower.data`). It must be
+        picklable for Flower's Ray simulation (a module-level function or a dataclass).
     noise_seed : int or None, default=None
         ``None`` draws fresh OS entropy (always, in a deployment). An integer makes client
-        ``i`` in round ``t`` use the simulator's stream ``stream(noise_root, t - 1, i)`` of
-        ``run_federated(seed=noise_seed)``: only for simulations owned by one party.
+        ``i`` use the engine's streams of ``run_federated(seed=noise_seed)`` (round ``t``:
+        ``stream(noise_root, t - 1, i)``; the setup round: ``stream(setup_root, 0, i)``):
+        only for simulations owned by one party.
 
     Notes
     -----

@@ -1,17 +1,25 @@
 """What travels between the Flower server and its clients, without Flower.
 
-This module is the contract of the adapter: the keys of the records, the per-round request
-the server sends (:class:`RoundRequest`), the seed tree that makes a seeded Flower run
-reproduce the in-process simulator, and the two Flower-free steps the adapter delegates:
-the client's message (:func:`client_message`, a call of the simulator's client mechanism on
-one client) and the server's aggregate (:func:`aggregate`). No mathematics of its own: the
-mechanisms live in :mod:`dpprecond.fl.client`, the weights in
-:mod:`dpprecond.fl.partition`, the server transforms in :mod:`dpprecond.fl.server`.
+The contract of the adapter: the record keys, the request the server sends a client in one
+round (:class:`RoundRequest`), the arrays a client replies with (:func:`reply_shapes`), the
+seed tree that makes a seeded Flower run reproduce the in-process engine
+(:func:`simulator_seeds`) and the choice of a client's noise source (:func:`client_rng`).
+No mathematics: what a client computes is in :mod:`~dpprecond.adapters.flower.client_side`
+(calls of :mod:`dpprecond.fl.client`), what the server does in
+:mod:`~dpprecond.adapters.flower.server_side` (the method's server transform).
 
-Library functions used (the whole dependency of the adapter on :mod:`dpprecond.fl`):
-``fl.client.full_batch_messages``, ``fl.client.poisson_local_messages``,
-``fl.client.stream``, ``fl.partition.client_weights``, ``fl.accounting.training_event``
-(through :func:`epsilon_after_rounds`) and ``dpprecond.accounting.epsilon_of``.
+A request has one of three kinds, one per client mechanism of :mod:`dpprecond.fl.methods`:
+
+``"gradient"``
+    ``config.mechanism``'s message (full-batch or Poisson local steps): DP-FedGD, the SOFIM
+    forms, Adam, Yogi, and the gradient rounds of DP-FedFC and DP-FedNew.
+``"local-steps"``
+    ``local_steps`` noisy full-batch steps (DP-FedAvg), corrected by control variates
+    (DP-SCAFFOLD: the server's ``c`` travels with the parameters, the client's ``c_i``
+    stays in its own Flower ``context.state``).
+``"second-moment"``
+    The one-off noisy feature second moment of DP-FedFC and DP-FedNew (the setup round,
+    numbered 0; ``clip_norm`` is then the row clip ``C_x``).
 """
 
 from __future__ import annotations
@@ -19,44 +27,49 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpprecond import accounting
 from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
 from dpprecond.fl import client as client_mod
-from dpprecond.fl.accounting import training_event
-from dpprecond.fl.models import FLModel
-from dpprecond.fl.partition import client_weights
+from dpprecond.secure import SecureGenerator
 
 __all__ = [
     "CLIENT_MECHANISMS",
     "KEYS",
+    "REQUEST_KINDS",
     "RoundRequest",
     "SeedTree",
-    "aggregate",
-    "client_message",
     "client_rng",
-    "epsilon_after_rounds",
+    "reply_shapes",
     "simulator_seeds",
 ]
 
-#: Client mechanisms that are "one noisy message per client per round" with the noise added
-#: by the client. ``"client-level"`` needs a trusted aggregator that adds the noise after
-#: aggregation, which is exactly what this adapter avoids; use the simulator for it.
+#: Client mechanisms whose noise is added by the client. ``"client-level"`` needs a trusted
+#: aggregator that adds the noise after aggregation, which this adapter avoids on purpose;
+#: use the in-process engine for it.
 CLIENT_MECHANISMS: tuple[str, ...] = ("full-batch", "poisson")
+
+#: The kinds of client work (module docstring).
+REQUEST_KINDS: tuple[str, ...] = ("gradient", "local-steps", "second-moment")
 
 
 class _Keys(NamedTuple):
-    params: str = "params"      # ArrayRecord (server -> client): the current model
-    config: str = "config"      # ConfigRecord (server -> client): the RoundRequest
-    message: str = "message"    # ArrayRecord (client -> server): the noisy message
-    metrics: str = "metrics"    # MetricRecord (client -> server): client id and size
+    params: str = "params"        # ArrayRecord (server -> client): model, and "control" c
+    control: str = "control"      # array name of the server's control variate (SCAFFOLD)
+    config: str = "config"        # ConfigRecord (server -> client): the RoundRequest
+    reply: str = "reply"          # ArrayRecord (client -> server): the released arrays
+    message: str = "message"      # array: a gradient message (kind "gradient")
+    delta_y: str = "delta-y"      # array: model change (kind "local-steps")
+    delta_c: str = "delta-c"      # array: control-variate change (SCAFFOLD)
+    moment: str = "moment"        # array: the noisy second moment (kind "second-moment")
+    metrics: str = "metrics"      # MetricRecord (client -> server): client id (and size)
     client_id: str = "client-id"
     n_clients: str = "num-partitions"
     n_examples: str = "num-examples"
+    state: str = "dpprecond-control"         # client context.state: c_i and a pending c_i+
+    state_round: str = "dpprecond-control-round"  # ConfigRecord: the pending one's round
 
 
 #: Record and field names shared by the server and the client.
@@ -65,37 +78,80 @@ KEYS = _Keys()
 
 @dataclass(frozen=True)
 class RoundRequest:
-    """What the server asks every client in one round (sent as a ConfigRecord).
+    """What the server asks one client in one round (sent as a ConfigRecord).
 
-    ``server_round`` counts from 1 as in Flower; the simulator's round index is
-    ``server_round - 1``. The remaining fields are the client mechanism's settings
-    (:mod:`dpprecond.fl.client`).
+    Parameters
+    ----------
+    server_round : int
+        Flower's round (1, 2, ...; the engine's round index is ``server_round - 1``), or 0
+        for the setup round (kind ``"second-moment"``).
+    kind : {"gradient", "local-steps", "second-moment"}
+        What to release (module docstring).
+    clip_norm : float
+        Per-example clip norm ``C``; for ``"second-moment"`` the row clip ``C_x``.
+    noise_multiplier : float
+        The release's noise multiplier (the client adds the noise).
+    mechanism, sampling_rate, local_steps, local_lr
+        ``"gradient"``: the config's client mechanism; ``"local-steps"``: the method's local
+        steps and local learning rate (full-batch).
+    control_variates : bool
+        ``"local-steps"`` with SCAFFOLD's correction (the request carries the server's ``c``).
+    accepted_round : int
+        SCAFFOLD: the last round in which this client's reply was aggregated (0: none). The
+        client commits the control variate it computed in that round and discards any later
+        one, so that its ``c_i`` only moves when the server's ``c`` moved with it.
+    report_size : bool
+        Reply with ``|D_i|`` (only for size-weighted aggregation).
+    secure : bool
+        Draw the noise in secure mode (:mod:`dpprecond.secure`).
     """
 
     server_round: int
+    kind: str
     clip_norm: float
     noise_multiplier: float
     mechanism: str = "full-batch"
     sampling_rate: float = 1.0
     local_steps: int = 1
     local_lr: float = 0.1
+    control_variates: bool = False
+    accepted_round: int = 0
+    report_size: bool = False
+    secure: bool = False
 
     def validated(self) -> RoundRequest:
         """Check every field (``ValueError``/``TypeError`` naming it); return self."""
-        check_int("server_round", self.server_round, low=1)
+        check_int("server_round", self.server_round, low=0)
+        check_choice("kind", self.kind, REQUEST_KINDS)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
         check_positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
         check_choice("mechanism", self.mechanism, CLIENT_MECHANISMS)
         check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
         check_int("local_steps", self.local_steps, low=1)
         check_positive("local_lr", self.local_lr)
+        for name in ("control_variates", "report_size", "secure"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Expected {name} to be a bool, got "
+                                f"{getattr(self, name)!r}.")
+        check_int("accepted_round", self.accepted_round, low=0,
+                  high=max(self.server_round - 1, 0))
         if self.noise_multiplier > 0 and math.isinf(self.clip_norm):
             raise ValueError("A noisy request needs a finite clip_norm (the sensitivity is "
-                             "2 * clip_norm); got clip_norm=inf.")
-        if self.mechanism == "full-batch" and (self.local_steps != 1
-                                               or self.sampling_rate != 1.0):
+                             "proportional to it); got clip_norm=inf.")
+        if (self.kind == "second-moment") != (self.server_round == 0):
+            raise ValueError(f"Round 0 is the setup round and only asks for kind="
+                             f"'second-moment'; got server_round={self.server_round}, "
+                             f"kind={self.kind!r}.")
+        if self.kind != "gradient" and (self.mechanism != "full-batch"
+                                        or self.sampling_rate != 1.0):
+            raise ValueError(f"kind={self.kind!r} releases full-batch quantities: it needs "
+                             "mechanism='full-batch' and sampling_rate=1.")
+        if self.kind == "gradient" and self.mechanism == "full-batch" and (
+                self.local_steps != 1 or self.sampling_rate != 1.0):
             raise ValueError("mechanism='full-batch' sends one full-batch step: it needs "
                              "local_steps=1 and sampling_rate=1.")
+        if self.control_variates and self.kind != "local-steps":
+            raise ValueError("control_variates=True needs kind='local-steps'.")
         return self
 
     def to_config(self) -> dict[str, Any]:
@@ -113,91 +169,77 @@ class RoundRequest:
         return cls(**{k.replace("-", "_"): config[k] for k in names}).validated()
 
 
-class SeedTree(NamedTuple):
-    """The seed sequences that :func:`dpprecond.fl.simulator.run_federated` derives."""
+def reply_shapes(request: RoundRequest, n_params: int,
+                 n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The arrays (name -> shape) a client replies with to ``request``.
 
-    init: np.random.SeedSequence       # model initialization
-    noise: np.random.SeedSequence      # root of the (round, client) noise streams
-    partition: np.random.SeedSequence  # the client split
+    ``n_features`` (the linear head's ``d``) is needed for ``"second-moment"``, whose reply
+    is the ``(d + 1, d + 1)`` moment.
+    """
+    if request.kind == "gradient":
+        return {KEYS.message: (n_params,)}
+    if request.kind == "local-steps":
+        shapes = {KEYS.delta_y: (n_params,)}
+        if request.control_variates:
+            shapes[KEYS.delta_c] = (n_params,)
+        return shapes
+    if n_features is None:
+        raise ValueError("A second-moment reply's shape needs n_features.")
+    return {KEYS.moment: (n_features + 1, n_features + 1)}
+
+
+class SeedTree(NamedTuple):
+    """The seed sequences of ``run_federated(seed=s)`` (and of ``simulate(seed=simulation)``).
+
+    Each field is a fresh ``SeedSequence`` (nothing spawned from it yet), so it can be
+    passed on: ``simulate(..., seed=simulator_seeds(s).simulation)`` is the engine run of
+    ``run_federated(..., seed=s)`` on the same partition.
+    """
+
+    simulation: np.random.SeedSequence  # simulate()'s root
+    init: np.random.SeedSequence        # model initialization
+    noise: np.random.SeedSequence       # root of the (round, client) gradient streams
+    setup: np.random.SeedSequence       # root of the one-off (covariance) releases
+    partition: np.random.SeedSequence   # the client split
 
 
 def simulator_seeds(seed: int) -> SeedTree:
     """The seed tree of ``run_federated(seed=seed)``, rebuilt from the integer.
 
-    ``run_federated`` spawns ``(simulation, partition)`` from ``SeedSequence(seed)`` and
-    :func:`~dpprecond.fl.simulator.simulate` spawns ``(init, noise)`` from the simulation
-    sequence; client ``i`` draws round ``t`` from ``fl.client.stream(noise, t, i)``. Every
-    process rebuilds the same tree from the integer, so a Flower client and the simulator
-    draw identical numbers. This is the only place the adapter mirrors the simulator's
-    spawn order (a test pins it).
+    ``run_federated`` spawns ``(simulation, partition)`` from ``SeedSequence(seed)``, and
+    :func:`dpprecond.fl.engine.simulate` spawns ``(init, noise, setup)`` from the simulation
+    sequence; client ``i`` draws round ``t``'s noise from ``fl.client.stream(noise, t, i)``
+    and its covariance from ``stream(setup, 0, i)``. Every process rebuilds the same tree
+    from the integer, so a Flower client and the engine draw identical numbers. This is the
+    only place the adapter mirrors the engine's spawn order (a test pins it).
     """
-    root = np.random.SeedSequence(check_int("seed", seed, low=0))
-    simulation, partition = root.spawn(2)
-    init, noise = simulation.spawn(2)
-    return SeedTree(init, noise, partition)
+    seed = check_int("seed", seed, low=0)
+
+    def child(*key: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(seed, spawn_key=key)
+
+    return SeedTree(child(0), child(0, 0), child(0, 1), child(0, 2), child(1))
 
 
-def client_rng(noise_seed: int | None, server_round: int, client_id: int) -> np.random.Generator:
-    """The generator of one client in one round.
+def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
+               secure: bool = False) -> Any:
+    """The noise source of one client for one request.
 
-    ``noise_seed=None`` (every deployment): a generator seeded from fresh OS entropy at each
-    call, so no two clients, rounds or runs share noise and nobody can predict it. With an
-    integer (testing only): the simulator's stream of ``(server_round - 1, client_id)``.
+    ``noise_seed=None`` (every deployment): fresh OS entropy, a new generator per call, so
+    no two clients, rounds or runs share noise and nobody can predict it; in secure mode
+    (``secure`` or ``request.secure``) a :class:`dpprecond.secure.SecureGenerator` (the OS
+    CSPRNG, and the releases are snapped). With an integer (testing only): the engine's
+    stream of ``run_federated(seed=noise_seed)`` for this (round, client); refused in secure
+    mode, as the engine refuses seeds there.
     """
+    secure = secure or request.secure
     if noise_seed is None:
-        return np.random.default_rng()
-    check_int("server_round", server_round, low=1)
-    check_int("client_id", client_id, low=0)
-    return client_mod.stream(simulator_seeds(noise_seed).noise, server_round - 1, client_id)
-
-
-def client_message(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                   request: RoundRequest, rng: np.random.Generator) -> np.ndarray:
-    """One client's noisy message, shape ``(n_params,)``, from the simulator's mechanism.
-
-    The client's examples are one block ``bounds = [0, n]`` of the simulator's
-    client-contiguous layout, so this is row ``i`` of what the simulator computes for all
-    clients at once. Privacy unit, sensitivity and event: see :mod:`dpprecond.fl.client`
-    (``"full-batch"``: replace-one, ``2C``, ``GaussianDpEvent(z)`` per round).
-    """
-    request = request.validated()
-    bounds = np.array([0, X.shape[0]], dtype=np.int64)
-    if request.mechanism == "full-batch":
-        U = client_mod.full_batch_messages(model, params, X, y, bounds, request.clip_norm,
-                                           request.noise_multiplier, [rng])
-    else:
-        U = client_mod.poisson_local_messages(
-            model, params, X, y, bounds, request.clip_norm, request.noise_multiplier, [rng],
-            sampling_rate=request.sampling_rate, local_steps=request.local_steps,
-            local_lr=request.local_lr)
-    return U[0]
-
-
-def aggregate(messages: np.ndarray, sizes: np.ndarray, weighting: str = "uniform") -> np.ndarray:
-    """``G = sum_i w_i u_i`` over the clients that replied, rows in client-id order.
-
-    The weights are :func:`dpprecond.fl.partition.client_weights` of the repliers only, so
-    they sum to one over the clients present: ``1/m`` each (uniform) or ``|D_i| / sum |D_j|``
-    over the ``m`` repliers (size). With every client present this is the simulator's
-    ``weights @ U`` term for term.
-    """
-    return client_weights(sizes, weighting) @ messages  # type: ignore[arg-type]
-
-
-@lru_cache(maxsize=4096)
-def epsilon_after_rounds(noise_multiplier: float, n_rounds: int, delta: float,
-                         mechanism: str = "full-batch", *, sampling_rate: float = 1.0,
-                         local_steps: int = 1, accountant: str = "pld") -> float:
-    """Epsilon of one privacy unit whose client was asked in ``n_rounds`` rounds.
-
-    The same ``dp_accounting`` events as the simulator (:func:`fl.accounting.training_event`,
-    composed by :func:`dpprecond.accounting.epsilon_of`); ``0`` rounds cost nothing and a
-    zero noise multiplier is not private (``inf``).
-    """
-    if n_rounds == 0:
-        return 0.0
-    if noise_multiplier == 0:
-        return math.inf
-    event = training_event(noise_multiplier, n_rounds, mechanism,  # type: ignore[arg-type]
-                           sampling_rate=sampling_rate, local_steps=local_steps)
-    return accounting.epsilon_of(event, delta, accountant)  # type: ignore[arg-type]
+        return SecureGenerator() if secure else np.random.default_rng()
+    if secure:
+        raise ValueError(f"Secure mode refuses seeded noise (got noise_seed={noise_seed!r}): "
+                         "a seeded release can be regenerated by whoever knows the seed.")
+    client_id = check_int("client_id", client_id, low=0)
+    tree = simulator_seeds(noise_seed)
+    if request.kind == "second-moment":
+        return client_mod.stream(tree.setup, 0, client_id)
+    return client_mod.stream(tree.noise, request.server_round - 1, client_id)

@@ -1,39 +1,33 @@
-"""A Flower strategy for the "one noisy message per client per round + server transform"
-algorithms: DP-FedSOFIM (every form), DP-FedGD, DP-FedAdam and DP-FedYogi.
+"""A Flower strategy for every federated method of :mod:`dpprecond.fl.methods`.
 
-The strategy only wires messages. Each round it
+The strategy only moves arrays and configurations; the run itself is a
+:class:`~dpprecond.adapters.flower.server_side.ServerSide` (calibration from the method's
+release schedule, the run's ledger, the method's server transform). Each round it
 
 1. registers any newly connected node (a ``query`` message: which client id are you?);
-2. sends the current model and a :class:`~dpprecond.adapters.flower.protocol.RoundRequest`
-   (clip norm, noise multiplier, mechanism) to every registered client;
-3. aggregates the noisy messages of the clients that replied
-   (:func:`~dpprecond.adapters.flower.protocol.aggregate`, rows in client-id order) and
-   applies the server transform (an ``(init, update)`` pair from
-   :func:`dpprecond.fl.server.make_optimizer`);
-4. records the epsilon spent (:func:`~dpprecond.adapters.flower.protocol.epsilon_after_rounds`,
-   the simulator's dp_accounting events) and which clients dropped out.
+2. records the round's releases in the ledger, then sends every eligible client the model
+   (and SCAFFOLD's ``c``) and its :class:`~dpprecond.adapters.flower.protocol.RoundRequest`;
+3. validates the replies, hands the valid ones to the server transform, and records the
+   epsilon spent and which clients dropped out.
+
+DP-FedFC and DP-FedNew first run a setup round (round 0) in which every registered client
+releases its noisy feature second moment.
 
 Privacy. The clients add their own Gaussian noise before sending (no trusted aggregator),
 so nothing here is wrapped in Flower's differential-privacy strategies, which add noise
-after aggregation. The server step is post-processing and costs nothing.
-
-Dropout. A client whose reply is an error, is malformed, or does not arrive within the
-round's timeout is left out of that round; the round aggregates the others with weights
-renormalized over the repliers (uniform ``1/m``, or ``|D_i| / sum`` of the repliers' sizes).
-Every client that was *sent* a request is charged for that round, replied or not: a client
-that failed before computing its message released nothing, but a client that timed out may
-have sent a message that arrived late, and the server cannot tell the two apart, so the
-reported epsilon never relies on a reply having been lost. The messages that were used are
-each protected by their own client's noise, so leaving some out changes nobody's privacy;
-it raises the variance of the aggregate's noise (``1/m`` instead of ``1/K``).
+after aggregation. The server step is post-processing and costs nothing. Every round's
+releases are recorded *before* the requests go out: a client that was asked may have
+released its message even if it never arrives (a late reply), so the epsilon never relies
+on a reply having been lost. Dropout policies per method: see
+:mod:`~dpprecond.adapters.flower.server_side` and docs/flower.md.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -50,16 +44,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from dpprecond._validation import check_array, check_int, check_labels, check_positive
-from dpprecond.adapters.flower.protocol import (
-    CLIENT_MECHANISMS,
-    KEYS,
-    RoundRequest,
-    aggregate,
-    epsilon_after_rounds,
-    simulator_seeds,
-)
+from dpprecond.accounting import PrivacyLedger
+from dpprecond.adapters.flower.protocol import KEYS, RoundRequest, reply_shapes, simulator_seeds
+from dpprecond.adapters.flower.server_side import ServerSide
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult
+from dpprecond.fl.methods import Method
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.server import GradientTransformation
 
@@ -74,15 +64,15 @@ class DPFedStrategy(Strategy):
     Parameters
     ----------
     model : FLModel
-        The model (only ``init_params``, ``n_params`` and, with test data, ``evaluate``
-        are used at the server).
-    optimizer : GradientTransformation
-        The server transform, e.g. ``dpprecond.fl.server.make_optimizer("sofim")``.
+        The model (``init_params``, ``n_params``, and ``evaluate`` with test data, are used
+        at the server).
+    method : Method, str or GradientTransformation
+        The algorithm: ``make_method(name, **options)`` of :mod:`dpprecond.fl.methods`, a
+        method name, or a server transform (run on the config's mechanism), as for
+        :func:`dpprecond.fl.engine.simulate`.
     config : FLConfig
-        Privacy and training settings: ``n_rounds``, ``clip_norm``, ``target_epsilon`` or
-        ``noise_multiplier``, ``target_delta``, ``mechanism`` (``"full-batch"`` or
-        ``"poisson"``), ``weighting``, ``accountant``. The noise multiplier is resolved
-        (calibrated) once, here, and sent to the clients every round.
+        Privacy and training settings; the noise is calibrated once, here, from the
+        method's release schedule exactly as the engine does.
     n_clients : int
         Expected federation size K (client ids ``0 .. K-1``).
     X_test, y_test : ndarray, optional
@@ -90,41 +80,50 @@ class DPFedStrategy(Strategy):
     seed : int or None
         Model initialization from ``run_federated``'s seed tree; ``None`` uses fresh
         entropy. It never touches the clients' noise.
+    ledger : PrivacyLedger, optional
+        A caller's ledger: the whole run is checked against its ``max_epsilon`` before the
+        first message, and every release is recorded in it too.
+    secure : bool, default=False
+        Ask the clients for secure-mode noise (:mod:`dpprecond.secure`; ``seed`` must then
+        be ``None``, as for the engine).
     connect_timeout : float, default=120
-        Seconds to wait before the first round for all K clients to connect and register;
-        afterwards the run goes on with the registered ones (the others count as absent).
+        Seconds to wait before the first round (or the setup round) for all K clients to
+        connect and register; afterwards the run goes on with the registered ones (the
+        others count as absent).
     min_replies : int, default=1
-        A round with fewer valid replies leaves the model and the optimizer state unchanged.
+        A round with fewer valid replies leaves the model and the server state unchanged.
 
     Attributes
     ----------
     noise_multiplier_ : float
-        The noise multiplier sent to the clients.
+        The per-round gradient release's noise multiplier (as the engine reports it).
+    server_ : ServerSide
+        The run: schedule, multipliers, the run's ledger, the server state.
     history_ : list of dict
         One record per round: ``round``, ``epsilon``, ``update_norm``, ``seconds``,
         ``n_replied``, ``clients_replied``, ``clients_failed``, ``clients_timed_out``,
-        ``clients_absent``, ``failures`` (client id -> reason) and, with test data,
-        ``test_accuracy`` and ``test_loss``.
+        ``clients_absent`` (not connected), ``clients_excluded`` (connected but not asked:
+        DP-FedNew without a moment), ``failures`` (client id -> reason) and, with test
+        data, ``test_accuracy`` and ``test_loss``.
+    setup_ : dict or None
+        DP-FedFC/DP-FedNew: the setup round's record (the same client lists).
     result_ : FLResult
-        After :meth:`run`: final parameters, history and privacy figures.
+        After :meth:`run`: final parameters, history, privacy figures and ``events``.
     """
 
-    def __init__(self, model: FLModel, optimizer: GradientTransformation, config: FLConfig,
-                 n_clients: int, *, X_test: np.ndarray | None = None,
+    def __init__(self, model: FLModel, method: Method | str | GradientTransformation,
+                 config: FLConfig, n_clients: int, *, X_test: np.ndarray | None = None,
                  y_test: np.ndarray | None = None, seed: int | None = None,
+                 ledger: PrivacyLedger | None = None, secure: bool = False,
                  connect_timeout: float = 120.0, min_replies: int = 1) -> None:
-        if not isinstance(config, FLConfig):
-            raise TypeError(f"Expected config to be an FLConfig, got {type(config).__name__}.")
-        self.config = config.validated()
-        if self.config.mechanism not in CLIENT_MECHANISMS:
-            raise ValueError(f"mechanism={self.config.mechanism!r} is not supported on Flower: "
-                             f"the adapter runs the client-noise mechanisms "
-                             f"{list(CLIENT_MECHANISMS)}; client-level DP needs a trusted "
-                             "aggregator (use the in-process simulator).")
+        self.server_ = ServerSide(method, model, config, n_clients, ledger=ledger,
+                                  secure=secure)
         self.model = model
-        self.optimizer = optimizer
-        self.n_clients = check_int("n_clients", n_clients, low=1)
+        self.config = self.server_.config
+        self.n_clients = self.server_.n_clients
         self.seed = None if seed is None else check_int("seed", seed, low=0)
+        if secure and self.seed is not None:
+            raise ValueError(f"secure=True refuses seeds (got seed={seed!r}).")
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
         self.min_replies = check_int("min_replies", min_replies, low=1)
         self.X_test = self.y_test = None
@@ -134,11 +133,7 @@ class DPFedStrategy(Strategy):
             self.X_test = check_array("X_test", X_test)
             self.y_test = check_labels("y_test", y_test, getattr(model, "n_classes", 2**31),
                                        n_rows=self.X_test.shape[0])
-        self.noise_multiplier_ = self.config.resolve_noise_multiplier()
-        self._request = RoundRequest(
-            1, float(self.config.clip_norm), float(self.noise_multiplier_),
-            self.config.mechanism, float(self.config.sampling_rate),
-            int(self.config.local_steps), float(self.config.local_lr)).validated()
+        self.noise_multiplier_ = self.server_.noise_multiplier
         self._clients: dict[int, int] = {}  # node id -> client id (registration)
         self._reset()
 
@@ -146,11 +141,12 @@ class DPFedStrategy(Strategy):
 
     def _reset(self) -> None:
         self.history_: list[dict[str, Any]] = []
-        self._asked = np.zeros(self.n_clients, dtype=np.int64)
-        self._sent: dict[int, int] = {}
+        self.setup_: dict[str, Any] | None = None
+        self._sent: dict[int, tuple[int, RoundRequest]] = {}  # node -> (client, request)
+        self._excluded: list[int] = []
         self._round_start = 0.0
         self._params: np.ndarray | None = None
-        self._state: Any = None
+        self.server_.reset()
 
     def initial_params(self) -> np.ndarray:
         """The model's initial parameters (from the seed tree when ``seed`` is set)."""
@@ -159,10 +155,10 @@ class DPFedStrategy(Strategy):
 
     def summary(self) -> None:
         """Log the settings (Flower calls this when the strategy starts)."""
-        logger.info("DPFedStrategy: K=%d clients, T=%d rounds, mechanism=%s, z=%.4g, C=%g, "
-                    "weighting=%s, delta=%g", self.n_clients, self.config.n_rounds,
-                    self.config.mechanism, self.noise_multiplier_, self.config.clip_norm,
-                    self.config.weighting, self.config.target_delta)
+        logger.info("DPFedStrategy: %s, K=%d clients, T=%d rounds, mechanism=%s, noise %s, "
+                    "C=%g, weighting=%s, delta=%g", self.server_.method.name, self.n_clients,
+                    self.config.n_rounds, self.config.mechanism, self.server_.multipliers,
+                    self.config.clip_norm, self.config.weighting, self.config.target_delta)
 
     # -- registration --------------------------------------------------------------------
 
@@ -199,114 +195,160 @@ class DPFedStrategy(Strategy):
                 raise ValueError(f"Several connected SuperNodes claim client ids {dup}; give "
                                  "each SuperNode its own partition-id.")
             if not wait or len(current) >= self.n_clients or time.monotonic() >= deadline:
+                if not current:
+                    raise RuntimeError(f"No client registered within connect_timeout="
+                                       f"{self.connect_timeout:g} s; start the SuperNodes "
+                                       "(each with --node-config \"partition-id=I "
+                                       "num-partitions=K\").")
+                if wait and len(current) < self.n_clients:
+                    logger.warning("only %d of %d clients registered; going on without the "
+                                   "others", len(current), self.n_clients)
                 return current
             time.sleep(0.2)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _messages(self, nodes: Mapping[int, int], requests: Mapping[int, RoundRequest],
+                  arrays: ArrayRecord | None, message_type: str) -> list[Message]:
+        self._sent = {n: (c, requests[c]) for n, c in nodes.items()}
+        out = []
+        for n in sorted(nodes):
+            content = RecordDict({KEYS.config: ConfigRecord(requests[nodes[n]].to_config())})
+            if arrays is not None:
+                content[KEYS.params] = arrays
+            out.append(Message(content, dst_node_id=n, message_type=message_type))
+        return out
+
+    def _parse(self, content: RecordDict, client: int,
+               request: RoundRequest) -> tuple[dict[str, np.ndarray], int]:
+        metrics = content[KEYS.metrics]
+        if int(metrics[KEYS.client_id]) != client:
+            raise ValueError(f"reply says client-id={metrics[KEYS.client_id]}, registered as "
+                             f"{client}")
+        record = content[KEYS.reply]
+        shapes = reply_shapes(request, self.model.n_params,
+                              getattr(self.model, "n_features", None))
+        arrays = {}
+        for name, shape in shapes.items():
+            a = np.asarray(record[name].numpy(), dtype=np.float64)
+            if a.shape != shape or not np.isfinite(a).all():
+                raise ValueError(f"{name} of shape {a.shape} (finite: "
+                                 f"{bool(np.isfinite(a).all())}), expected {shape} finite "
+                                 "values")
+            arrays[name] = a
+        n = 1
+        if request.report_size:
+            n = int(metrics[KEYS.n_examples])
+            if n < 1:
+                raise ValueError(f"num-examples={n} < 1")
+        return arrays, n
+
+    def _collect(self, replies: Iterable[Message]
+                 ) -> tuple[dict[int, dict[str, np.ndarray]], dict[int, int], dict[int, str],
+                            list[int]]:
+        """Valid replies (client -> arrays), sizes, failures and clients that timed out."""
+        valid: dict[int, dict[str, np.ndarray]] = {}
+        sizes: dict[int, int] = {}
+        failures: dict[int, str] = {}
+        for msg in replies:
+            sent = self._sent.get(msg.metadata.src_node_id)
+            if sent is None or sent[0] in valid or sent[0] in failures:
+                continue
+            client, request = sent
+            if msg.has_error():
+                failures[client] = str(msg.error.reason)
+                continue
+            try:
+                valid[client], sizes[client] = self._parse(msg.content, client, request)
+            except (KeyError, ValueError, TypeError) as exc:
+                failures[client] = f"malformed reply: {exc}"
+        asked = {c for c, _ in self._sent.values()}
+        timed_out = sorted(asked - valid.keys() - failures.keys())
+        for c in (*sorted(failures), *timed_out):
+            logger.warning("client %d dropped (%s)", c,
+                           failures.get(c, "no reply before the timeout"))
+        return valid, sizes, failures, timed_out
+
+    def _dropouts(self, replied: Iterable[int], failures: Mapping[int, str],
+                  timed_out: list[int]) -> dict[str, Any]:
+        asked = {c for c, _ in self._sent.values()}
+        return {"n_replied": len(list(replied)), "clients_replied": sorted(replied),
+                "clients_failed": sorted(failures), "clients_timed_out": timed_out,
+                "clients_absent": sorted(set(range(self.n_clients)) - asked
+                                         - set(self._excluded)),
+                "clients_excluded": list(self._excluded),
+                "failures": {str(k): v for k, v in sorted(failures.items())}}
+
+    # -- the setup round (DP-FedFC, DP-FedNew) ------------------------------------------------
+
+    def _setup(self, grid: Grid, params: np.ndarray, timeout: float) -> None:
+        current = self._registered(grid, wait=True)
+        request = self.server_.setup_request()
+        self.server_.spend_setup()  # charged whether or not the replies arrive
+        messages = self._messages(current, {c: request for c in current.values()}, None,
+                                  MessageType.TRAIN)
+        valid, _, failures, timed_out = self._collect(
+            grid.send_and_receive(messages, timeout=timeout))
+        self.setup_ = {"round": 0, "epsilon": self.server_.ledger.epsilon,
+                       **self._dropouts(valid, failures, timed_out)}
+        if len(valid) < self.min_replies:
+            raise RuntimeError(f"Only {len(valid)} client(s) released their second moment in "
+                               f"the setup round (min_replies={self.min_replies}); the "
+                               f"preconditioner cannot be built. Failures: {failures}, "
+                               f"timed out: {timed_out}.")
+        self.server_.finish_setup({c: a[KEYS.moment] for c, a in valid.items()}, params)
 
     # -- one round -------------------------------------------------------------------------
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Register new nodes and send the model and the round request to every client."""
-        current = self._registered(grid, wait=server_round == 1)
-        if not current:
-            raise RuntimeError(f"No client registered within connect_timeout="
-                               f"{self.connect_timeout:g} s; start the SuperNodes (each with "
-                               "--node-config \"partition-id=I num-partitions=K\").")
-        if server_round == 1 and len(current) < self.n_clients:
-            logger.warning("only %d of %d clients registered; going on without the others",
-                           len(current), self.n_clients)
+        """Register new nodes, record the round's releases, send model and requests."""
+        current = self._registered(grid, wait=server_round == 1 and self.setup_ is None)
+        eligible = set(self.server_.eligible(current.values()))
+        self._excluded = sorted(set(current.values()) - eligible)
+        asked = {n: c for n, c in current.items() if c in eligible}
+        if not asked:
+            raise RuntimeError(f"Round {server_round}: no eligible client is connected "
+                               f"(excluded: {self._excluded}).")
         self._params = np.asarray(arrays[KEYS.params].numpy(), dtype=np.float64)
-        request = replace(self._request, server_round=server_round)
-        content = RecordDict({KEYS.params: arrays,
-                              KEYS.config: ConfigRecord(request.to_config())})
-        self._sent = dict(current)
-        self._asked[list(current.values())] += 1  # charged whether or not they reply
+        out = ArrayRecord({KEYS.params: Array(self._params),
+                           **{k: Array(np.asarray(v)) for k, v in
+                              self.server_.broadcast().items()}})
+        requests = {c: self.server_.round_request(server_round, c) for c in asked.values()}
+        self.server_.spend_round()  # charged whether or not they reply
         self._round_start = time.perf_counter()
-        return [Message(content, dst_node_id=n, message_type=MessageType.TRAIN)
-                for n in sorted(current)]
-
-    def _parse(self, content: RecordDict, client: int) -> tuple[np.ndarray, int]:
-        metrics = content[KEYS.metrics]
-        if int(metrics[KEYS.client_id]) != client:
-            raise ValueError(f"reply says client-id={metrics[KEYS.client_id]}, registered as "
-                             f"{client}")
-        u = np.asarray(content[KEYS.message][KEYS.message].numpy(), dtype=np.float64)
-        if u.shape != (self.model.n_params,) or not np.isfinite(u).all():
-            raise ValueError(f"message of shape {u.shape} (finite: "
-                             f"{bool(np.isfinite(u).all())}), expected "
-                             f"({self.model.n_params},) finite values")
-        n = int(metrics[KEYS.n_examples])
-        if n < 1:
-            raise ValueError(f"num-examples={n} < 1")
-        return u, n
+        return self._messages(asked, requests, out, MessageType.TRAIN)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Aggregate the valid replies, apply the server transform, record the round."""
+        """Apply the server transform to the valid replies and record the round."""
         assert self._params is not None  # configure_train ran first (internal invariant)
-        replied: dict[int, tuple[np.ndarray, int]] = {}
-        failures: dict[int, str] = {}
-        for msg in replies:
-            client = self._sent.get(msg.metadata.src_node_id)
-            if client is None or client in replied or client in failures:
-                continue
-            if msg.has_error():
-                failures[client] = str(msg.error.reason)
-                continue
-            try:
-                replied[client] = self._parse(msg.content, client)
-            except (KeyError, ValueError, TypeError) as exc:
-                failures[client] = f"malformed reply: {exc}"
-        sent = set(self._sent.values())
-        timed_out = sorted(sent - replied.keys() - failures.keys())
-        absent = sorted(set(range(self.n_clients)) - sent)
-        order = sorted(replied)
+        valid, sizes, failures, timed_out = self._collect(replies)
         updates = np.zeros_like(self._params)
-        if len(order) >= self.min_replies:
-            U = np.stack([replied[c][0] for c in order])
-            sizes = np.array([replied[c][1] for c in order], dtype=np.int64)
-            G = aggregate(U, sizes, self.config.weighting)
-            updates, self._state = self.optimizer.update(G, self._state, self._params)
+        if len(valid) >= self.min_replies:
+            updates = self.server_.update(server_round, valid, sizes, self._params)
             self._params = self._params + updates
         else:
             logger.warning("round %d: %d valid replies < min_replies=%d; model unchanged",
-                           server_round, len(order), self.min_replies)
-        for c in (*failures, *timed_out):
-            logger.warning("round %d: client %d dropped (%s)", server_round, c,
-                           failures.get(c, "no reply before the timeout"))
-        record = self._record(server_round, updates, order, failures, timed_out, absent)
-        self.history_.append(record)
-        metrics = MetricRecord({
-            "epsilon": record["epsilon"], "update-norm": record["update_norm"],
-            "n-replied": len(order), "clients-failed": sorted(failures),
-            "clients-timed-out": timed_out, "clients-absent": absent,
-            **({"test-accuracy": record["test_accuracy"], "test-loss": record["test_loss"]}
-               if "test_accuracy" in record else {})})
-        return ArrayRecord({KEYS.params: Array(self._params)}), metrics
-
-    def _record(self, server_round: int, updates: np.ndarray, replied: list[int],
-                failures: dict[int, str], timed_out: list[int],
-                absent: list[int]) -> dict[str, Any]:
-        cfg = self.config
-        seconds = time.perf_counter() - self._round_start  # as the simulator: no evaluation
+                           server_round, len(valid), self.min_replies)
+        seconds = time.perf_counter() - self._round_start  # as the engine: no evaluation
         record: dict[str, Any] = {"round": server_round}
         if self.X_test is not None:
             loss, acc = self.model.evaluate(self._params, self.X_test, self.y_test)
             record.update(test_accuracy=acc, test_loss=loss)
-        record.update(
-            epsilon=epsilon_after_rounds(self.noise_multiplier_, int(self._asked.max()),
-                                         cfg.target_delta, cfg.mechanism,
-                                         sampling_rate=float(cfg.sampling_rate),
-                                         local_steps=int(cfg.local_steps),
-                                         accountant=cfg.accountant),
-            update_norm=float(np.linalg.norm(updates)),
-            seconds=seconds,
-            n_replied=len(replied), clients_replied=replied,
-            clients_failed=sorted(failures), clients_timed_out=timed_out,
-            clients_absent=absent, failures={str(k): v for k, v in sorted(failures.items())})
-        logger.info("round %d: %d/%d replied, epsilon=%.4g", server_round, len(replied),
+        record.update(epsilon=self.server_.ledger.epsilon,
+                      update_norm=float(np.linalg.norm(updates)), seconds=seconds,
+                      **self._dropouts(valid, failures, timed_out))
+        self.history_.append(record)
+        logger.info("round %d: %d/%d replied, epsilon=%.4g", server_round, len(valid),
                     self.n_clients, record["epsilon"])
-        return record
+        metrics = MetricRecord({
+            "epsilon": record["epsilon"], "update-norm": record["update_norm"],
+            "n-replied": len(valid), "clients-failed": record["clients_failed"],
+            "clients-timed-out": timed_out, "clients-absent": record["clients_absent"],
+            **({"test-accuracy": record["test_accuracy"], "test-loss": record["test_loss"]}
+               if "test_accuracy" in record else {})})
+        return ArrayRecord({KEYS.params: Array(self._params)}), metrics
 
     # -- evaluation: none at the clients (their metrics on private data are not private) ---
 
@@ -325,15 +367,23 @@ class DPFedStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Any:
-        """Flower's round loop, refusing more rounds than the noise was calibrated for."""
+        """Check the plan, run the setup round if any, then Flower's round loop.
+
+        Refuses more rounds than the noise was calibrated for, and a plan the caller's
+        ledger cannot afford, before any message is sent.
+        """
         num_rounds = check_int("num_rounds", num_rounds, low=1)
         if num_rounds > self.config.n_rounds:
             raise ValueError(f"num_rounds={num_rounds} exceeds config.n_rounds="
                              f"{self.config.n_rounds}, for which the noise was calibrated; "
                              "more rounds would spend more than the budget.")
         self._reset()
+        self.server_.check_plan()
         params = np.asarray(initial_arrays[KEYS.params].numpy(), dtype=np.float64)
-        self._state = self.optimizer.init(params)
+        if self.server_.needs_setup:
+            self._setup(grid, params, timeout)
+        else:
+            self.server_.init(params)
         return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
                              train_config=train_config, evaluate_config=evaluate_config,
                              evaluate_fn=evaluate_fn)
@@ -345,13 +395,16 @@ class DPFedStrategy(Strategy):
         clients that have not answered by then are left out of the round.
         """
         timeout = check_positive("timeout", timeout)
-        params = self.initial_params()
-        self.start(grid, ArrayRecord({KEYS.params: Array(params)}),
+        self.start(grid, ArrayRecord({KEYS.params: Array(self.initial_params())}),
                    num_rounds=self.config.n_rounds, timeout=timeout)
         assert self._params is not None
-        eps = self.history_[-1]["epsilon"] if self.history_ else 0.0
-        config = {**asdict(self.config), "n_clients": self.n_clients, "engine": "flower",
-                  "seed": self.seed}
+        ledger = self.server_.ledger
+        config = {**asdict(self.config), **self.server_.method.describe(),
+                  "n_clients": self.n_clients, "engine": "flower", "seed": self.seed,
+                  "secure": self.server_.secure}
+        if self.setup_ is not None:
+            config["setup_round"] = self.setup_
         self.result_ = FLResult(self._params, self.history_, self.noise_multiplier_,
-                                float(eps), self.config.target_delta, config)
+                                float(ledger.epsilon), self.config.target_delta, config,
+                                ledger.events)
         return self.result_
