@@ -57,6 +57,7 @@ from flwr.clientapp import ClientApp
 from dpprecond._validation import check_int
 from dpprecond.adapters.flower.client_side import ControlState, client_reply, settle_control
 from dpprecond.adapters.flower.protocol import KEYS, RoundRequest, client_rng
+from dpprecond.adapters.flower.records import read_array, read_int
 from dpprecond.fl.models import FLModel
 
 __all__ = [
@@ -155,10 +156,10 @@ def query_reply(message: Message, context: Context) -> Message:
 
 
 def _received(content: RecordDict, name: str, n_params: int, model: FLModel) -> np.ndarray:
-    if KEYS.params not in content or name not in content[KEYS.params]:
-        raise ValueError(f"The request has no {name!r} array; the server and the client run "
+    if KEYS.params not in content:
+        raise ValueError("The request has no parameters; the server and the client run "
                          "different versions of the dpprecond adapter.")
-    value = np.asarray(content[KEYS.params][name].numpy(), dtype=np.float64)
+    value = np.asarray(read_array(content[KEYS.params], name, "request"), dtype=np.float64)
     if value.shape != (n_params,) or not np.isfinite(value).all():
         raise ValueError(f"Received {name} of shape {value.shape} (finite: "
                          f"{bool(np.isfinite(value).all())}); this client's model {model!r} "
@@ -171,9 +172,10 @@ def _control_state(context: Context, n_params: int) -> ControlState:
     if KEYS.state not in context.state:
         return ControlState(np.zeros(n_params))
     arrays = context.state[KEYS.state]
-    pending = arrays["pending"].numpy() if "pending" in arrays else None
-    return ControlState(arrays["control"].numpy(), pending,
-                        int(context.state[KEYS.state_round]["pending-round"]))
+    pending = read_array(arrays, "pending", "client state") if "pending" in arrays else None
+    return ControlState(read_array(arrays, "control", "client state"), pending,
+                        read_int(context.state[KEYS.state_round], "pending-round",
+                                 "client state"))
 
 
 def _keep_control(context: Context, control: np.ndarray, pending: np.ndarray,
@@ -223,7 +225,8 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
     if new_control is not None:
         assert client_control is not None
         _keep_control(context, client_control, new_control, request.server_round)
-    metrics: dict[str, int] = {KEYS.client_id: info.client_id}
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        KEYS.client_id: info.client_id}
     if request.report_size:
         metrics[KEYS.n_examples] = int(local.X.shape[0])
     content = RecordDict({

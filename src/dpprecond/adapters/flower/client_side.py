@@ -101,7 +101,7 @@ def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np
     delta_y = client_mod.local_step_deltas(
         model, params, X, y, bounds, r.clip_norm, r.noise_multiplier, [rng],
         local_steps=r.local_steps, local_lr=r.local_lr, correction=correction)
-    if not r.control_variates:
+    if not r.control_variates or control is None or client_control is None:
         return {KEYS.delta_y: delta_y[0]}, None
     method = LocalStepsMethod("scaffold", local_steps=r.local_steps, local_lr=r.local_lr)
     c_new = method.updated_controls(client_control[None, :], control, delta_y)[0]

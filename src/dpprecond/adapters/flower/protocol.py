@@ -179,7 +179,7 @@ def reply_shapes(request: RoundRequest, n_params: int,
     if request.kind == "gradient":
         return {KEYS.message: (n_params,)}
     if request.kind == "local-steps":
-        shapes = {KEYS.delta_y: (n_params,)}
+        shapes: dict[str, tuple[int, ...]] = {KEYS.delta_y: (n_params,)}
         if request.control_variates:
             shapes[KEYS.delta_c] = (n_params,)
         return shapes

@@ -109,7 +109,7 @@ class ServerSide:
         This run's own ledger (the history's epsilons).
     """
 
-    def __init__(self, method: Method | str, model: FLModel, config: FLConfig,
+    def __init__(self, method: Method | str | Any, model: FLModel, config: FLConfig,
                  n_clients: int, *, ledger: PrivacyLedger | None = None,
                  secure: bool = False) -> None:
         if not isinstance(config, FLConfig):
@@ -279,7 +279,8 @@ class ServerSide:
                 delta_c = np.zeros((self.n_clients, params.shape[0]))
                 for c in order:
                     delta_c[c] = replies[c][KEYS.delta_c]
-            updates, self.state = m.server.update((delta_y, delta_c), self.state, params)
+            updates, self.state = m.server.update((delta_y, delta_c),  # type: ignore[arg-type]
+                                                  self.state, params)
             self._accepted[order] = server_round
         else:
             U = np.stack([replies[c][KEYS.message] for c in order])

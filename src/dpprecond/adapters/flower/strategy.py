@@ -46,6 +46,7 @@ from flwr.serverapp.strategy import Strategy
 from dpprecond._validation import check_array, check_int, check_labels, check_positive
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.protocol import KEYS, RoundRequest, reply_shapes, simulator_seeds
+from dpprecond.adapters.flower.records import read_array, read_int
 from dpprecond.adapters.flower.server_side import ServerSide
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult
@@ -172,12 +173,12 @@ class DPFedStrategy(Strategy):
                 logger.warning("node %d failed to register: %s", node, reply.error.reason)
                 continue
             metrics = reply.content[KEYS.metrics]
-            told = int(metrics[KEYS.n_clients])
+            told = read_int(metrics, KEYS.n_clients, "registration")
             if told != self.n_clients:
                 raise ValueError(f"Node {node} was configured with num-partitions={told}, but "
                                  f"the server expects n_clients={self.n_clients}; give every "
                                  "SuperNode the same num-partitions.")
-            self._clients[node] = int(metrics[KEYS.client_id])
+            self._clients[node] = read_int(metrics, KEYS.client_id, "registration")
 
     def _registered(self, grid: Grid, wait: bool) -> dict[int, int]:
         """Connected, registered nodes (node id -> client id), registering new ones."""
@@ -222,15 +223,15 @@ class DPFedStrategy(Strategy):
     def _parse(self, content: RecordDict, client: int,
                request: RoundRequest) -> tuple[dict[str, np.ndarray], int]:
         metrics = content[KEYS.metrics]
-        if int(metrics[KEYS.client_id]) != client:
-            raise ValueError(f"reply says client-id={metrics[KEYS.client_id]}, registered as "
-                             f"{client}")
+        said = read_int(metrics, KEYS.client_id, "reply")
+        if said != client:
+            raise ValueError(f"reply says client-id={said}, registered as {client}")
         record = content[KEYS.reply]
         shapes = reply_shapes(request, self.model.n_params,
                               getattr(self.model, "n_features", None))
         arrays = {}
         for name, shape in shapes.items():
-            a = np.asarray(record[name].numpy(), dtype=np.float64)
+            a = np.asarray(read_array(record, name, "reply"), dtype=np.float64)
             if a.shape != shape or not np.isfinite(a).all():
                 raise ValueError(f"{name} of shape {a.shape} (finite: "
                                  f"{bool(np.isfinite(a).all())}), expected {shape} finite "
@@ -238,7 +239,7 @@ class DPFedStrategy(Strategy):
             arrays[name] = a
         n = 1
         if request.report_size:
-            n = int(metrics[KEYS.n_examples])
+            n = read_int(metrics, KEYS.n_examples, "reply")
             if n < 1:
                 raise ValueError(f"num-examples={n} < 1")
         return arrays, n
@@ -334,7 +335,8 @@ class DPFedStrategy(Strategy):
         seconds = time.perf_counter() - self._round_start  # as the engine: no evaluation
         record: dict[str, Any] = {"round": server_round}
         if self.X_test is not None:
-            loss, acc = self.model.evaluate(self._params, self.X_test, self.y_test)
+            loss, acc = self.model.evaluate(self._params, self.X_test,
+                                            self.y_test)  # type: ignore[arg-type]
             record.update(test_accuracy=acc, test_loss=loss)
         record.update(epsilon=self.server_.ledger.epsilon,
                       update_norm=float(np.linalg.norm(updates)), seconds=seconds,
