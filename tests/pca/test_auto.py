@@ -232,14 +232,18 @@ def test_spectrum_estimate_inverts_the_spike_shift():
     d, s, center = 400, 0.5, 10.0
     edge = 2 * s * math.sqrt(d)
     h_k, h_k1 = 40.0, 25.0  # both above the detection threshold s sqrt(d) = 10
-    eig = center + np.array([h_k + s * s * d / h_k] * 2 + [h_k1 + s * s * d / h_k1])
-    lam_k, lam_k1 = estimate_spectrum(eig, center, 2, s, d)
+    top = center + np.array([h_k + s * s * d / h_k] * 2 + [h_k1 + s * s * d / h_k1])
+    eig = np.concatenate([top, np.full(d - 3, center)])
+    lam_k, rest = estimate_spectrum(eig, center, 2, s, d)
     assert lam_k == pytest.approx(center + h_k, rel=1e-12)
-    assert lam_k1 == pytest.approx(center + h_k1, rel=1e-12)
+    assert rest[0] == pytest.approx(center + h_k1, rel=1e-12)
+    assert rest.shape == (d - 2,)
+    assert np.all(rest[1:] == center)
     # Inside the noise bulk: not detectable, and lambda_{k+1} falls back to the bulk top.
-    lam_k, lam_k1 = estimate_spectrum(np.array([center + 0.9 * edge] * 3), center, 2, s, d)
+    eig = np.concatenate([np.full(3, center + 0.9 * edge), np.full(d - 3, center)])
+    lam_k, rest = estimate_spectrum(eig, center, 2, s, d)
     assert lam_k is None
-    assert lam_k1 == pytest.approx(center, abs=1e-12)
+    assert rest[0] == pytest.approx(center, abs=1e-12)
 
 
 def _counts(n):
@@ -251,11 +255,13 @@ def _counts(n):
 def test_rule_prefers_the_iteration_on_a_spread_spectrum_and_not_without_a_gap():
     kw = dict(center=50.0, counts=_counts(100000), n=100000, d=1500, k=5, init_std=6.0,
               full_std=4.2, rest_multiplier=6.0, iter_choices=(2, 3), count_std=60.0,
-              switch_ratio=0.9, iter_calibration=0.7, count_threshold=3.0)
-    spread = predict_errors(eigvals=np.array([600.0] * 5 + [70.0]), **kw)
+              switch_ratio=0.9, iter_calibration=1.0, count_threshold=3.0)
+    bulk = np.full(1494, 50.0)
+    spread = predict_errors(eigvals=np.concatenate([[600.0] * 5, [70.0], bulk]), **kw)
     assert spread.iterate and spread.error_iterate < spread.error_analyze_gauss
     assert spread.radius_factor in RADIUS_GRID
-    flat = predict_errors(eigvals=np.array([60.0] * 6), **kw)  # inside the noise bulk
+    # inside the noise bulk (edge 2 * 6 * sqrt(1500) = 465 above the centre)
+    flat = predict_errors(eigvals=np.concatenate([[300.0] * 6, bulk]), **kw)
     assert not flat.iterate and flat.lam_k is None
 
 

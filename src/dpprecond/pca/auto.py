@@ -59,7 +59,7 @@ from dpprecond._validation import (
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.pca.budget import plan_auto
-from dpprecond.pca.core import SQRT2, orthonormalize, top_eigvecs
+from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import RowSource
 
@@ -97,7 +97,7 @@ AUTO_DEFAULTS: dict[str, Any] = {
     "n_iter": None,
     "iter_choices": (2, 3),
     "switch_ratio": 0.9,
-    "iter_calibration": 0.7,
+    "iter_calibration": 1.0,
     "branch": "rule",
     "clip_radius": None,
     "floor_factor": 4.0,
@@ -267,39 +267,50 @@ def iteration_weights(n_iter: int) -> np.ndarray:
 
 
 def estimate_spectrum(eigvals: np.ndarray, center: float, k: int, noise_std: float,
-                      d: int) -> tuple[float | None, float]:
-    """Estimates of ``lambda_k`` and ``lambda_{k+1}`` of ``A^T A`` from ``M1``'s eigenvalues.
+                      d: int) -> tuple[float | None, np.ndarray]:
+    """Estimates of the eigenvalues of ``A^T A`` from those of ``M1 = A^T A + W1``.
 
-    ``M1 = A^T A + W1`` with ``W1`` symmetric of entry std ``s``: its bulk has half-width
-    ``e = 2 s sqrt(d)`` around the centre ``center`` (the median eigenvalue of ``M1``).
-    An eigenvalue of ``A^T A`` at height ``h`` above the centre shows in ``M1`` at about
-    ``h + s^2 d / h`` if ``h > s sqrt(d)`` (the spiked-Wigner shift, Baik, Ben Arous and
-    Peche 2005; Peche 2006), and inside the bulk otherwise. Inverting gives
-    ``h = (t + sqrt(t^2 - e^2)) / 2`` for an observed height ``t > e``.
+    ``W1`` is symmetric with entry std ``s``: its spectrum is a semicircle of half-width
+    ``e = 2 s sqrt(d)``, centred here at ``center`` (the median eigenvalue of ``M1``, which
+    the symmetric noise leaves in place). An eigenvalue of ``A^T A`` at height ``h`` above
+    the centre shows in ``M1`` at about ``h + s^2 d / h`` if ``h > s sqrt(d)`` and inside
+    the noise bulk otherwise (the spiked-Wigner transition; Baik, Ben Arous and Peche 2005,
+    Peche 2006). Inverting: ``h = (t + sqrt(t^2 - e^2)) / 2`` for an observed height
+    ``t > e``.
 
-    - ``lambda_k``: that inversion for the k-th eigenvalue, ``None`` when it is inside the
-      bulk (``t <= e``: ``M1`` cannot locate the top-k subspace).
-    - ``lambda_{k+1}``: the same inversion when it is outside the bulk; otherwise the top
-      of the data's own bulk, whose half-width ``h_S`` adds to the noise's in quadrature
-      (free convolution of two semicircles): ``h_S = sqrt(max(0, t^2 - e^2))``.
+    Parameters
+    ----------
+    eigvals : ndarray
+        Eigenvalues of ``M1`` in decreasing order (at least ``k + 1``; the rest of the
+        spectrum is taken at ``center``).
+    center, k, noise_std, d
+        Bulk centre, number of components, entry std ``s`` of ``W1``, dimension.
+
+    Returns
+    -------
+    lam_k : float or None
+        ``lambda_k``; ``None`` when the k-th eigenvalue of ``M1`` is inside the noise bulk
+        (``M1`` does not locate the top-k subspace).
+    lam_rest : ndarray of shape (d - k,)
+        ``lambda_{k+1}, ..., lambda_d``: inverted where above the bulk, ``center`` below,
+        except ``lambda_{k+1}`` inside the bulk, taken as the top of the data's own bulk,
+        whose half-width adds to the noise's in quadrature (free convolution of two
+        semicircles): ``center + sqrt(max(0, t^2 - e^2))``. Capped at ``lam_k``.
     """
     edge = 2.0 * noise_std * math.sqrt(d)
-
-    def spike(t: float) -> float | None:
-        if t <= edge:
-            return None
-        return (t + math.sqrt(t * t - edge * edge)) / 2.0
-
-    hk = spike(float(eigvals[k - 1]) - center)
-    lam_k = None if hk is None else center + hk
-    t1 = float(eigvals[k]) - center if eigvals.size > k else 0.0
-    h1 = spike(t1)
-    if h1 is None:
-        h1 = math.sqrt(max(0.0, t1 * t1 - edge * edge))
-    lam_k1 = center + h1
+    m = d - k
+    t = np.asarray(eigvals, dtype=np.float64)[: d] - center
+    above = t > edge
+    h = np.where(above, (t + np.sqrt(np.maximum(t * t - edge * edge, 0.0))) / 2.0, 0.0)
+    lam_k = float(center + h[k - 1]) if above[k - 1] else None
+    rest = np.full(m, center)
+    top = min(m, t.size - k)
+    rest[:top] = center + h[k:k + top]
+    if top > 0 and not above[k]:
+        rest[0] = center + math.sqrt(max(0.0, float(t[k]) ** 2 - edge * edge))
     if lam_k is not None:
-        lam_k1 = min(lam_k1, lam_k)
-    return lam_k, lam_k1
+        rest = np.minimum(rest, lam_k)
+    return lam_k, rest
 
 
 @dataclass(frozen=True)
@@ -308,7 +319,8 @@ class Prediction:
 
     ``iterate`` says whether the rule picks the iteration; ``radius_factor`` (R in units of
     the rows' RMS preconditioned norm) and ``n_iter`` are its parameters; ``lam_k`` and
-    ``lam_k1`` the spectrum estimates; ``reason`` a short explanation.
+    ``lam_k1`` the spectrum estimates; ``rms_norm`` the RMS of the probe's norms (units of
+    ``sqrt(k/n)``); ``reason`` a short explanation.
     """
 
     iterate: bool
@@ -322,6 +334,10 @@ class Prediction:
     reason: str
 
 
+def _tan_to_sin(t: float) -> float:
+    return t / math.sqrt(1.0 + t * t) if math.isfinite(t) else 1.0
+
+
 def predict_errors(*, eigvals: np.ndarray, center: float, counts: np.ndarray, n: int, d: int,
                    k: int, init_std: float, full_std: float, rest_multiplier: float,
                    iter_choices: tuple[int, ...], count_std: float,
@@ -329,45 +345,56 @@ def predict_errors(*, eigvals: np.ndarray, center: float, counts: np.ndarray, n:
                    count_threshold: float) -> Prediction:
     """The rule: predicted spectral sin-theta of each completion, and the choice.
 
-    Analyze Gauss (noise std ``full_std`` per entry): ``sin = min(1, s n_k / gap)``,
-    ``n_k = sqrt(d - k) + sqrt(k)`` (spectral norm of the ``(d-k) x k`` noise block that
-    tilts the subspace), ``gap = lambda_k - lambda_{k+1}`` (Davis-Kahan / Wedin).
+    First-order perturbation of the k-th eigenvector, direction by direction
+    (``lambda_j``, ``j > k``, from :func:`estimate_spectrum`; ``c_k = 1 + sqrt(k/(d-k))``
+    turns the column norm into the spectral norm of the ``(d-k) x k`` tilt, as for a
+    Gaussian matrix):
 
-    Iteration with clip radius ``R`` (units of ``sqrt(k/n)``): with ``X ~ V_k`` and
-    ``B ~ Lambda_k^{-1/2}``, ``Z = S_w X B + G`` where ``S_w = sum_i w_i a_i a_i^T`` and
-    ``w_i = min(1, R / r_i)``. In the top-k directions ``S_w`` has eigenvalues about
-    ``lambda_k a(R)``, ``a = mean(w r^2)``; outside, ``lambda_{k+1} b(R)``,
-    ``b = mean(w)`` (the rest of a row is independent of its top-k part). One step maps
-    ``tan theta`` to ``rho_w tan theta + e_t`` with ``rho_w = lambda_{k+1} b / (lambda_k a)``
-    and ``e_t = 2 R z_t n_k / (sqrt(lambda_k) (a - rho b))`` (``2 R z_t`` is the entry std
-    of ``G_t``), from ``tan theta_0`` predicted like Analyze Gauss's at ``init_std``.
-    ``a`` and ``b`` come from the released histogram of ``r_i`` (counts below
-    ``count_threshold`` noise stds are set to zero). Clipping shrinks the noise with ``R``
-    but, when a few rows carry the top directions (coherence), shrinks ``a`` faster than
-    ``b``: the rule finds the trade-off per data set.
+    - Analyze Gauss, entry noise std ``s``:
+      ``tan^2 = c_k^2 s^2 sum_j 1 / (lambda_k - lambda_j)^2``.
+    - Iteration with clip radius ``R`` (``w_i = min(1, R / r_i)``, ``r_i`` the
+      preconditioned row norms): near ``V_k``, ``Z = S_w X B + G`` with
+      ``S_w = sum_i w_i a_i a_i^T``, whose eigenvalues are about ``lambda_k a`` in the
+      top-k directions (``a = mean(w r^2)``, ``r`` in units of the RMS norm) and
+      ``lambda_j b`` outside (``b = mean(w)``: the rest of a row is taken independent of
+      its top-k part). Per step, direction ``j`` contracts by
+      ``rho_j = lambda_j b / (lambda_k a)`` and receives the noise of ``G_t`` (entry std
+      ``2 R z_t``) divided by the top-k signal ``sqrt(lambda_k) a``; independent steps add
+      in quadrature: ``e_j <- rho_j^2 e_j + (2 R z_t / (sqrt(lambda_k) a))^2``, from the
+      start ``e_j = s_1^2 / (lambda_k - lambda_j)^2`` (``M1``'s own error, capped at a
+      random start's ``tan^2 = (d - k)/k``); ``tan^2 = c_k^2 sum_j e_j``.
+      ``a`` and ``b`` come from the released histogram (counts below ``count_threshold``
+      noise stds read as zero); ``T`` and ``R`` are chosen from ``iter_choices`` and
+      :data:`RADIUS_GRID` by the prediction. Clipping shrinks the noise with ``R`` but,
+      when a few rows carry the top directions (coherence), shrinks ``a`` faster than
+      ``b`` and the gap with it: the trade-off is found per data set.
 
-    ``iter_calibration`` multiplies the ``e_t`` (measured / predicted on development
-    cells, docs/pca_auto.md). The iteration is chosen when its predicted error is below
-    ``switch_ratio`` times Analyze Gauss's; never when ``lambda_k`` is not detectable in
-    ``M1`` (the start would be random and the prediction has nothing to stand on).
+    ``iter_calibration`` multiplies the iteration's noise term (1: the theory as is; the
+    development cells measured 0.95, docs/pca_auto.md). The iteration is chosen when its
+    predicted error is below ``switch_ratio`` times Analyze Gauss's, and never when
+    ``lambda_k`` is not detectable in ``M1`` (the start would be random and the
+    prediction has nothing to stand on).
     """
-    nk = math.sqrt(max(d - k, 0)) + math.sqrt(k)
-    lam_k, lam_k1 = estimate_spectrum(eigvals, center, k, init_std, d)
+    m = d - k
+    ck = 1.0 + math.sqrt(k / m)
+    lam_k, lam_rest = estimate_spectrum(eigvals, center, k, init_std, d)
+    lam_k1 = float(lam_rest[0])
     cnt = np.where(counts > count_threshold * count_std, counts, 0.0)
-    total = cnt.sum()
-    rms = math.sqrt(float((cnt * HIST_REPS**2).sum() / total)) if total > 0 else 1.0
+    total = float(cnt.sum())
+    rms = math.sqrt(float((cnt * HIST_REPS**2).sum()) / total) if total > 0 else 1.0
     if lam_k is None or total <= 0:
         why = ("lambda_k is inside M1's noise bulk" if lam_k is None
                else "the probe histogram is empty after thresholding")
         return Prediction(False, 1.0, 1.0, math.nan, 0, lam_k, lam_k1, rms,
                           f"Analyze Gauss: {why}.")
-    gap = lam_k - lam_k1
-    e_ag = min(1.0, full_std * nk / gap) if gap > 0 else 1.0
-    rho = lam_k1 / lam_k
+    gaps = np.maximum(lam_k - lam_rest, 1e-300)
+    inv2 = 1.0 / gaps**2
+    e_ag = _tan_to_sin(ck * full_std * math.sqrt(float(inv2.sum())))
+    start = init_std**2 * inv2
+    if start.sum() > m / k:
+        start *= (m / k) / start.sum()
     p = cnt / total
     r = HIST_REPS / rms
-    sin0 = min(1.0, init_std * nk / gap) if gap > 0 else 1.0
-    tan0 = sin0 / math.sqrt(max(1e-6, 1.0 - sin0 * sin0))
     best = (math.inf, math.nan, 0)
     for T in iter_choices:
         zs = rest_multiplier / np.sqrt(iteration_weights(T))
@@ -375,16 +402,15 @@ def predict_errors(*, eigvals: np.ndarray, center: float, counts: np.ndarray, n:
             w = np.minimum(1.0, Rn / r)
             a = float((p * w * r * r).sum())
             b = float((p * w).sum())
-            gw = a - rho * b
-            if gw <= 0:
+            rho = lam_rest * b / (lam_k * a)
+            if np.any(rho >= 1.0):
                 continue
-            rho_w = rho * b / a
             R = Rn * math.sqrt(k / n)
-            tan = tan0
+            e = start.copy()
             for zt in zs:
-                tan = rho_w * tan + iter_calibration * 2.0 * R * zt * nk / (
-                    math.sqrt(lam_k) * gw)
-            err = tan / math.sqrt(1.0 + tan * tan)
+                q = iter_calibration * 2.0 * R * zt / (math.sqrt(lam_k) * a)
+                e = rho**2 * e + q * q
+            err = _tan_to_sin(ck * math.sqrt(float(e.sum())))
             if err < best[0]:
                 best = (err, float(Rn), int(T))
     e_it, Rn, T = best
@@ -499,7 +525,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     **options
         ``init_share`` (0.5): precision share of ``M1``. ``probe_share`` (0.01): share of
         the histogram probe. ``n_iter`` (None: the rule picks from ``iter_choices``,
-        (2, 3)). ``switch_ratio`` (0.9) and ``iter_calibration`` (0.7): the rule's
+        (2, 3)). ``switch_ratio`` (0.9) and ``iter_calibration`` (1): the rule's
         constants (:func:`predict_errors`). ``branch`` ("rule"; "analyze_gauss" or
         "iterate" force a branch, same budget). ``clip_radius`` (None: the rule's choice;
         a number fixes R in units of the rows' RMS preconditioned norm).
@@ -558,7 +584,9 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
     coupled = coupled_symmetric_noise(d, std_ag, std1, gen)
     M1 = S + coupled.first
-    center = float(np.median(np.linalg.eigvalsh(M1)))
+    with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
+        spectrum = np.linalg.eigvalsh(M1)[::-1]
+    center = float(np.median(spectrum))
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
     X0 = U1[:, :k].copy()
     floor = opts["floor_factor"] * std1 if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
@@ -571,7 +599,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
 
     # -- the rule (released values and public parameters only) ---------------------------
     iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]
-    pred = predict_errors(eigvals=w1, center=center, counts=counts, n=n, d=d, k=k,
+    pred = predict_errors(eigvals=spectrum, center=center, counts=counts, n=n, d=d, k=k,
                           init_std=std1, full_std=std_ag, rest_multiplier=zr,
                           iter_choices=iter_choices, count_std=std_c,
                           switch_ratio=opts["switch_ratio"],
