@@ -93,8 +93,8 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
     def fit_auto_() -> tuple[np.ndarray, float, dict]:
         res = fit_auto(rows, S, k, epsilon=eps, delta=DELTA, rng=stream(0))
         p = res.info["prediction"]
-        info = {"branch": res.branch, "pred_ag": p.error_analyze_gauss,
-                "pred_it": p.error_iterate, "radius_factor": p.radius_factor,
+        info = {"branch": res.branch, "pred_ag": p["error_analyze_gauss"],
+                "pred_it": p["error_iterate"], "radius_factor": p["radius_factor"],
                 "n_iter": res.info.get("n_iter", 0)}
         return res.components, res.epsilon, info
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -376,6 +376,9 @@ def predict_errors(*, eigvals: np.ndarray, center: float, counts: np.ndarray, n:
     prediction has nothing to stand on).
     """
     m = d - k
+    if m <= 0:
+        return Prediction(False, 0.0, 0.0, math.nan, 0, None, math.nan, 1.0,
+                          "Analyze Gauss: k = d, the top-k subspace is the whole space.")
     ck = 1.0 + math.sqrt(k / m)
     lam_k, lam_rest = estimate_spectrum(eigvals, center, k, init_std, d)
     lam_k1 = float(lam_rest[0])
@@ -506,7 +509,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     S : ndarray of shape (d, d)
         ``A^T A`` computed from the same rows (``rows.gram()``).
     k : int
-        Number of components, ``1 <= k < d``.
+        Number of components, ``1 <= k <= d`` (``k = d`` always takes the Analyze Gauss
+        branch: there is no gap to predict).
     epsilon : float or None
         Target epsilon; ``None`` only with ``add_noise=False``.
     delta : float
@@ -563,7 +567,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     budget_share = check_fraction("budget_share", budget_share, low_open=True,
                                   high_open=False)
     n, d = rows.shape
-    k = check_int("k", k, low=1, high=d - 1)
+    k = check_int("k", k, low=1, high=d)
     S = np.asarray(S, dtype=np.float64)
     if S.shape != (d, d):
         raise ValueError(f"Expected S of shape ({d}, {d}) (A^T A of the rows), got "
@@ -610,8 +614,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         branch = "iterate" if pred.iterate else "analyze_gauss"
     info: dict[str, Any] = {
         "noise_multipliers": {"z_pca": z, "z_init": z1, "z_probe": zc, "z_rest": zr},
-        "prediction": pred, "probe_counts": counts, "center": center,
-        "init_eigenvalues": w1,
+        "prediction": asdict(pred), "probe_counts": counts, "center": center,
+        "init_eigenvalues": w1, "n_iter": 0, "clip_radius": math.nan,
     }
     events = [gaussian(z1), gaussian(zc)]
 
@@ -643,7 +647,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
             X = orthonormalize(Z)
             events.append(gaussian(zt))
         eigenvalues = np.linalg.eigvalsh(X.T @ M1 @ X)[::-1]
-        info.update(n_iter=T, clip_radius_factor=Rn, clip_radii=radii,
+        info.update(n_iter=T, clip_radius=radii[-1], clip_radius_factor=Rn, clip_radii=radii,
                     iteration_multipliers=zts)
     event = compose(events)
     eps = epsilon_of(event, delta, "pld") if noise else math.inf
