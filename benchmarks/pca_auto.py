@@ -350,7 +350,13 @@ def report(args: argparse.Namespace) -> None:
                   f"{c['met']} of {c['cells']} cells meet the 1.05 target.", "", table, ""]
     lines += ["### Missed targets", ""]
     lines += [f"- {m}" for m in missed] if missed else ["None."]
-    lines += ["", f"Environment: {environment()}.", ""]
+    envs = []
+    for path in (args.map_file, args.real_file):
+        log = path.with_suffix(".log")
+        if log.exists():
+            head = log.read_text().split("\n", 1)[0].lstrip("# ")
+            envs.append(f"`{path.name}`: {head}")
+    lines += ["", "Runs: " + ("; ".join(envs) if envs else environment()) + ".", ""]
     block = "\n".join(lines)
     start, end = "<!-- tables:start -->", "<!-- tables:end -->"
     text = args.doc.read_text() if args.doc.exists() else f"# Private PCA: auto\n\n{start}\n{end}\n"
