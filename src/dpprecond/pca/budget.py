@@ -52,6 +52,7 @@ from dpprecond.accounting import AccountantName, calibrate_noise, compose, epsil
 __all__ = [
     "BudgetPlan",
     "plan_analyze_gauss",
+    "plan_auto",
     "plan_epsilon",
     "plan_fixed",
     "plan_power",
@@ -228,6 +229,37 @@ def plan_power(epsilon: float | None, delta: float, *, n_iter: int, private_init
         return BudgetPlan(c, z, compose([*head, tail]), compose(head))
 
     return _calibrate(build, epsilon, delta, accountant)
+
+
+def plan_auto(epsilon: float | None, delta: float, *,
+              mean_share: float | None = None) -> BudgetPlan:
+    """Budget of ``method="auto"``: one Gaussian's precision, calibrated exactly.
+
+    Every release of the auto method (and the private mean, if any) is an unsampled
+    Gaussian mechanism, so the whole fit is exactly one Gaussian mechanism whose precision
+    ``1/z^2`` is the sum of the releases' precisions (mu-GDP composes as
+    ``mu^2 = sum mu_i^2`` under adaptive composition; Dong, Roth and Su 2019, Cor. 3.3).
+    The scale ``c`` is calibrated on that composition with the PLD path of
+    :func:`dpprecond.accounting.epsilon_of`, which evaluates it exactly
+    (``dp_accounting.get_epsilon_gaussian``); no Renyi slack.
+
+    ``noise_multipliers`` holds ``z_pca = c / sqrt(1 - mean_share)``, the multiplier of the
+    one Gaussian that :func:`dpprecond.pca.auto.fit_auto` splits over its releases, and
+    ``z_mean = c / sqrt(mean_share)`` with a private mean. ``event`` is that two-release
+    composition (equivalent, for accounting, to the releases the fit actually makes);
+    ``init_event`` is the private mean's.
+    """
+
+    def build(c: float) -> BudgetPlan:
+        z_mean = None if mean_share is None else _z(c, mean_share)
+        z_pca = _z(c, 1.0 - (mean_share or 0.0))
+        head = _mean_events(z_mean)
+        z = {"z_pca": z_pca}
+        if z_mean is not None:
+            z["z_mean"] = z_mean
+        return BudgetPlan(c, z, compose([*head, gaussian(z_pca)]), compose(head))
+
+    return _calibrate(build, epsilon, delta, "pld")
 
 
 def plan_epsilon(plan: BudgetPlan, delta: float, accountant: AccountantName = "rdp") -> float:
