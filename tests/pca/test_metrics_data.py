@@ -40,6 +40,9 @@ def test_captured_variance_and_eigengap():
     W = np.linalg.qr(np.random.default_rng(1).standard_normal((8, 2)))[0]
     assert captured_variance_ratio(A, W, V) < 1.0
     assert eigengap(A, 2) == pytest.approx(4.0 - 1.0)
+    ratio = captured_variance_ratio(A, W, V)
+    for scale in (1e-300, 1e300):  # rows divided by a huge or tiny public row norm
+        assert captured_variance_ratio(A * scale, W, V) == pytest.approx(ratio, rel=1e-12)
 
 
 def test_coherence_extremes():

@@ -44,7 +44,16 @@ def sin_theta_frobenius(X: np.ndarray, V: np.ndarray) -> float:
 
 
 def captured_variance_ratio(A: np.ndarray, X: np.ndarray, V: np.ndarray) -> float:
-    """``||A X||_F^2 / ||A V_k||_F^2`` (1 for the exact subspace)."""
+    """``||A X||_F^2 / ||A V_k||_F^2`` (1 for the exact subspace).
+
+    ``A`` is divided by its largest absolute entry first: the ratio does not change, and
+    the squared norms neither underflow (rows scaled by ``1 / row_norm = 1e-300``) nor
+    overflow.
+    """
+    A = np.asarray(A, dtype=np.float64)
+    top = float(np.abs(A).max()) if A.size else 0.0
+    if top > 0.0 and np.isfinite(top):
+        A = A / top
     return float(np.linalg.norm(A @ X) ** 2 / np.linalg.norm(A @ V) ** 2)
 
 
