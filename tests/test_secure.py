@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import dpprecond.secure as secure_module
 from dpprecond.fl import FLConfig, run_federated
 from dpprecond.pca import fit_private_pca
 from dpprecond.secure import SNAP_BITS, SecureGenerator, release, snap
@@ -65,10 +66,36 @@ def test_pca_secure_mode() -> None:
                         row_norm=1.0, seed=0, secure=True)
     fits = [fit_private_pca(X, 2, method=m, target_epsilon=1.0, target_delta=1e-6,
                             row_norm=1.0, secure=True) for m in ("analyze_gauss", "select",
-                                                                   "select")]
+                                                                   "select", "auto")]
     assert all(np.all(np.isfinite(f.components)) for f in fits)
     assert not np.allclose(fits[1].components, fits[2].components)
     assert fits[0].epsilon <= 1.0
+    assert fits[3].epsilon == pytest.approx(1.0, rel=1e-4)
+    for branch in ("analyze_gauss", "iterate"):  # every release of auto is snapped
+        fit = fit_private_pca(X, 2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
+                              secure=True, branch=branch)
+        assert fit.info["branch"] == branch and np.all(np.isfinite(fit.components))
+
+
+@pytest.mark.parametrize("branch", ["analyze_gauss", "iterate"])
+def test_pca_auto_forms_every_release_through_release(monkeypatch: pytest.MonkeyPatch,
+                                                      branch: str) -> None:
+    import dpprecond.pca.auto as auto
+
+    calls: list[bool] = []
+
+    def spy(value, noise, noise_std, rng):  # type: ignore[no-untyped-def]
+        calls.append(secure_module.is_secure(rng))
+        return secure_module.release(value, noise, noise_std, rng)
+
+    monkeypatch.setattr(auto, "release", spy)
+    X = np.random.default_rng(0).normal(size=(3000, 6))
+    X /= np.linalg.norm(X, axis=1).max()
+    fit = fit_private_pca(X, 2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
+                          secure=True, branch=branch, n_iter=2)
+    # M1, the probe histogram, then M2 or one release per iteration
+    assert calls == [True] * (3 if branch == "analyze_gauss" else 4)
+    assert fit.info["branch"] == branch
 
 
 def test_fl_secure_mode_including_poisson_masks() -> None:

@@ -39,9 +39,13 @@ def test_client_passes_sum_to_the_central_passes(data: np.ndarray) -> None:
     np.testing.assert_allclose(fed.centered(mu).gram(), cen.centered(mu).gram(), atol=1e-11)
 
 
-@pytest.mark.parametrize("method", ["analyze_gauss", "fixed", "power"])
-def test_secure_aggregation_equals_the_central_fit(data: np.ndarray, method: str) -> None:
-    kw = dict(method=method, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, seed=7)
+@pytest.mark.parametrize(("method", "options"), [
+    ("analyze_gauss", {}), ("fixed", {}), ("power", {}),
+    ("auto", {"branch": "analyze_gauss"}), ("auto", {"branch": "iterate"})])
+def test_secure_aggregation_equals_the_central_fit(data: np.ndarray, method: str,
+                                                   options: dict) -> None:
+    kw = dict(method=method, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, seed=7,
+              **options)
     central = fit_private_pca(data, 2, **kw)
     fed = fit_private_pca(data, 2, clients=BOUNDS, trust="secure-aggregation", **kw)
     # the same noise; the data passes differ only in summation order
@@ -72,14 +76,17 @@ def test_local_noise_is_one_draw_per_client() -> None:
                                   .standard_normal(3), again)
 
 
-def test_local_trust_spends_the_same_epsilon_with_more_noise(data: np.ndarray) -> None:
+@pytest.mark.parametrize("method", ["analyze_gauss", "auto"])
+def test_local_trust_spends_the_same_epsilon_with_more_noise(data: np.ndarray,
+                                                             method: str) -> None:
     V = top_right_singular_vectors(ClippedRows.from_data(data, 1.0).materialize(), 2)
     errs = {}
     for trust in ("local", "secure-aggregation"):
-        fits = [fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=0.5,
+        fits = [fit_private_pca(data, 2, method=method, target_epsilon=0.5,
                                 target_delta=1e-6, row_norm=1.0, seed=s, clients=BOUNDS,
                                 trust=trust) for s in range(6)]
         assert all(f.epsilon <= 0.5 for f in fits)
+        assert all(f.epsilon == pytest.approx(0.5, rel=1e-4) for f in fits)
         errs[trust] = np.median([sin_theta(f.components, V) for f in fits])
     assert errs["local"] > errs["secure-aggregation"]  # sqrt(4) = 2x the noise
 

@@ -20,8 +20,8 @@ from dpprecond.data import DATASETS, load_dataset, load_matrix
 
 __all__ = ["load_pca_matrix", "register", "run", "run_pca_table"]
 
-#: The private methods of the registry, in the order of the tables.
-PRIVATE_METHODS = ("select", "fixed", "analyze_gauss", "power")
+#: The private methods of the registry, in the order of the tables (the default first).
+PRIVATE_METHODS = ("auto", "analyze_gauss", "fixed", "select", "power")
 
 
 def load_pca_matrix(data: str,
@@ -97,6 +97,7 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
                 "captured_variance": captured_variance_ratio(A, res.components, V),
                 "clip_radius": res.info.get("clip_radius"), "n_iter": res.info.get("n_iter"),
                 "early_exit": res.info.get("early_exit", False),
+                "branch": res.info.get("branch"),
                 "n_clipped": res.diagnostics["n_clipped"],
                 "fit_seconds": seconds,
             })
@@ -119,10 +120,14 @@ def format_table(records: list[dict[str, Any]]) -> str:
     for r in records:
         tgt = "-" if r["epsilon_target"] is None else f"{r['epsilon_target']:g}"
         spent = "inf" if math.isinf(r["epsilon"]) else f"{r['epsilon']:.4f}"
-        radius = "-" if r.get("clip_radius") is None else f"{r['clip_radius']:.3g}"
-        iters = "-" if r.get("n_iter") is None else str(r["n_iter"])
+        ag_branch = r.get("branch") == "analyze_gauss"
+        no_radius = r.get("clip_radius") is None or not math.isfinite(r["clip_radius"])
+        radius = "-" if no_radius or ag_branch else f"{r['clip_radius']:.3g}"
+        iters = "-" if r.get("n_iter") is None or ag_branch else str(r["n_iter"])
         secs = "-" if r.get("fit_seconds") is None else f"{r['fit_seconds']:.2f}"
         note = "  (gap test failed: no trial ran)" if r.get("early_exit") else ""
+        if r.get("branch"):
+            note = f"  ({'completed Analyze Gauss' if ag_branch else 'iterated'})"
         lines.append(f"{r['method']:<14}{tgt:>11}{spent:>11}{r['sin_theta']:>11.4f}"
                      f"{r['sin_theta_frobenius']:>9.4f}{r['captured_variance']:>11.4f}"
                      f"{radius:>9}{iters:>5}{secs:>8}{note}")
@@ -142,7 +147,8 @@ def register(subparsers: Any) -> None:
                    "four IDX files; default /usr/share/datasets/fashion-mnist)")
     p.add_argument("-k", "--n-components", type=int, default=5, help="k (default 5)")
     p.add_argument("--method", action="append", choices=[*PRIVATE_METHODS, "all"],
-                   help="method (repeatable; default select; 'all' runs every private method)")
+                   help="method (repeatable; default auto, the best measured (docs/pca_auto.md); "
+                        "'all' runs every private method)")
     p.add_argument("--epsilon", type=float, action="append",
                    help="target epsilon (repeatable; default 1)")
     p.add_argument("--delta", type=float, default=1e-6, help="target delta (default 1e-6)")

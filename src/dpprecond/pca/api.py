@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_i
 logger = logging.getLogger(__name__)
 
 #: The default method of :func:`fit_private_pca`, :class:`~dpprecond.PrivatePCA` and the CLI.
-DEFAULT_METHOD = "select"
+DEFAULT_METHOD = "auto"
 
 
 class PrivateDiagnosticsWarning(UserWarning):
@@ -284,7 +284,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         mean_used = mu * row_norm
     S = rows.gram()
 
-    out = spec.run(FitContext(rows, S, k, z, plan, opts, init_stream, main_stream))
+    out = spec.run(FitContext(rows, S, k, z, plan, opts, init_stream, main_stream, delta))
     event = plan.event if out.event is None else out.event
     info.update(out.info)
     if "note" in info:

@@ -62,6 +62,7 @@ from dpprecond.pca.budget import plan_auto
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import RowSource
+from dpprecond.secure import release
 
 __all__ = [
     "AUTO_DEFAULTS",
@@ -219,7 +220,7 @@ def noisy_histogram(values: np.ndarray, edges: np.ndarray, std: float,
     """
     idx = np.searchsorted(edges, values, side="right")
     counts = np.bincount(idx, minlength=edges.size + 1).astype(np.float64)
-    return counts + gaussian_matrix(counts.shape, std, rng)
+    return release(counts, gaussian_matrix(counts.shape, std, rng), std, rng)
 
 
 def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
@@ -245,7 +246,7 @@ def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
         with np.errstate(under="ignore"):
             C *= post[:, None]
         Z += block.T @ C
-    return Z + gaussian_matrix((d, k), noise_std, rng)
+    return release(Z, gaussian_matrix((d, k), noise_std, rng), noise_std, rng)
 
 
 def _preconditioner(H: np.ndarray, floor: float) -> np.ndarray:
@@ -498,7 +499,8 @@ def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, delta: float,
-             rng: Any = None, budget_share: float = 1.0, **options: Any) -> AutoResult:
+             rng: Any = None, budget_share: float = 1.0,
+             noise_multiplier: float | None = None, **options: Any) -> AutoResult:
     """Private top-k PCA that spends the whole ``(epsilon, delta)``: see the module doc.
 
     Parameters
@@ -526,6 +528,11 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         ``1 - budget_share``). The returned event is this fit's releases only; composed
         with the caller's ``Gaussian(z / sqrt(1 - budget_share))`` it is exactly
         ``(epsilon, delta)``.
+    noise_multiplier : float, optional
+        The multiplier ``z`` of the one Gaussian this fit spends, already calibrated by the
+        caller (``budget.plan_auto(...).noise_multipliers["z_pca"]``, as
+        :func:`dpprecond.pca.fit_private_pca` does); then ``epsilon`` and ``budget_share``
+        are not used for calibration.
     **options
         ``init_share`` (0.5): precision share of ``M1``. ``probe_share`` (0.01): share of
         the histogram probe. ``n_iter`` (None: the rule picks from ``iter_choices``,
@@ -562,7 +569,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     opts = check_auto_options(options)
     noise = opts["add_noise"]
     delta = check_delta(delta)
-    if noise:
+    if noise and noise_multiplier is None:
         epsilon = check_epsilon(epsilon)
     budget_share = check_fraction("budget_share", budget_share, low_open=True,
                                   high_open=False)
@@ -572,11 +579,16 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     if S.shape != (d, d):
         raise ValueError(f"Expected S of shape ({d}, {d}) (A^T A of the rows), got "
                          f"{S.shape}.")
-    gen = check_random_state(rng)
+    # A numpy Generator, or a stand-in that draws the noise differently (secure mode's
+    # SecureGenerator, federated PCA's LocalNoise: each client's own noise).
+    gen = rng if hasattr(rng, "standard_normal") and not isinstance(
+        rng, np.random.RandomState) else check_random_state(rng)
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
-    if noise:
+    if noise and noise_multiplier is not None:
+        z = check_positive("noise_multiplier", noise_multiplier)
+    elif noise:
         z = plan_auto(epsilon, delta).noise_multipliers["z_pca"] / math.sqrt(budget_share)
     else:
         z = 0.0
@@ -587,7 +599,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
 
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
     coupled = coupled_symmetric_noise(d, std_ag, std1, gen)
-    M1 = S + coupled.first
+    M1 = release(S, coupled.first, std1, gen)
     with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
         spectrum = np.linalg.eigvalsh(M1)[::-1]
     center = float(np.median(spectrum))
@@ -621,7 +633,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
 
     if branch == "analyze_gauss":
         if noise:
-            M2 = S + coupled.second
+            M2 = release(S, coupled.second, math.sqrt(coupled.var_second), gen)
             v1, v2 = coupled.var_first, coupled.var_second
             M = (M1 / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         else:

@@ -24,14 +24,16 @@ and the server adds the parts. Who adds the noise is the trust model:
     ``N(0, std^2 / K)`` (see :func:`split_noise`), and a run equals the central computation
     for the same seed up to the summation order.
 
-Methods: every release of ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``) is a sum
-over rows, so they run federated. ``select`` does not: its selection score needs the
+Methods: every release of ``auto``, ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``)
+is a sum over rows (``auto``'s probe is a histogram: a sum of per-row indicator vectors),
+so they run federated; whatever a method computes between releases is a function of
+released values, broadcast to every client. ``select`` does not: its selection score needs the
 eigendecomposition of the exact ``A^T A``, which no party holds in a federation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from typing import Any, Literal
 
@@ -43,7 +45,7 @@ __all__ = ["FEDERATED_METHODS", "TRUST_MODELS", "FederatedRows", "LocalNoise", "
 
 TRUST_MODELS = ("local", "secure-aggregation")
 #: Methods whose releases are all sums over rows.
-FEDERATED_METHODS = ("analyze_gauss", "fixed", "power", "exact")
+FEDERATED_METHODS = ("auto", "analyze_gauss", "fixed", "power", "exact")
 Trust = Literal["local", "secure-aggregation"]
 
 
@@ -117,6 +119,12 @@ class FederatedRows:
         for c in self.clients:
             S += c.gram()
         return S
+
+    def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(lo, hi, A[lo:hi])``: every client's blocks in client order, in global rows."""
+        for c, start in zip(self.clients, self.bounds[:-1], strict=False):
+            for lo, hi, block in c.blocks():
+                yield int(start) + lo, int(start) + hi, block
 
     def times(self, M: np.ndarray) -> np.ndarray:
         """``A @ M``: each client's rows times the broadcast ``M``, stacked."""

@@ -28,6 +28,7 @@ from dp_accounting import dp_event
 from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
 from dpprecond.accounting import compose, gaussian
 from dpprecond.pca import budget as _budget
+from dpprecond.pca.auto import AUTO_DEFAULTS, check_auto_options, fit_auto
 from dpprecond.pca.baselines import (
     analyze_gauss,
     dp_power_method,
@@ -55,7 +56,8 @@ class FitContext:
     ``rows`` are the clipped rows (norm <= 1 as computed), ``S = A^T A`` their Gram matrix,
     ``z`` the noise multipliers to draw noise with (the plan's, inflated by the rounding
     bound of the block sums), ``plan`` the budget plan (its multipliers are the accounted
-    ones), ``init_stream``/``main_stream`` independent random streams.
+    ones), ``init_stream``/``main_stream`` independent random streams, ``delta`` the
+    target delta.
     """
 
     rows: RowSource
@@ -66,6 +68,7 @@ class FitContext:
     options: dict[str, Any]
     init_stream: np.random.Generator
     main_stream: np.random.Generator
+    delta: float = 1e-6
 
     @property
     def n(self) -> int:
@@ -141,6 +144,11 @@ def _optional_radius(name: str, v: Any) -> float | None:
     return None if v is None else check_positive(name, v, allow_inf=True)
 
 
+def _checked_by_method(name: str, v: Any) -> Any:
+    del name
+    return v  # a method-wide check validates it (e.g. auto's check_auto_options)
+
+
 #: Validator of every option of every method, by name: ``check(name, value) -> value``.
 OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "add_noise": _bool,
@@ -160,6 +168,9 @@ OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "clip_radius": _optional_radius,
     "clip_grid": _radius_grid,
     "iter_grid": _iter_grid,
+    **{name: _checked_by_method for name in ("probe_share", "iter_choices", "switch_ratio",
+                                             "iter_calibration", "branch", "floor_factor",
+                                             "count_threshold")},
 }
 
 
@@ -203,6 +214,32 @@ def _no_infinite_radius_with_noise(opts: dict[str, Any]) -> None:
     if radius is not None and math.isinf(radius) and opts.get("add_noise", True):
         raise ValueError("clip_radius=inf is only for add_noise=False (the noise of Z is "
                          "2 R z_Z); give a finite clip_radius.")
+
+
+def _auto_options(opts: dict[str, Any]) -> dict[str, Any]:
+    return {name: opts[name] for name in AUTO_DEFAULTS}
+
+
+def _check_auto(opts: dict[str, Any]) -> None:
+    opts.update(check_auto_options(_auto_options(opts)))
+
+
+def _run_auto(ctx: FitContext) -> MethodOutput:
+    opts = _auto_options(ctx.options)
+    multipliers = ctx.plan.noise_multipliers
+    noise = opts["add_noise"] and multipliers.get("z_pca", 0.0) > 0
+    res = fit_auto(ctx.rows, ctx.S, ctx.k, epsilon=None, delta=ctx.delta,
+                   rng=ctx.init_stream,
+                   noise_multiplier=multipliers["z_pca"] if noise else None,
+                   **{**opts, "add_noise": bool(noise)})
+    info = {key: (val.tolist() if isinstance(val, np.ndarray) else val)
+            for key, val in res.info.items()}
+    info["noise_multipliers"] = {**multipliers, **res.info["noise_multipliers"]}
+    event = None
+    if noise:  # the releases made: the private mean's (if any), then the fit's
+        head = [ctx.plan.init_event] if "z_mean" in multipliers else []
+        event = compose([*head, res.dp_event])
+    return MethodOutput(res.components, res.eigenvalues, event=event, info=info)
 
 
 def _run_exact(ctx: FitContext) -> MethodOutput:
@@ -288,6 +325,14 @@ def _check_power(opts: dict[str, Any]) -> None:
 
 
 METHODS: dict[str, PCAMethod] = {
+    "auto": PCAMethod(
+        "auto",
+        {**_COMMON, **{k: v for k, v in AUTO_DEFAULTS.items() if k != "add_noise"}},
+        lambda eps, delta, o, ms: _budget.plan_auto(eps, delta, mean_share=ms),
+        _run_auto, _check_auto,
+        description="a partial release of A^T A, a coherence probe, then Analyze Gauss "
+                    "completed exactly or the preconditioned clipped iteration (the "
+                    "default; docs/pca_auto.md)"),
     "select": PCAMethod(
         "select",
         {**_COMMON, "accountant": "rdp", "mean_trials": 3.0, "init_share": 0.5,
