@@ -169,3 +169,19 @@ def test_calibrate_bad_input() -> None:
         calibrate_noise(gaussian, 0, 1e-5)
     with pytest.raises(ValueError, match="delta=2"):
         calibrate_noise(gaussian, 1.0, 2)
+
+
+def test_calibration_stops_at_the_smallest_scale_for_tiny_sampling_rates() -> None:
+    # A Poisson rate of 1e-6 meets any target at any scale; the search used to walk the
+    # scale down to 1e-6, where the PLD accountant ran out of 20 GB of memory.
+    from dpprecond.accounting import MIN_NOISE_SCALE
+
+    def event(z: float) -> dp_event.DpEvent:
+        return dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(1e-6, dp_event.GaussianDpEvent(z)), 2)
+
+    z = calibrate_noise(event, 1.0, 1e-5, "pld")
+    assert z == MIN_NOISE_SCALE
+    assert epsilon_of(event(z), 1e-5, "pld") <= 1.0
+    # a large epsilon for a Gaussian: the smallest scale, spending less than asked
+    assert calibrate_noise(gaussian, 1e4, 1e-5, "pld") == MIN_NOISE_SCALE

@@ -27,6 +27,8 @@ from scipy import optimize
 from dpprecond._validation import check_delta, check_epsilon
 
 __all__ = [
+    "MAX_NOISE_SCALE",
+    "MIN_NOISE_SCALE",
     "PrivacyBudgetExceededError",
     "PrivacyLedger",
     "calibrate_noise",
@@ -51,6 +53,8 @@ RDP_ORDERS: tuple[float, ...] = tuple(
 )
 #: Largest noise scale :func:`calibrate_noise` will try before giving up.
 MAX_NOISE_SCALE = 1e12
+#: Smallest noise scale :func:`calibrate_noise` returns (see there).
+MIN_NOISE_SCALE = 0.05
 
 
 class PrivacyBudgetExceededError(RuntimeError):
@@ -218,6 +222,13 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     <= epsilon`` (checked, and nudged up by the tolerance when the root finder lands a hair
     below). Raises ``ValueError`` naming epsilon and delta when no scale up to
     :data:`MAX_NOISE_SCALE` reaches the target.
+
+    The search never goes below :data:`MIN_NOISE_SCALE`: when that scale already meets the
+    target, it is returned and the mechanism spends less than ``epsilon`` (the epsilon
+    reported for it is its own, smaller one). Below it the PLD accountant's memory and time
+    grow as ``1/scale^2`` for subsampled events (a Poisson rate of 1e-6 used to walk the
+    scale down to 1e-6 and run out of 20 GB), and a noise std of 5% of the sensitivity
+    protects next to nothing anyway.
     """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
@@ -243,9 +254,9 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
                     f"scale of {MAX_NOISE_SCALE:g} is not enough. Raise epsilon or delta.")
     else:
         while eps_at(lo) <= epsilon:
-            hi, lo = lo, lo / 2.0
-            if lo < 1e-6:
-                return hi
+            if lo <= MIN_NOISE_SCALE:
+                return MIN_NOISE_SCALE
+            hi, lo = lo, max(lo / 2.0, MIN_NOISE_SCALE)
     # log(epsilon) is closer to linear in log(scale); a zero epsilon (large delta) is
     # floored so that the logarithm stays finite.
     try:

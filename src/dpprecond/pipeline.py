@@ -14,7 +14,7 @@ public feature extractor, :func:`run_pipeline` builds the features privately:
    records.
 
 Privacy unit: one record of one client, replace-one adjacency, in both stages. Both
-stages release only unsampled Gaussian mechanisms (``analyze_gauss`` or ``fixed`` PCA,
+stages release only unsampled Gaussian mechanisms (``auto``, ``analyze_gauss`` or ``fixed`` PCA,
 full-batch federated methods), so their composition is exactly one Gaussian mechanism
 whose precision ``1/z^2`` is the sum of theirs (GDP composition, also adaptive, Dong,
 Roth and Su 2019): the target's precision ``P`` (from dp_accounting) is split as
@@ -51,9 +51,13 @@ from dpprecond.fl.engine import FLResult
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 
-__all__ = ["PipelineResult", "parse_features", "run_pipeline", "split_budget"]
+__all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
+           "split_budget"]
 
-PCA_METHODS = ("analyze_gauss", "fixed")
+#: Federated PCA methods of the pipeline (every release an unsampled Gaussian); the default
+#: is the PCA default, ``auto`` (docs/pca_auto.md).
+PCA_METHODS = ("auto", "analyze_gauss", "fixed")
+DEFAULT_PCA_METHOD = "auto"
 
 
 def parse_features(text: str) -> tuple[str, int | None]:
@@ -109,7 +113,7 @@ class PipelineResult:
 def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes: int, *,
                  features: str = "pca:64", target_epsilon: float | None,
                  target_delta: float = 1e-5, row_norm: float,
-                 pca_share: float = 0.2, pca_method: str = "analyze_gauss",
+                 pca_share: float = 0.2, pca_method: str = DEFAULT_PCA_METHOD,
                  pca_options: dict[str, Any] | None = None,
                  trust: Literal["local", "secure-aggregation"] = "local",
                  algorithm: str = "sofim-lagged", method_options: dict[str, Any] | None = None,
@@ -139,7 +143,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     pca_share : float in (0, 1)
         Share of the budget's Gaussian precision spent on the PCA.
     pca_method, pca_options, trust
-        The federated PCA (``"analyze_gauss"`` or ``"fixed"``) and its trust model.
+        The federated PCA (``"auto"``, ``"analyze_gauss"`` or ``"fixed"``) and its trust
+        model.
     algorithm, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods).
     n_clients, partition, alpha, n_rounds, clip_norm, accountant

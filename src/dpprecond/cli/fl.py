@@ -130,8 +130,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--pca-share", type=float, default=0.2,
                    help="share of the budget's Gaussian precision spent on pca:K features "
                         "(default: 0.2)")
-    g.add_argument("--pca-method", default="analyze_gauss", choices=["analyze_gauss", "fixed"],
-                   help="the federated PCA of pca:K features (default: analyze_gauss)")
+    g.add_argument("--pca-method", default="auto", choices=["auto", "analyze_gauss", "fixed"],
+                   help="the federated PCA of pca:K features (default: auto)")
     g.add_argument("--trust", default="local", choices=["local", "secure-aggregation"],
                    help="who adds the PCA noise: every client (local, default) or shares "
                         "under secure aggregation")

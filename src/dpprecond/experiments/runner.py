@@ -110,14 +110,14 @@ def _pipeline_run(spec: RunSpec, X_tr: np.ndarray, y_tr: np.ndarray, X_eval: np.
     Every method of a seed gets the same partition and the same private features (their
     randomness comes from the seed only), so methods stay paired.
     """
-    from dpprecond.pipeline import run_pipeline
+    from dpprecond.pipeline import DEFAULT_PCA_METHOD, run_pipeline
 
     pca = spec.get("pca", {})
     res = run_pipeline(X_tr, y_tr, X_eval, y_eval, n_classes, features=spec["features"],
                        target_epsilon=spec["epsilon"], target_delta=float(spec["delta"]),
                        row_norm=pca.get("row_norm", float(np.sqrt(X_tr.shape[1]))),
                        pca_share=pca.get("share", 0.2),
-                       pca_method=pca.get("method", "analyze_gauss"),
+                       pca_method=pca.get("method", DEFAULT_PCA_METHOD),
                        trust=pca.get("trust", "local"), algorithm=spec["algorithm"],
                        method_options=dict(spec["params"]), n_clients=int(spec["clients"]),
                        partition=spec["partition"], alpha=float(spec["alpha"]),

@@ -53,7 +53,7 @@ class DataTable(_Table):
     name: Literal["digits", "fashion-mnist", "cifar10", "pathmnist"]
     features: StrictStr = "pixels"
     pca_share: Annotated[Number, Field(gt=0, lt=1)] = 0.2
-    pca_method: Literal["analyze_gauss", "fixed"] = "analyze_gauss"
+    pca_method: Literal["auto", "analyze_gauss", "fixed"] = "auto"
     trust: Literal["local", "secure-aggregation"] = "local"
     row_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     path: StrictStr | None = None

@@ -596,6 +596,9 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     z1, zc, zr = (z / math.sqrt(s1), z / math.sqrt(sc), z / math.sqrt(rest))
     z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
     std1, std_ag, std_c = SQRT2 * z1 * fp, SQRT2 * z_ag * fp, SQRT2 * zc * fp
+    # The noise the releases actually carry, for the rule and the floors: federated PCA
+    # without a trusted party (LocalNoise) adds every client's noise, sqrt(K) times std.
+    amp = float(getattr(gen, "noise_amplification", 1.0))
 
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
     coupled = coupled_symmetric_noise(d, std_ag, std1, gen)
@@ -605,7 +608,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     center = float(np.median(spectrum))
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
     X0 = U1[:, :k].copy()
-    floor = opts["floor_factor"] * std1 if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
+    floor = opts["floor_factor"] * std1 * amp if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
     B0 = _preconditioner(X0.T @ M1 @ X0, floor)
 
     # -- release 2: the probe histogram ---------------------------------------------------
@@ -616,8 +619,9 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     # -- the rule (released values and public parameters only) ---------------------------
     iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]
     pred = predict_errors(eigvals=spectrum, center=center, counts=counts, n=n, d=d, k=k,
-                          init_std=std1, full_std=std_ag, rest_multiplier=zr,
-                          iter_choices=iter_choices, count_std=std_c,
+                          init_std=std1 * amp, full_std=std_ag * amp,
+                          rest_multiplier=zr * amp, iter_choices=iter_choices,
+                          count_std=std_c * amp,
                           switch_ratio=opts["switch_ratio"],
                           iter_calibration=opts["iter_calibration"],
                           count_threshold=opts["count_threshold"])

@@ -237,7 +237,8 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
     1. Release ``H = X_t^T A^T A X_t + E_t``, ``E_t`` symmetric with entry std
        ``zH sqrt(2)`` (sensitivity ``sqrt(2)``: ``y y^T`` with ``||y|| = ||X_t^T a|| <= 1``).
     2. ``B = H^{-1/2}`` with eigenvalues of ``H`` raised to the public floor
-       ``h_floor_factor * zH * sqrt(2)`` (post-processing of the release).
+       ``h_floor_factor * zH * sqrt(2)`` (post-processing of the release; times
+       ``sqrt(K)`` in federated PCA where ``K`` clients each add their own noise).
     3. ``y_i = a_i^T X_t B``; clip ``c_i = y_i min(1, R / ||y_i||)``.
     4. Release ``Z = A^T C + G_t``, ``G_t`` i.i.d. ``N(0, (2 R zZ)^2)`` (sensitivity ``2R``:
        ``a c^T - a' c'^T`` with ``||a||, ||a'|| <= 1``, ``||c||, ||c'|| <= R``).
@@ -287,7 +288,8 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 H = 0.5 * (H + H.T)
                 sH = tr.zH * SQRT2
                 H = release(H, symmetric_gaussian(k, sH, tr.rng), sH, tr.rng)
-                floor = tr.h_floor_factor * sH if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
+                amp = float(getattr(tr.rng, "noise_amplification", 1.0))  # LocalNoise
+                floor = tr.h_floor_factor * sH * amp if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
                 B, b_norm = _preconditioner(H, floor)
                 XB[:, sl] = Xs[:, sl] @ B
                 Z[:, sl] = SX[:, sl] @ B

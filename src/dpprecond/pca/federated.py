@@ -180,6 +180,11 @@ class LocalNoise:
         return loc + scale * self.standard_normal(size)
 
     @property
+    def noise_amplification(self) -> float:
+        """``sqrt(K)``: the std of the summed noise over the std each client adds."""
+        return float(np.sqrt(len(self.streams)))
+
+    @property
     def secure(self) -> bool:
         """True when every client's stream is a secure one (releases are then snapped)."""
         from dpprecond.secure import is_secure
