@@ -126,11 +126,11 @@ def test_private_pca_features_run_through_the_runner(tmp_path: Path) -> None:
             .replace("rounds = 2", "rounds = 3")
             + '[methods.adam]\nalgorithm = "adam"\n')
     cfg = parse(text, tmp_path)
-    assert cfg.pca == {"share": 0.3, "method": "analyze_gauss", "trust": "local"}
+    assert cfg.pca == {"share": 0.3, "method": "auto", "trust": "local"}
     assert run_experiment(cfg, progress=False) == 2
     recs = load_records(cfg, with_predictions=True)
     for r in recs:
-        assert r["n_releases"] == 1 + 3  # the PCA's Gram release, then one per round
+        assert r["n_releases"] == 1 + 3  # the PCA fit's event, then one per round
         assert r["epsilon_spent"] == pytest.approx(1.0, rel=1e-3)
     with pytest.raises(ValueError, match="features"):
         parse(BASE.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:0"'),
