@@ -33,7 +33,7 @@ from dpprecond.accounting import PrivacyLedger, epsilon_of
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.methods import METHODS, FitContext
 from dpprecond.pca.noise import gaussian_matrix
-from dpprecond.pca.rows import ClippedRows, mean_sensitivity
+from dpprecond.pca.rows import make_rows, mean_sensitivity
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
            "fit_private_pca"]
@@ -153,7 +153,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     Parameters
     ----------
     X : array-like of shape (n, d)
-        Data, finite, with ``n >= d``.
+        Data, finite, with ``n >= d``. A numpy array (memory-mapped included) is read one
+        block of rows at a time; a dask array is read by its scheduler, one row chunk per
+        task (a ``dask.distributed`` cluster included; see ``docs/dask.md``).
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float
@@ -229,7 +231,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                             "scale": plan.scale}
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
-    rows = ClippedRows.from_data(X, row_norm)
+    rows = make_rows(X, row_norm)  # ClippedRows, or DaskRows for a dask array
     # Rounding of the block sums: every noise std is inflated by the bound of
     # ClippedRows.rounding_slack (below 1e-6 relatively for n <= 1e7); events keep z.
     fp = 1.0 + rows.rounding_slack()

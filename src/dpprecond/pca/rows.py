@@ -19,8 +19,9 @@ neighbouring inputs stay neighbouring. As computed, ``||a_i|| <= 1`` (see
 No per-row vector is stored: a block's scale factors are recomputed from the block each
 time it is read. The block math (the two steps, the scan of the first pass, a block's Gram
 matrix, the rounding bound) is a set of pure module-level functions of one raw block and
-public values: :class:`ClippedRows` calls them on consecutive slices of ``X``, and other
-row sources can call the same functions on the same blocks.
+public values: :class:`ClippedRows` calls them on consecutive slices of ``X``, and the Dask
+adapter (:mod:`dpprecond.adapters.dask`) calls the same functions on the workers, one dask
+chunk at a time. :func:`make_rows` picks the one that fits the input.
 
 The input is never converted or copied whole (a float32 or memory-mapped ``X`` is read one
 float64 block at a time), and the first pass (:meth:`ClippedRows.from_data`) is also the
@@ -53,6 +54,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from dpprecond._validation import is_dask_array
 from dpprecond.clipping import (
     SHRINK,
     check_width,
@@ -66,6 +68,7 @@ __all__ = [
     "DEFAULT_BLOCK_BYTES",
     "BlockScan",
     "ClippedRows",
+    "DataRows",
     "DenseRows",
     "RowSource",
     "block_gram",
@@ -73,6 +76,7 @@ __all__ = [
     "clip_rows",
     "count_recentered_clipped",
     "finish_gram",
+    "make_rows",
     "mean_sensitivity",
     "nonfinite_error",
     "norms_of",
@@ -257,6 +261,40 @@ def rounding_slack_bound(n: int, d: int, block_rows: int, n_blocks: int) -> floa
     additions over blocks (a sequential loop, or a reduction tree).
     """
     return 2.0 * gamma(block_rows + n_blocks + d + 4) * n
+
+
+class DataRows(RowSource, Protocol):
+    """What :func:`dpprecond.pca.fit_private_pca` needs beyond :class:`RowSource`.
+
+    Implemented by :class:`ClippedRows` (numpy and memory-mapped input) and by
+    :class:`dpprecond.adapters.dask.DaskRows` (dask arrays).
+    """
+
+    n_clipped: int
+    n_clipped_centered: int
+
+    def centered(self, mean: np.ndarray) -> DataRows: ...
+
+    def column_sum(self) -> np.ndarray: ...
+
+    def gram(self) -> np.ndarray: ...
+
+    def rounding_slack(self, n_terms: int | None = None) -> float: ...
+
+
+def make_rows(X: Any, row_norm: float, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> DataRows:
+    """Step 1 and the first pass for ``X``: :class:`ClippedRows`, or ``DaskRows``.
+
+    A dask array gets :class:`dpprecond.adapters.dask.DaskRows` (its passes run on the
+    dask scheduler, a ``dask.distributed`` cluster included); anything else (a numpy or
+    memory-mapped array) gets :class:`ClippedRows`. ``X`` is validated lazily by the
+    caller (:func:`dpprecond._validation.check_matrix_lazy`).
+    """
+    if is_dask_array(X):
+        from dpprecond.adapters.dask import DaskRows
+
+        return DaskRows.from_data(X, row_norm, block_bytes=block_bytes)
+    return ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
 
 
 @dataclass
