@@ -33,7 +33,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from dpprecond.adapters.dask import DaskRows, whole_rows
+from dpprecond.adapters.dask import DaskRows, from_npy, whole_rows
 from dpprecond.clipping import gamma
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import fit_private_pca
@@ -213,16 +213,25 @@ def test_validation_is_lazy_and_names_the_problem() -> None:
         DaskRows.from_data(np.ones((10, 2)), 1.0)
 
 
-def test_a_memory_mapped_file_as_a_dask_array(tmp_path, data: np.ndarray) -> None:
-    """``da.from_array(np.load(path, mmap_mode="r"))``: float32 on disk, read by the tasks."""
+def test_a_npy_file_as_a_dask_array(tmp_path, data: np.ndarray) -> None:
+    """A float32 ``.npy`` read by the tasks: through ``da.from_array`` of a memory map, and
+    through :func:`from_npy`, whose graph holds the path and not the data (what a
+    distributed worker receives)."""
     path = tmp_path / "x.npy"
     np.save(path, data.astype(np.float32))
     mm = np.load(path, mmap_mode="r")
-    ref = fit_private_pca(np.array(mm), K, method="analyze_gauss", target_epsilon=1.0,
-                          target_delta=1e-6, row_norm=ROW_NORM, seed=2)
-    res = fit_private_pca(da.from_array(mm, chunks=(4096, D)), K, method="analyze_gauss",
-                          target_epsilon=1.0, target_delta=1e-6, row_norm=ROW_NORM, seed=2)
-    np.testing.assert_allclose(res.components, ref.components, rtol=0, atol=1e-8)
+    kw = {"target_epsilon": 1.0, "target_delta": 1e-6, "row_norm": ROW_NORM, "seed": 2,
+          "method": "analyze_gauss"}
+    ref = fit_private_pca(np.array(mm), K, **kw)
+    lazy = from_npy(path, block_rows=4096)
+    assert lazy.chunks[0][:2] == (4096, 4096) and lazy.dtype == np.float32
+    assert len(pickle.dumps(lazy.__dask_graph__())) < 20_000 < mm.nbytes
+    for Xd in (da.from_array(mm, chunks=(4096, D)), lazy):
+        res = fit_private_pca(Xd, K, **kw)
+        np.testing.assert_allclose(res.components, ref.components, rtol=0,
+                                   atol=_tolerance(np.array(mm), Xd, ref, False))
+    with pytest.raises(ValueError, match="block_rows"):
+        from_npy(path, block_rows=0)
 
 
 # -- packaging -----------------------------------------------------------------------------
