@@ -27,13 +27,14 @@ import importlib
 import math
 import pickle
 import sys
+from typing import Any
 
 import dask
 import dask.array as da
 import numpy as np
 import pytest
 
-from dpprecond.adapters.dask import DaskRows, from_npy, whole_rows
+from dpprecond.adapters.dask import DaskRows, NpyRows, from_npy, whole_rows
 from dpprecond.clipping import gamma
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import fit_private_pca
@@ -232,6 +233,25 @@ def test_a_npy_file_as_a_dask_array(tmp_path, data: np.ndarray) -> None:
                                    atol=_tolerance(np.array(mm), Xd, ref, False))
     with pytest.raises(ValueError, match="block_rows"):
         from_npy(path, block_rows=0)
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", [np.float32, ">f8", np.int16])
+def test_npy_rows_reads_any_selection(tmp_path, order: str, dtype: Any) -> None:
+    """Whole row ranges of a C-order file are read directly; anything else via a map."""
+    X = np.asarray(np.random.default_rng(0).standard_normal((1000, 7)) * 100, dtype=dtype,
+                   order=order)
+    path = tmp_path / "x.npy"
+    np.save(path, X)
+    src = NpyRows(path)
+    assert (src._row_range((slice(5, 17), slice(None))) is not None) == (order == "C")
+    for key in [(slice(5, 17), slice(None)), (slice(5, 17), slice(2, 4)),
+                (slice(None, None, 3), slice(None)), (slice(900, 2000), slice(0, 7)),
+                (slice(50, 10), slice(None))]:
+        got = src[key]
+        assert got.dtype == X.dtype
+        np.testing.assert_array_equal(got, X[key])
+    np.testing.assert_array_equal(from_npy(path, block_rows=300).compute(), X)
 
 
 # -- packaging -----------------------------------------------------------------------------
