@@ -248,7 +248,7 @@ def fit(path: str, method: str, block_mib: float, n_iter: int, workers: int,
     if client is not None:
         workers_hwm = list(client.run(lambda: MemorySampler.status()["VmHWM"]).values())
         client.close()
-    tag = f"{path}_{method}_{block_mib:g}_{cluster}_{workers}"
+    tag = f"{path}_{method}_{block_mib:g}_{cluster}_{workers}" + ("_cold" if cold else "")
     np.save(OUT / f"components_{tag}.npy", res.components)
     return {"kind": "fit", "path": path, "method": method, "block_mib": block_mib,
             "block_rows": block_rows, "n": int(n), "d": int(d), "k": K, "n_iter": n_iter,
@@ -348,10 +348,11 @@ def report(md: Path | None) -> None:
     for (method, mib), rs in groups.items():
         if len(rs) < 2:
             continue
-        cs = [np.load(OUT / f"components_{r['components']}.npy") for r in rs]
+        tags = sorted({r["components"] for r in rs})  # a repeated run overwrites its file
+        cs = [np.load(OUT / f"components_{tag}.npy") for tag in tags]
         diff = max(float(np.abs(c - cs[0]).max()) for c in cs)
         lines.append(f"{method}, {mib:g} MiB blocks: largest entry difference between the "
-                     f"components of its {len(rs)} runs (same seed; the noise is the same "
+                     f"components of its {len(cs)} saved runs (same seed; the noise is the same "
                      f"draw scaled by 1 + rounding_slack, which depends on the block size): "
                      f"{diff:.2e}")
     text = "\n".join(lines)
