@@ -8,7 +8,9 @@ expected. Values give ``ValueError``; wrong types give ``TypeError``. Nothing he
 from __future__ import annotations
 
 import datetime
+import math
 import numbers
+import sys
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
@@ -27,6 +29,7 @@ __all__ = [
     "check_positive",
     "check_random_state",
     "check_seed",
+    "is_dask_array",
 ]
 
 
@@ -257,17 +260,54 @@ def _fmt(v: Any) -> str:
     return str(int(v)) if float(v).is_integer() and abs(float(v)) < 2**63 else f"{float(v):g}"
 
 
+def is_dask_array(value: Any) -> bool:
+    """Whether ``value`` is a ``dask.array.Array`` (without importing dask).
+
+    A dask array can only exist once ``dask.array`` is imported, so the check looks it up
+    in ``sys.modules``: ``import dpprecond`` never imports dask.
+    """
+    module = sys.modules.get("dask.array")
+    return module is not None and isinstance(value, module.Array)
+
+
+def _check_dask_blocks(name: str, value: Any) -> None:
+    """A dask array's dtype, block type and shape, without computing anything."""
+    kind = value.dtype.kind
+    if kind == "c":
+        _refuse_complex(name, value.dtype)
+    if kind not in "biuf":  # object blocks cannot be checked element by element lazily
+        _refuse_dtype(name, value.dtype)
+    meta = getattr(value, "_meta", None)
+    if isinstance(meta, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a dask array of masked arrays, whose masked values would "
+                        f"be used as data; fill them first ({name} = dask.array.ma.filled("
+                        f"{name}, value)) or drop their rows.")
+    if meta is not None and type(meta) is not np.ndarray:
+        raise TypeError(f"{name} is a dask array of {type(meta).__module__}."
+                        f"{type(meta).__name__} blocks; the passes read numpy blocks: convert "
+                        f"them first ({name}.map_blocks(lambda b: b.toarray()) for sparse "
+                        "blocks, or dask.array.asarray on host memory).")
+    if any(math.isnan(s) for s in value.shape):
+        raise ValueError(f"{name} is a dask array of unknown shape {value.shape} (unknown "
+                         f"chunk sizes); call {name}.compute_chunk_sizes() first.")
+
+
 def check_matrix_lazy(name: str, value: Any, *, min_rows: int = 1) -> Any:
     """A 2-D numeric matrix, checked without reading (or copying) its values.
 
-    A numpy array (a memory-mapped one included) of a real dtype (bool, int, float) is
-    returned as it is: its values are checked for NaN and infinity block by block by the
-    pass that reads them (:class:`dpprecond.pca.rows.ClippedRows`), so a large input is
+    A numpy array (a memory-mapped one included) or a dask array of a real dtype (bool,
+    int, float) is returned as it is: its values are checked for NaN and infinity block
+    by block by the pass that reads them (:class:`dpprecond.pca.rows.ClippedRows`, or
+    :class:`dpprecond.adapters.dask.DaskRows` on the dask workers), so a large input is
     never converted or copied whole. Anything else (lists, object arrays, other types)
     goes through :func:`check_array`, with its messages.
     """
-    if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray) \
-            and value.dtype.kind in "biuf":
+    lazy = isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray) \
+        and value.dtype.kind in "biuf"
+    if is_dask_array(value):
+        _check_dask_blocks(name, value)
+        lazy = True
+    if lazy:
         if value.ndim != 2:
             raise ValueError(f"Expected {name} to be a 2-D array, got {value.ndim}-D array of "
                              f"shape {value.shape}. Reshape your data with "

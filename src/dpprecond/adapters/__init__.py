@@ -5,4 +5,6 @@ in the engine-free modules (:mod:`dpprecond.fl`, :mod:`dpprecond.pca`). Each ada
 optional extra and is imported only on request:
 
 - :mod:`dpprecond.adapters.flower`: DP federated learning on Flower (``dpprecond[flower]``).
+- :mod:`dpprecond.adapters.dask`: private PCA of dask arrays, on threads or a
+  ``dask.distributed`` cluster (``dpprecond[dask]``).
 """

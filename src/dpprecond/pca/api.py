@@ -34,7 +34,7 @@ from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import FEDERATED_METHODS, TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import METHODS, FitContext
 from dpprecond.pca.noise import gaussian_matrix
-from dpprecond.pca.rows import ClippedRows, mean_sensitivity
+from dpprecond.pca.rows import make_rows, mean_sensitivity
 from dpprecond.secure import SecureGenerator, release
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
@@ -156,7 +156,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     Parameters
     ----------
     X : array-like of shape (n, d)
-        Data, finite, with ``n >= d``.
+        Data, finite, with ``n >= d``. A numpy array (memory-mapped included) is read one
+        block of rows at a time; a dask array is read by its scheduler, one row chunk per
+        task (a ``dask.distributed`` cluster included; see ``docs/dask.md``).
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float
@@ -256,7 +258,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
     if clients is None:
-        rows: Any = ClippedRows.from_data(X, row_norm)
+        rows: Any = make_rows(X, row_norm)  # ClippedRows, or DaskRows for a dask array
     else:
         rows = FederatedRows.from_data(X, clients, row_norm)
         info.update(n_clients=rows.n_clients, trust=trust)

@@ -17,9 +17,15 @@ neighbouring inputs stay neighbouring. As computed, ``||a_i|| <= 1`` (see
 :mod:`dpprecond.clipping`; every row is also multiplied by ``SHRINK = 1 - 2^-30``).
 
 No per-row vector is stored: a block's scale factors are recomputed from the block each
-time it is read. The input is never converted or copied whole (a float32 or memory-mapped
-``X`` is read one float64 block at a time), and the first pass (:meth:`ClippedRows.from_data`)
-is also the check for NaN and infinity.
+time it is read. The block math (the two steps, the scan of the first pass, a block's Gram
+matrix, the rounding bound) is a set of pure module-level functions of one raw block and
+public values: :class:`ClippedRows` calls them on consecutive slices of ``X``, and the Dask
+adapter (:mod:`dpprecond.adapters.dask`) calls the same functions on the workers, one dask
+chunk at a time. :func:`make_rows` picks the one that fits the input.
+
+The input is never converted or copied whole (a float32 or memory-mapped ``X`` is read one
+float64 block at a time), and the first pass (:meth:`ClippedRows.from_data`) is also the
+check for NaN and infinity.
 
 Passes over the data (each one read of ``X``):
 
@@ -44,10 +50,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from dpprecond._validation import is_dask_array
 from dpprecond.clipping import (
     SHRINK,
     check_width,
@@ -57,7 +64,28 @@ from dpprecond.clipping import (
     unit_scale,
 )
 
-__all__ = ["DEFAULT_BLOCK_BYTES", "ClippedRows", "DenseRows", "RowSource", "mean_sensitivity"]
+__all__ = [
+    "DEFAULT_BLOCK_BYTES",
+    "BlockScan",
+    "ClippedRows",
+    "DataRows",
+    "DenseRows",
+    "RowSource",
+    "block_gram",
+    "block_rows_for",
+    "clip_rows",
+    "count_recentered_clipped",
+    "finish_gram",
+    "make_rows",
+    "mean_sensitivity",
+    "nonfinite_error",
+    "norms_of",
+    "raw_gram_allowed",
+    "recenter_rows",
+    "rounding_slack_bound",
+    "scale_rows",
+    "scan_rows",
+]
 
 #: Target size of one materialized block of rows (bytes).
 DEFAULT_BLOCK_BYTES = 16 * 2**20
@@ -119,8 +147,155 @@ class DenseRows:
         return self.A[idx]
 
 
-def _block_rows(d: int, block_bytes: int) -> int:
+# -- the block math: pure functions of one raw block and public values --------------------
+
+
+def block_rows_for(d: int, block_bytes: int) -> int:
+    """Rows of ``d`` float64 entries in a block of about ``block_bytes`` (at least 64)."""
     return max(64, block_bytes // (8 * max(d, 1)))
+
+
+class BlockScan(NamedTuple):
+    """What the first pass learns from one raw block (:func:`scan_rows`).
+
+    ``n_clipped``: rows scaled down in step 1; ``unclipped``: no row clipped and no row
+    prescaled (the block may take the raw Gram path of :func:`block_gram`); ``first_bad``:
+    ``(row, column)`` of the first NaN or infinity in the block (block coordinates), or
+    ``None``.
+    """
+
+    n_clipped: int
+    unclipped: bool
+    first_bad: tuple[int, int] | None
+
+
+def nonfinite_error(row: int, col: int) -> ValueError:
+    """The error for a NaN or an infinity at ``X[row, col]`` (global coordinates)."""
+    return ValueError(f"X contains NaN or infinite entries (first at index {(row, col)}); "
+                      "remove or impute them first.")
+
+
+def scan_rows(raw: Any, row_norm: float) -> BlockScan:
+    """The first pass over one raw block: NaN/infinity check and step-1 clipping count."""
+    block = np.asarray(raw, dtype=np.float64)
+    nu, p = safe_row_norms(block)
+    if not np.all(np.isfinite(nu)):  # a NaN or an infinity (this is the read of X)
+        bad = np.argwhere(~np.isfinite(block))
+        return BlockScan(0, False, (int(bad[0][0]), int(bad[0][1])))
+    _, clipped = unit_scale(nu, p, row_norm)
+    count = int(np.count_nonzero(clipped))
+    return BlockScan(count, count == 0 and bool(np.all(p == 1.0)), None)
+
+
+def scale_rows(raw: Any, row_norm: float) -> np.ndarray:
+    """Step 1 on one raw block: ``u_i = clip_1(x_i / row_norm)`` (a new float64 array)."""
+    U = np.array(raw, dtype=np.float64)  # a copy of the block
+    nu, pre = safe_row_norms(U)
+    post, _ = unit_scale(nu, pre, row_norm)
+    if not np.all(pre == 1.0):
+        U *= pre[:, None]
+    with np.errstate(under="ignore"):
+        U *= post[:, None]
+    return U
+
+
+def recenter_rows(U: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """Step 2 in place on step-1 rows: ``a_i = clip_1(u_i - mean)``; returns ``U``."""
+    U -= mean
+    nu, pre = safe_row_norms(U)
+    post = clip_to_radius(nu, pre, 1.0)
+    if not np.all(pre == 1.0):
+        U *= pre[:, None]
+    with np.errstate(under="ignore"):
+        U *= post[:, None]
+    return U
+
+
+def clip_rows(raw: Any, row_norm: float, mean: np.ndarray | None) -> np.ndarray:
+    """The rows of ``A`` for one raw block: step 1, then step 2 if ``mean`` is given."""
+    U = scale_rows(raw, row_norm)
+    return U if mean is None else recenter_rows(U, mean)
+
+
+def count_recentered_clipped(raw: Any, row_norm: float, mean: np.ndarray) -> int:
+    """Rows of one raw block scaled down again by step 2 (a diagnostic)."""
+    nu, p = safe_row_norms(scale_rows(raw, row_norm) - mean)
+    return int(np.count_nonzero(nu > p))  # true norm nu / p above 1
+
+
+def norms_of(B: np.ndarray) -> np.ndarray:
+    """l2 norms of the rows of a block of ``A``."""
+    return np.sqrt(np.einsum("ij,ij->i", B, B))
+
+
+def raw_gram_allowed(row_norm: float, mean: np.ndarray | None) -> bool:
+    """Whether unclipped blocks may be multiplied raw and scaled once (:func:`block_gram`)."""
+    return mean is None and _RAW_RANGE[0] <= row_norm <= _RAW_RANGE[1]
+
+
+def block_gram(raw: Any, row_norm: float, mean: np.ndarray | None,
+               use_raw: bool) -> np.ndarray:
+    """One block's term of ``A^T A``, shape (d, d).
+
+    ``use_raw`` (only for a block that :func:`scan_rows` found unclipped, and only when
+    :func:`raw_gram_allowed`): ``X_b^T X_b`` of the raw rows, summed apart from the others
+    and scaled once by the constant ``(SHRINK / row_norm)^2`` in :func:`finish_gram`;
+    otherwise ``A_b^T A_b`` of the clipped rows.
+    """
+    B = np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean)
+    return B.T @ B
+
+
+def finish_gram(S: np.ndarray, raw: np.ndarray, row_norm: float, raw_ok: bool) -> np.ndarray:
+    """``A^T A`` from the summed clipped-block terms ``S`` and raw-block terms ``raw``."""
+    if raw_ok:
+        c = SHRINK / row_norm
+        with np.errstate(under="ignore"):
+            S = S + raw * c * c
+    return (S + S.T) * 0.5
+
+
+def rounding_slack_bound(n: int, d: int, block_rows: int, n_blocks: int) -> float:
+    """``2 gamma_m n`` with ``m = block_rows + n_blocks + d + 4`` (see the module docstring).
+
+    ``block_rows`` bounds the rows of a block and ``n_blocks`` the longest chain of
+    additions over blocks (a sequential loop, or a reduction tree).
+    """
+    return 2.0 * gamma(block_rows + n_blocks + d + 4) * n
+
+
+class DataRows(RowSource, Protocol):
+    """What :func:`dpprecond.pca.fit_private_pca` needs beyond :class:`RowSource`.
+
+    Implemented by :class:`ClippedRows` (numpy and memory-mapped input) and by
+    :class:`dpprecond.adapters.dask.DaskRows` (dask arrays).
+    """
+
+    n_clipped: int
+    n_clipped_centered: int
+
+    def centered(self, mean: np.ndarray) -> DataRows: ...
+
+    def column_sum(self) -> np.ndarray: ...
+
+    def gram(self) -> np.ndarray: ...
+
+    def rounding_slack(self, n_terms: int | None = None) -> float: ...
+
+
+def make_rows(X: Any, row_norm: float, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> DataRows:
+    """Step 1 and the first pass for ``X``: :class:`ClippedRows`, or ``DaskRows``.
+
+    A dask array gets :class:`dpprecond.adapters.dask.DaskRows` (its passes run on the
+    dask scheduler, a ``dask.distributed`` cluster included); anything else (a numpy or
+    memory-mapped array) gets :class:`ClippedRows`. ``X`` is validated lazily by the
+    caller (:func:`dpprecond._validation.check_matrix_lazy`).
+    """
+    if is_dask_array(X):
+        from dpprecond.adapters.dask import DaskRows
+
+        return DaskRows.from_data(X, row_norm, block_bytes=block_bytes)
+    return ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
 
 
 @dataclass
@@ -169,22 +344,15 @@ class ClippedRows:
         """
         n, d = X.shape
         check_width("X", d)
-        block_rows = _block_rows(d, block_bytes)
+        block_rows = block_rows_for(d, block_bytes)
         unclipped = []
         n_clipped = 0
         for lo in range(0, n, block_rows):
-            hi = min(n, lo + block_rows)
-            block = np.asarray(X[lo:hi], dtype=np.float64)
-            nu, p = safe_row_norms(block)
-            if not np.all(np.isfinite(nu)):  # a NaN or an infinity (this is the read of X)
-                bad = np.argwhere(~np.isfinite(block))
-                first = (int(bad[0][0]) + lo, int(bad[0][1]))
-                raise ValueError(f"X contains NaN or infinite entries (first at index {first}"
-                                 "); remove or impute them first.")
-            _, clipped = unit_scale(nu, p, row_norm)
-            count = int(np.count_nonzero(clipped))
-            n_clipped += count
-            unclipped.append(count == 0 and bool(np.all(p == 1.0)))
+            scan = scan_rows(X[lo:min(n, lo + block_rows)], row_norm)
+            if scan.first_bad is not None:
+                raise nonfinite_error(scan.first_bad[0] + lo, scan.first_bad[1])
+            n_clipped += scan.n_clipped
+            unclipped.append(scan.unclipped)
         return cls(X, float(row_norm), block_rows, n_clipped,
                    _unclipped_blocks=np.array(unclipped, dtype=bool))
 
@@ -193,28 +361,9 @@ class ClippedRows:
         """``(n, d)``."""
         return self.X.shape
 
-    def _step1(self, lo: int, hi: int) -> np.ndarray:
-        U = np.array(self.X[lo:hi], dtype=np.float64)  # a copy of the block
-        nu, pre = safe_row_norms(U)
-        post, _ = unit_scale(nu, pre, self.row_norm)
-        if not np.all(pre == 1.0):
-            U *= pre[:, None]
-        with np.errstate(under="ignore"):
-            U *= post[:, None]
-        return U
-
     def block(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of ``A`` (a new array)."""
-        U = self._step1(lo, hi)
-        if self.mean is not None:
-            U -= self.mean
-            nu, pre = safe_row_norms(U)
-            post = clip_to_radius(nu, pre, 1.0)
-            if not np.all(pre == 1.0):
-                U *= pre[:, None]
-            with np.errstate(under="ignore"):
-                U *= post[:, None]
-        return U
+        return clip_rows(self.X[lo:hi], self.row_norm, self.mean)
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(lo, hi, A[lo:hi])`` for consecutive blocks of rows."""
@@ -229,7 +378,7 @@ class ClippedRows:
         if self._norms is None:
             out = np.empty(self.shape[0])
             for lo, hi, B in self.blocks():
-                out[lo:hi] = np.sqrt(np.einsum("ij,ij->i", B, B))
+                out[lo:hi] = norms_of(B)
             self._norms = out
         return self._norms
 
@@ -239,7 +388,7 @@ class ClippedRows:
         n = self.shape[0]
         for lo in range(0, n, self.block_rows):
             hi = min(n, lo + self.block_rows)
-            out += self._step1(lo, hi).sum(axis=0)
+            out += scale_rows(self.X[lo:hi], self.row_norm).sum(axis=0)
         return out
 
     def centered(self, mean: np.ndarray) -> ClippedRows:
@@ -253,8 +402,7 @@ class ClippedRows:
         n_over = 0
         for lo in range(0, n, self.block_rows):
             hi = min(n, lo + self.block_rows)
-            nu, p = safe_row_norms(self._step1(lo, hi) - mean)
-            n_over += int(np.count_nonzero(nu > p))  # true norm nu / p above 1
+            n_over += count_recentered_clipped(self.X[lo:hi], self.row_norm, mean)
         return ClippedRows(self.X, self.row_norm, self.block_rows, self.n_clipped, mean,
                            n_over, _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
 
@@ -269,8 +417,7 @@ class ClippedRows:
         """
         n, d = self.shape
         n = n if n_terms is None else n_terms
-        m = self.block_rows + (n // self.block_rows + 1) + d + 4
-        return 2.0 * gamma(m) * n
+        return rounding_slack_bound(n, d, self.block_rows, n // self.block_rows + 1)
 
     # -- passes ---------------------------------------------------------------------------
 
@@ -278,21 +425,17 @@ class ClippedRows:
         """``A^T A`` (symmetric, shape (d, d)), one pass over ``X``."""
         n, d = self.shape
         S = np.zeros((d, d))
-        raw_ok = self.mean is None and _RAW_RANGE[0] <= self.row_norm <= _RAW_RANGE[1]
-        c = SHRINK / self.row_norm
         raw = np.zeros((d, d))
+        raw_ok = raw_gram_allowed(self.row_norm, self.mean)
         for j, lo in enumerate(range(0, n, self.block_rows)):
-            hi = min(n, lo + self.block_rows)
-            if raw_ok and self._unclipped_blocks[j]:  # no clipped row, no prescaled row
-                B = np.asarray(self.X[lo:hi], dtype=np.float64)
-                raw += B.T @ B  # no clipped row: scaled by the constant factor below
+            use_raw = raw_ok and bool(self._unclipped_blocks[j])  # no clipped/prescaled row
+            term = block_gram(self.X[lo:min(n, lo + self.block_rows)], self.row_norm,
+                              self.mean, use_raw)
+            if use_raw:
+                raw += term
             else:
-                B = self.block(lo, hi)
-                S += B.T @ B
-        if raw_ok:
-            with np.errstate(under="ignore"):
-                S += raw * c * c
-        return (S + S.T) * 0.5
+                S += term
+        return finish_gram(S, raw, self.row_norm, raw_ok)
 
     def times(self, M: np.ndarray) -> np.ndarray:
         """``A @ M``, shape (n, m), one pass over ``X``."""
