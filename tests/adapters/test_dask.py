@@ -136,20 +136,23 @@ def test_column_chunks_are_merged_into_whole_rows(data: np.ndarray) -> None:
     np.testing.assert_allclose(lazy, right, rtol=0, atol=2.0 * gamma(N + D + 4) * N)
 
 
-@pytest.mark.parametrize("method", ["exact", "analyze_gauss", "fixed", "select"])
+@pytest.mark.parametrize("method", ["exact", "analyze_gauss", "fixed", "select", "auto",
+                                    "auto-iterate"])
 @pytest.mark.parametrize("center", [None, "private"])
 def test_same_seed_same_result_as_in_memory(data: np.ndarray, method: str,
                                             center: str | None) -> None:
     """All noise is drawn on the driver from the same streams: only summation order differs."""
     Xd = da.from_array(data, chunks=CHUNKS)
     eps = None if method == "exact" else 1.0
-    kw = {"n_iter": 3} if method == "fixed" else {}
+    kw: dict[str, Any] = {"n_iter": 3} if method == "fixed" else {}
+    if method == "auto-iterate":  # auto's own passes (probe, clipped steps) on the chunks
+        method, kw = "auto", {"branch": "iterate"}
     ref = fit_private_pca(data, K, method=method, target_epsilon=eps, target_delta=1e-6,
                           row_norm=ROW_NORM, center=center, seed=3, **kw)
     res = fit_private_pca(Xd, K, method=method, target_epsilon=eps, target_delta=1e-6,
                           row_norm=ROW_NORM, center=center, seed=3, **kw)
     tol = _tolerance(data, Xd, ref, center is not None)
-    if method in ("fixed", "select"):
+    if method in ("fixed", "select") or kw.get("branch") == "iterate":
         tol *= 1e3
     np.testing.assert_allclose(res.components, ref.components, rtol=0, atol=tol)
     assert res.epsilon == ref.epsilon and res.info.keys() == ref.info.keys()
@@ -277,6 +280,13 @@ def test_every_task_pickles_by_reference(data: np.ndarray) -> None:
             res = fit_private_pca(Xd, K, clip_radius=radius, **kw)
         np.testing.assert_allclose(res.components, ref.components, rtol=0,
                                    atol=1e3 * _tolerance(data, Xd, ref, True))
+    kw.update(method="auto", branch="iterate")  # auto's block_sum passes
+    del kw["n_iter"]
+    ref = fit_private_pca(data, K, **kw)
+    with dask.config.set(scheduler=_pickling_get):
+        res = fit_private_pca(Xd, K, **kw)
+    np.testing.assert_allclose(res.components, ref.components, rtol=0,
+                               atol=1e3 * _tolerance(data, Xd, ref, True))
 
 
 def test_importing_dpprecond_does_not_import_dask() -> None:
@@ -317,8 +327,10 @@ def test_runs_unchanged_on_a_distributed_cluster(data: np.ndarray) -> None:
         with get_task_stream(client) as stream:
             results = {m: fit_private_pca(Xd, K, method=m, **kw)
                        for m in ("analyze_gauss", "fixed")}
+            results["auto"] = fit_private_pca(Xd, K, method="auto", branch="iterate", **kw)
     assert {t["worker"] for t in stream.data} == set(workers)  # both workers ran tasks
     for method, res in results.items():
-        ref = fit_private_pca(data, K, method=method, **kw)
-        tol = _tolerance(data, Xd, ref, False) * (1e3 if method == "fixed" else 1.0)
+        extra = {"branch": "iterate"} if method == "auto" else {}
+        ref = fit_private_pca(data, K, method=method, **kw, **extra)
+        tol = _tolerance(data, Xd, ref, False) * (1.0 if method == "analyze_gauss" else 1e3)
         np.testing.assert_allclose(res.components, ref.components, rtol=0, atol=tol)

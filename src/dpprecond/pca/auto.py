@@ -40,7 +40,6 @@ clipped-row counts, no fit time).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +79,7 @@ __all__ = [
     "noisy_histogram",
     "preconditioned_norms",
     "predict_errors",
+    "probe_counts",
 ]
 
 #: Edges of the probe histogram, in units of ``sqrt(k/n)`` (public): ``2^(j/2)`` from
@@ -187,27 +187,61 @@ def coupled_symmetric_noise(dim: int, std_full: float, std_first: float,
 # --------------------------------------------------------------------------------------
 
 
-def _blocks(rows: RowSource, block_rows: int = 8192) -> Iterator[np.ndarray]:
-    """Consecutive blocks of rows of ``A`` (each row of norm <= 1 as computed)."""
-    if hasattr(rows, "blocks"):
-        for _lo, _hi, block in rows.blocks():
-            yield block
-        return
+def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``sum_b func(A_b, *args)`` over row blocks: the rows' own pass when they have one
+    (on a dask cluster, on the workers), else blocks read with ``rows.rows``."""
+    if hasattr(rows, "block_sum"):
+        return rows.block_sum(func, *args, shape=shape)
+    out = np.zeros(shape)
     n = rows.shape[0]
-    for lo in range(0, n, block_rows):
-        yield rows.rows(np.arange(lo, min(n, lo + block_rows)))
+    for lo in range(0, n, 8192):
+        out += func(rows.rows(np.arange(lo, min(n, lo + 8192))), *args)
+    return out
+
+
+def _block_preconditioned_norms(block: np.ndarray, XB: np.ndarray) -> np.ndarray:
+    Y = block @ XB
+    nu, pre = safe_row_norms(Y)
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(pre == 1.0, nu, nu / pre)
+
+
+def _block_histogram(block: np.ndarray, XB: np.ndarray, unit: float,
+                     edges: np.ndarray) -> np.ndarray:
+    r = _block_preconditioned_norms(block, XB) / unit
+    idx = np.searchsorted(edges, r, side="right")
+    return np.bincount(idx, minlength=edges.size + 1).astype(np.float64)
+
+
+def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float) -> np.ndarray:
+    Y = block @ XB
+    nu, pre = safe_row_norms(Y)
+    post = clip_to_radius(nu, pre, radius)
+    C = Y * pre[:, None]
+    with np.errstate(under="ignore"):
+        C *= post[:, None]
+    return block.T @ C
 
 
 def preconditioned_norms(rows: RowSource, X: np.ndarray, B: np.ndarray) -> np.ndarray:
     """``||B X^T a_i||`` for every row (one pass over ``A``; not a release by itself)."""
     XB = X @ B
-    out = []
-    for block in _blocks(rows):
-        Y = block @ XB
-        nu, pre = safe_row_norms(Y)
-        with np.errstate(divide="ignore", over="ignore"):
-            out.append(np.where(pre == 1.0, nu, nu / pre))
-    return np.concatenate(out) if out else np.zeros(0)
+    n = rows.shape[0]
+    parts = [_block_preconditioned_norms(rows.rows(np.arange(lo, min(n, lo + 8192))), XB)
+             for lo in range(0, n, 8192)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def probe_counts(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float,
+                 edges: np.ndarray, std: float, rng: Any) -> np.ndarray:
+    """Release the histogram of ``||B X^T a_i|| / unit`` on ``edges`` (one pass over ``A``).
+
+    The counts are a sum of per-row indicator vectors (each client's or worker's blocks
+    counted where they are); the release is :func:`noisy_histogram`'s, sensitivity
+    ``sqrt(2)``.
+    """
+    counts = _block_sum(rows, _block_histogram, X @ B, unit, edges, shape=(edges.size + 1,))
+    return release(counts, gaussian_matrix(counts.shape, std, rng), std, rng)
 
 
 def noisy_histogram(values: np.ndarray, edges: np.ndarray, std: float,
@@ -236,16 +270,7 @@ def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
     Returns the released ``Z`` (d x k).
     """
     d, k = X.shape
-    XB = X @ B
-    Z = np.zeros((d, k))
-    for block in _blocks(rows):
-        Y = block @ XB
-        nu, pre = safe_row_norms(Y)
-        post = clip_to_radius(nu, pre, radius)
-        C = Y * pre[:, None]
-        with np.errstate(under="ignore"):
-            C *= post[:, None]
-        Z += block.T @ C
+    Z = _block_sum(rows, _block_clipped_step, X @ B, radius, shape=(d, k))
     return release(Z, gaussian_matrix((d, k), noise_std, rng), noise_std, rng)
 
 
@@ -613,8 +638,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
 
     # -- release 2: the probe histogram ---------------------------------------------------
     unit = math.sqrt(k / n)
-    r = preconditioned_norms(rows, X0, B0) / unit
-    counts = noisy_histogram(r, HIST_EDGES, std_c, gen)
+    counts = probe_counts(rows, X0, B0, unit, HIST_EDGES, std_c, gen)
 
     # -- the rule (released values and public parameters only) ---------------------------
     iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]

@@ -126,6 +126,13 @@ class FederatedRows:
             for lo, hi, block in c.blocks():
                 yield int(start) + lo, int(start) + hi, block
 
+    def block_sum(self, func: Any, *args: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """The sum over clients of each client's :meth:`ClippedRows.block_sum`."""
+        out = np.zeros(shape)
+        for c in self.clients:
+            out += c.block_sum(func, *args, shape=shape)
+        return out
+
     def times(self, M: np.ndarray) -> np.ndarray:
         """``A @ M``: each client's rows times the broadcast ``M``, stacked."""
         return np.concatenate([c.times(M) for c in self.clients], axis=0)

@@ -48,7 +48,7 @@ excess, and the callers inflate their noise by it (it is below ``1e-6`` for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -145,6 +145,19 @@ class DenseRows:
     def rows(self, idx: np.ndarray) -> np.ndarray:
         """Rows ``idx`` of ``A`` (a copy)."""
         return self.A[idx]
+
+    def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
+                  shape: tuple[int, ...], block_rows: int = 8192) -> np.ndarray:
+        """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
+
+        ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
+        ``shape``; it must be a module-level function (a cluster pickles it by reference).
+        A release built on it has the sensitivity of one row's term.
+        """
+        out = np.zeros(shape)
+        for lo in range(0, self.shape[0], block_rows):
+            out += func(self.A[lo:lo + block_rows], *args)
+        return out
 
 
 # -- the block math: pure functions of one raw block and public values --------------------
@@ -450,6 +463,19 @@ class ClippedRows:
         out = np.zeros((self.shape[1], D.shape[1]))
         for lo, hi, B in self.blocks():
             out += B.T @ D[lo:hi]
+        return out
+
+    def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
+                  shape: tuple[int, ...]) -> np.ndarray:
+        """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
+
+        ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
+        ``shape``; it must be a module-level function (a cluster pickles it by reference).
+        A release built on it has the sensitivity of one row's term.
+        """
+        out = np.zeros(shape)
+        for _lo, _hi, B in self.blocks():
+            out += func(B, *args)
         return out
 
     def rows(self, idx: np.ndarray) -> np.ndarray:

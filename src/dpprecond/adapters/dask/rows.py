@@ -101,6 +101,11 @@ def _t_times_task(raw: np.ndarray, D: np.ndarray, row_norm: float,
     return (clip_rows(raw, row_norm, mean).T @ D)[None]
 
 
+def _block_sum_task(raw: np.ndarray, func: Any, row_norm: float, mean: np.ndarray | None,
+                    *args: Any) -> np.ndarray:
+    return func(clip_rows(raw, row_norm, mean), *args)[None]
+
+
 def _rows_task(raw: np.ndarray, local: np.ndarray, row_norm: float,
                mean: np.ndarray | None) -> np.ndarray:
     return clip_rows(raw, row_norm, mean)[local]
@@ -134,7 +139,7 @@ class DaskRows:
         Rows scaled down again after centering.
     """
 
-    X: da.Array
+    X: Any  # a dask array (Any: dask's map_blocks stubs reject module-level tasks)
     row_norm: float
     block_rows: int
     n_clipped: int
@@ -241,6 +246,14 @@ class DaskRows:
         parts = self._per_block(_gram_task, self.row_norm, self.mean, use_raw,
                                 width=(2, d, d)).sum(axis=0).compute()
         return finish_gram(parts[0], parts[1], self.row_norm, raw_ok)
+
+    def block_sum(self, func: Any, *args: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """``sum_b func(A_b, *args)`` over the row chunks, each term computed on a worker.
+
+        ``func`` must be a module-level function (workers unpickle it by reference).
+        """
+        return self._per_block(_block_sum_task, func, self.row_norm, self.mean, *args,
+                               width=tuple(shape)).sum(axis=0).compute()
 
     def times(self, M: np.ndarray) -> np.ndarray:
         """``A @ M``, shape (n, m), one pass over ``X`` (the result comes to the driver)."""
