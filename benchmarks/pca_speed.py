@@ -100,7 +100,7 @@ def main() -> None:
     # On Fashion-MNIST private selection exits after the init (its eigengaps are far below
     # the init's noise bound), so also time it where the trials do run: a synthetic spiked
     # matrix of the same shape, at eps = 4.
-    A = spiked_covariance(n, d, args.k, 100.0, rng=0)
+    A = spiked_covariance(n, d, args.k, 100.0, seed=0)
     syn = {"sklearn": [], "select": []}
     syn_runs = []
     for r in range(args.repeats):

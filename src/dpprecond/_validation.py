@@ -381,21 +381,25 @@ def check_labels(name: str, y: Any, n_classes: int | None = None,
     return arr.astype(np.int64, copy=False)
 
 
-def check_random_state(seed: Any) -> np.random.Generator:
+def check_random_state(seed: Any, name: str = "random_state") -> np.random.Generator:
     """Return a numpy ``Generator`` from ``None``, an int, a SeedSequence or a Generator.
 
     ``np.random.RandomState`` is accepted for scikit-learn compatibility and converted by
-    drawing a seed from it (which advances it, as scikit-learn's own helpers do).
+    drawing a seed from it (which advances it, as scikit-learn's own helpers do). ``name``
+    is the parameter the errors name.
     """
+    if isinstance(seed, bool):
+        raise TypeError(f"Expected {name} to be None, an int, a SeedSequence or a numpy "
+                        f"Generator, got the bool {seed!r}.")
     if seed is None or isinstance(seed, (numbers.Integral, np.random.SeedSequence)):
         if isinstance(seed, numbers.Integral) and int(seed) < 0:
-            raise ValueError(f"Expected random_state >= 0, got random_state={seed}.")
+            raise ValueError(f"Expected {name} >= 0, got {name}={seed}.")
         return np.random.default_rng(seed)  # type: ignore[arg-type]
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, np.random.RandomState):
         return np.random.default_rng(seed.randint(0, 2**31 - 1))
-    raise TypeError(f"Expected random_state to be None, an int, a SeedSequence or a "
+    raise TypeError(f"Expected {name} to be None, an int, a SeedSequence or a "
                     f"numpy Generator, got {type(seed).__name__}.")
 
 

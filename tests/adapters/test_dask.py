@@ -49,7 +49,7 @@ CHUNKS = (1700, 4)  # uneven rows (last chunk 1300) and split columns (4 + 4 + 2
 
 @pytest.fixture(scope="module")
 def data() -> np.ndarray:
-    X = spiked_covariance(N, D, K, 20.0, rng=3)
+    X = spiked_covariance(N, D, K, 20.0, seed=3)
     heavy = np.random.default_rng(5).random(N) < 0.05
     X[heavy] *= 3.0
     return X

@@ -32,7 +32,7 @@ EPS, DELTA, K = 1.0, 1e-6, 2
 
 @pytest.fixture(scope="module")
 def data():
-    A = spiked_covariance(4000, 30, K, 20.0, rng=11)
+    A = spiked_covariance(4000, 30, K, 20.0, seed=11)
     S = A.T @ A
     _w, U = np.linalg.eigh(S)
     return DenseRows(A), S, U[:, ::-1][:, :K]

@@ -18,7 +18,7 @@ BOUNDS = np.array([0, 700, 1500, 1501, 4000])  # uneven clients, one with a sing
 
 @pytest.fixture(scope="module")
 def data() -> np.ndarray:
-    A = spiked_covariance(4000, 12, 2, 20.0, rng=2)
+    A = spiked_covariance(4000, 12, 2, 20.0, seed=2)
     A[10] *= 5.0  # a row above the bound: clipped by its client like centrally
     return A
 

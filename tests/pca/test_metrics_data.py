@@ -34,7 +34,7 @@ def test_sin_theta_known_angles():
 
 
 def test_captured_variance_and_eigengap():
-    A = exact_spectrum(200, 8, 2, 0.25, rng=0, sigma_k=2.0)
+    A = exact_spectrum(200, 8, 2, 0.25, seed=0, sigma_k=2.0)
     V = top_right_singular_vectors(A, 2)
     assert captured_variance_ratio(A, V, V) == pytest.approx(1.0)
     W = np.linalg.qr(np.random.default_rng(1).standard_normal((8, 2)))[0]
@@ -61,10 +61,10 @@ def test_coherence_extremes():
 
 
 def test_spiked_family_is_seeded_and_bounded():
-    A = spiked_covariance(2000, 30, 3, 4.0, rng=5)
+    A = spiked_covariance(2000, 30, 3, 4.0, seed=5)
     assert A.shape == (2000, 30)
     assert np.linalg.norm(A, axis=1).max() == pytest.approx(1.0)
-    assert np.array_equal(A, spiked_covariance(2000, 30, 3, 4.0, rng=5))
+    assert np.array_equal(A, spiked_covariance(2000, 30, 3, 4.0, seed=5))
     stats = describe(A, 3)
     assert stats["max_row_norm"] == pytest.approx(1.0)
     assert stats["kappa"] < 0.5  # a real spike: theta = 4 against noise 1
@@ -73,13 +73,13 @@ def test_spiked_family_is_seeded_and_bounded():
 
 
 def test_coherent_family_coherence_rises_as_fraction_falls():
-    coh = [describe(coherent_spiked(4000, 20, 2, 50.0, f, rng=1), 2)["rank_k_coherence"]
+    coh = [describe(coherent_spiked(4000, 20, 2, 50.0, f, seed=1), 2)["rank_k_coherence"]
            for f in (1.0, 0.1, 0.01)]
     assert coh[0] < coh[1] < coh[2], coh
 
 
 def test_exact_spectrum_family_has_the_requested_kappa():
-    A = exact_spectrum(500, 20, 4, 0.5, rng=2, sigma_k=3.0)
+    A = exact_spectrum(500, 20, 4, 0.5, seed=2, sigma_k=3.0)
     stats = describe(A, 4)
     assert stats["kappa"] == pytest.approx(0.5, rel=1e-10)
     assert stats["sigma_k_sq"] == pytest.approx(9.0, rel=1e-10)

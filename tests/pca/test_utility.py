@@ -27,7 +27,7 @@ K = 2
 def problems():
     out = {}
     for n in (5000, 40000):
-        A = spiked_covariance(n, 20, K, 5.0, rng=1)
+        A = spiked_covariance(n, 20, K, 5.0, seed=1)
         out[n] = (A, top_right_singular_vectors(A, K), describe(A, K))
     return out
 

@@ -39,7 +39,7 @@ def _normalize_rows(X: np.ndarray) -> np.ndarray:
     return X / np.sqrt(np.einsum("ij,ij->i", X, X).max())
 
 
-def spiked_covariance(n: int, d: int, k: int, theta: float, rng: Any = None) -> np.ndarray:
+def spiked_covariance(n: int, d: int, k: int, theta: float, seed: Any = None) -> np.ndarray:
     """Family 1: i.i.d. spiked-covariance rows, scaled so that the largest row norm is 1.
 
     Parameters
@@ -48,7 +48,7 @@ def spiked_covariance(n: int, d: int, k: int, theta: float, rng: Any = None) -> 
         Rows, columns and spike rank (``n >= d >= k >= 1``).
     theta : float
         Spike strength (``> 0``).
-    rng : None, int or numpy.random.Generator
+    seed : None, int, SeedSequence or numpy.random.Generator
         Seed or generator.
 
     Returns
@@ -57,11 +57,11 @@ def spiked_covariance(n: int, d: int, k: int, theta: float, rng: Any = None) -> 
     """
     n, d, k = _check_shape(n, d, k)
     theta = check_positive("theta", theta)
-    return coherent_spiked(n, d, k, theta, 1.0, rng)
+    return coherent_spiked(n, d, k, theta, 1.0, seed)
 
 
 def coherent_spiked(n: int, d: int, k: int, theta: float, fraction: float,
-                    rng: Any = None) -> np.ndarray:
+                    seed: Any = None) -> np.ndarray:
     """Family 2: the spike ``theta V V^T`` is carried only by a fraction of the rows.
 
     ``max(1, round(fraction * n))`` rows (chosen at random) are drawn from
@@ -72,7 +72,7 @@ def coherent_spiked(n: int, d: int, k: int, theta: float, fraction: float,
     theta = check_positive("theta", theta)
     fraction = check_fraction("fraction", fraction, low=0.0, high=1.0, low_open=True,
                               high_open=False)
-    gen = check_random_state(rng)
+    gen = check_random_state(seed, "seed")
     V = _orthonormal(gen, d, k)
     X = gen.standard_normal((n, d))
     m = max(1, round(fraction * n))
@@ -83,7 +83,7 @@ def coherent_spiked(n: int, d: int, k: int, theta: float, fraction: float,
     return _normalize_rows(X)
 
 
-def exact_spectrum(n: int, d: int, k: int, kappa: float, rng: Any = None, *,
+def exact_spectrum(n: int, d: int, k: int, kappa: float, seed: Any = None, *,
                    sigma_k: float = 1.0, decay: float = 0.9) -> np.ndarray:
     """Family 3: ``A = U diag(sigma) V^T`` with ``sigma_{k+1}^2 / sigma_k^2 = kappa``.
 
@@ -96,7 +96,7 @@ def exact_spectrum(n: int, d: int, k: int, kappa: float, rng: Any = None, *,
     kappa = check_fraction("kappa", kappa, low=0.0, high=1.0, low_open=False, high_open=True)
     sigma_k = check_positive("sigma_k", sigma_k)
     decay = check_fraction("decay", decay, low=0.0, high=1.0, low_open=True, high_open=False)
-    gen = check_random_state(rng)
+    gen = check_random_state(seed, "seed")
     U = _orthonormal(gen, n, d)
     V = _orthonormal(gen, d, d)
     sigma = np.empty(d)

@@ -24,16 +24,16 @@ __all__ = ["client_weights", "dirichlet_partition", "iid_partition", "make_parti
 
 
 def iid_partition(n_examples: int, n_clients: int,
-                  rng: np.random.Generator | int | None = None) -> list[np.ndarray]:
+                  seed: np.random.Generator | int | None = None) -> list[np.ndarray]:
     """Shuffle and cut into ``n_clients`` near-equal parts (sizes differ by at most one)."""
     n_examples = check_int("n_examples", n_examples, low=1)
     n_clients = check_int("n_clients", n_clients, low=1, high=n_examples)
-    rng = check_random_state(rng)
+    rng = check_random_state(seed, "seed")
     return [np.sort(part) for part in np.array_split(rng.permutation(n_examples), n_clients)]
 
 
 def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
-                        rng: np.random.Generator | int | None = None,
+                        seed: np.random.Generator | int | None = None,
                         min_size: int = 1) -> list[np.ndarray]:
     """Label-skewed split: class ``c``'s examples go to clients in proportions ~ Dir(alpha).
 
@@ -41,7 +41,7 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
     and the shuffled examples of that class are cut at ``floor(cumsum(p) * n_c)``.
 
     Rule for clients that would get too little data (documented, deterministic given
-    ``rng``): a client left with fewer than ``min_size`` examples receives, one client at a
+    ``seed``): a client left with fewer than ``min_size`` examples receives, one client at a
     time in increasing client order, randomly chosen examples moved from the client that is
     currently the largest, until it has ``min_size``. No redraw loop, so small ``alpha``
     always terminates; the moved examples keep the partition disjoint and complete.
@@ -54,8 +54,8 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
         Number of clients K (``K * min_size <= n``).
     alpha : float
         Dirichlet concentration (> 0); small values give strong label skew.
-    rng : Generator, int or None
-        Randomness.
+    seed : Generator, int or None
+        Randomness (``None``: fresh OS entropy).
     min_size : int, default=1
         Minimum examples per client after the repair rule.
     """
@@ -67,7 +67,7 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
     if n_clients * min_size > n:
         raise ValueError(f"Cannot give n_clients={n_clients} clients min_size={min_size} "
                          f"examples each from {n} examples; use fewer clients.")
-    rng = check_random_state(rng)
+    rng = check_random_state(seed, "seed")
     owner = np.empty(n, dtype=np.int64)
     for c in np.unique(y):  # loop over classes (few), vectorized inside
         idx = rng.permutation(np.flatnonzero(y == c))
@@ -88,12 +88,12 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
 
 def make_partition(y: np.ndarray, n_clients: int, kind: Literal["iid", "dirichlet"] = "iid",
                    alpha: float = 0.5,
-                   rng: np.random.Generator | int | None = None) -> list[np.ndarray]:
+                   seed: np.random.Generator | int | None = None) -> list[np.ndarray]:
     """Dispatch to :func:`iid_partition` or :func:`dirichlet_partition`."""
     check_choice("partition", kind, ("iid", "dirichlet"))
     if kind == "iid":
-        return iid_partition(len(y), n_clients, rng)
-    return dirichlet_partition(y, n_clients, alpha, rng)
+        return iid_partition(len(y), n_clients, seed)
+    return dirichlet_partition(y, n_clients, alpha, seed)
 
 
 def client_weights(sizes: np.ndarray, weighting: Literal["uniform", "size"] = "uniform"

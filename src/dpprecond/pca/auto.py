@@ -607,7 +607,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     # A numpy Generator, or a stand-in that draws the noise differently (secure mode's
     # SecureGenerator, federated PCA's LocalNoise: each client's own noise).
     gen = rng if hasattr(rng, "standard_normal") and not isinstance(
-        rng, np.random.RandomState) else check_random_state(rng)
+        rng, np.random.RandomState) else check_random_state(rng, "rng")
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
