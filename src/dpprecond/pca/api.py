@@ -168,9 +168,11 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     row_norm : float
         Public bound on the l2 norm of the raw rows (> 0). Required: never derived from
         the data.
-    method : str, default="select"
-        A method of :data:`dpprecond.pca.methods.METHODS`: ``"select"`` (Algorithm 1 then
-        private selection of (R, T)), ``"fixed"`` (Algorithm 1 then Algorithm 2 with a given
+    method : str, default="auto"
+        A method of :data:`dpprecond.pca.methods.METHODS`: ``"auto"`` (a partial release of
+        ``A^T A`` and a coherence probe, then Analyze Gauss completed exactly or the
+        preconditioned clipped iteration; the best measured, ``docs/pca_auto.md``),
+        ``"select"`` (Algorithm 1 then private selection of (R, T)), ``"fixed"`` (Algorithm 1 then Algorithm 2 with a given
         ``clip_radius`` and ``n_iter``), ``"analyze_gauss"`` (Dwork et al. 2014),
         ``"power"`` (the DP power method), ``"exact"`` (non-private reference,
         ``epsilon = inf``).

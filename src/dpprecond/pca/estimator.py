@@ -14,7 +14,11 @@ __all__ = ["PrivatePCA"]
 
 
 class PrivatePCA(TransformerMixin, BaseEstimator):
-    """Differentially private top-k PCA (coherence-adaptive preconditioned power iteration).
+    """Differentially private top-k PCA that adapts to the coherence of the data.
+
+    The default method, ``"auto"`` (:mod:`dpprecond.pca.auto`), releases part of ``A^T A``,
+    probes the rows' coherence privately and then either completes Analyze Gauss or runs
+    the preconditioned clipped power iteration; it spends exactly the target budget.
 
     Privacy unit: one row of ``X`` (one individual), replace-one adjacency. Rows are divided
     by the public bound ``row_norm`` and rows still above norm 1 are scaled down to norm 1.
@@ -33,9 +37,10 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
         Target delta in (0, 1).
     row_norm : float
         Public bound on the l2 norm of the rows (> 0). Required; never derived from data.
-    method : str, default="select"
+    method : str, default="auto"
         A method of :data:`dpprecond.pca.methods.METHODS` (see
-        :func:`dpprecond.pca.fit_private_pca`).
+        :func:`dpprecond.pca.fit_private_pca`); ``"auto"`` is the best measured
+        (``docs/pca_auto.md``).
     center : None, "private" or array-like of shape (n_features,), default=None
         No centering (uncentered PCA, default), a private mean charged to the budget
         (option ``mean_share``), or a public mean.
@@ -77,8 +82,8 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     n_features_in_ : int
     info_ : dict
         Public details of the fit (:attr:`dpprecond.pca.PCAResult.info`): the noise
-        multipliers and the method's released choices (``clip_radius``, ``n_iter``,
-        ``early_exit``...).
+        multipliers and the method's released choices (``branch``, ``clip_radius``,
+        ``n_iter``, ``early_exit``...).
     diagnostics_ : dict or None
         Only with ``diagnostics=True`` (not private, see above).
 
