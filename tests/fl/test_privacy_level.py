@@ -60,3 +60,22 @@ def test_baselines_take_the_same_config(name: str) -> None:
     res = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
                    FLConfig(n_rounds=2, noise_multiplier=3.0), X_test=Xt, y_test=yt, seed=0)
     assert np.isfinite(res.epsilon)
+
+
+def test_the_papers_sofim_form_warns_when_it_runs_with_noise() -> None:
+    from dpprecond.fl.methods import NoisyPreconditionerWarning
+
+    X, y, Xt, yt = make_problem(n=200)
+    kw = dict(n_clients=2, seed=0)
+    with pytest.warns(NoisyPreconditionerWarning, match="uphill"):
+        run_federated(X, y, Xt, yt, 3, algorithm="sofim",
+                      config=FLConfig(n_rounds=2, target_epsilon=1.0), **kw)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("error", NoisyPreconditionerWarning)  # checked first
+        run_federated(X, y, Xt, yt, 3, algorithm="sofim",  # no noise: nothing to warn about
+                      config=FLConfig(n_rounds=2, noise_multiplier=0.0), **kw)
+        run_federated(X, y, Xt, yt, 3, algorithm="sofim-lagged",
+                      config=FLConfig(n_rounds=2, target_epsilon=1.0), **kw)

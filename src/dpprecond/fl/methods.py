@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,6 +54,7 @@ __all__ = [
     "GradientMethod",
     "LocalStepsMethod",
     "Method",
+    "NoisyPreconditionerWarning",
     "RunContext",
     "make_method",
     "method_options",
@@ -112,15 +114,25 @@ class Method:
         return {"method": self.name}
 
 
+class NoisyPreconditionerWarning(UserWarning):
+    """A method whose preconditioner is known to act on the noise runs with noise."""
+
+
 class GradientMethod(Method):
     """One private message per client per round (``config.mechanism``), aggregated with the
-    config's weights, then an optax-style transform (:mod:`dpprecond.fl.server`)."""
+    config's weights, then an optax-style transform (:mod:`dpprecond.fl.server`).
+
+    ``noise_warning``: a message to warn with (:class:`NoisyPreconditionerWarning`) when
+    the run adds noise.
+    """
 
     def __init__(self, transform: server_mod.GradientTransformation, name: str = "custom",
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None,
+                 noise_warning: str | None = None) -> None:
         self.transform = transform
         self.name = name
         self.options = dict(options or {})
+        self.noise_warning = noise_warning
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.name, **self.options}
@@ -129,6 +141,8 @@ class GradientMethod(Method):
         return Schedule.rounds(config)
 
     def start(self, run: RunContext, params: np.ndarray) -> Any:
+        if self.noise_warning and run.multipliers.get("z", 0.0) > 0:
+            warnings.warn(self.noise_warning, NoisyPreconditionerWarning, stacklevel=2)
         return self.transform.init(params)
 
     def round(self, run: RunContext, t: int, params: np.ndarray,
@@ -359,6 +373,13 @@ def _fedgd(learning_rate: float = 0.1, momentum: float = 0.0,
                                weight_decay=weight_decay))
 
 
+PAPER_FORM_WARNING = (
+    "method 'sofim' is the paper's form: its preconditioner is built from a momentum that "
+    "contains the current noisy gradient, so under DP noise the expected step moves uphill "
+    "from round 2 on (docs/fl_results.md, 'Why the paper's form fails under noise'). It is "
+    "kept for comparison; the default method learns under noise (docs/fl.md).")
+
+
 def _sofim_factory(name: str, precondition: Literal["gradient", "momentum"],
                    lagged: bool) -> Callable[..., Method]:
     def factory(learning_rate: float = 0.1, beta: float = 0.9, rho: float = 0.5,
@@ -369,7 +390,8 @@ def _sofim_factory(name: str, precondition: Literal["gradient", "momentum"],
                                     warmup_rounds=warmup_rounds, weight_decay=weight_decay)
         transform = server_mod.sofim(learning_rate, beta, rho, precondition, bias_correction,
                                      warmup_rounds, weight_decay, lagged)
-        return GradientMethod(transform, name, opts)
+        return GradientMethod(transform, name, opts,
+                              PAPER_FORM_WARNING if name == "sofim" else None)
 
     factory.__name__ = name.replace("-", "_")
     return factory

@@ -172,8 +172,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         A method of :data:`dpprecond.pca.methods.METHODS`: ``"auto"`` (a partial release of
         ``A^T A`` and a coherence probe, then Analyze Gauss completed exactly or the
         preconditioned clipped iteration; the best measured, ``docs/pca_auto.md``),
-        ``"select"`` (Algorithm 1 then private selection of (R, T)), ``"fixed"`` (Algorithm 1 then Algorithm 2 with a given
-        ``clip_radius`` and ``n_iter``), ``"analyze_gauss"`` (Dwork et al. 2014),
+        ``"select"`` (Algorithm 1 then private selection of (R, T)), ``"fixed"``
+        (Algorithm 1 then Algorithm 2 with a given ``clip_radius`` and ``n_iter``),
+        ``"analyze_gauss"`` (Dwork et al. 2014),
         ``"power"`` (the DP power method), ``"exact"`` (non-private reference,
         ``epsilon = inf``).
     center : None, "private" or array-like of shape (d,), default=None
