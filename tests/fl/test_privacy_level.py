@@ -79,3 +79,27 @@ def test_the_papers_sofim_form_warns_when_it_runs_with_noise() -> None:
                       config=FLConfig(n_rounds=2, noise_multiplier=0.0), **kw)
         run_federated(X, y, Xt, yt, 3, algorithm="sofim-lagged",
                       config=FLConfig(n_rounds=2, target_epsilon=1.0), **kw)
+
+
+def test_a_shared_ledger_refuses_a_run_before_any_round() -> None:
+    """A private PCA and a federated run on the same records in one ledger: the run that
+    would exceed ``max_epsilon`` is refused whole, before its first message."""
+    from dpprecond import PrivacyBudgetExceededError
+    from dpprecond.accounting import PrivacyLedger
+    from dpprecond.pca import fit_private_pca
+
+    X, y, Xt, yt = make_problem(n=300)
+    ledger = PrivacyLedger(1e-5, max_epsilon=1.3)
+    fit_private_pca(X, 2, target_epsilon=1.0, target_delta=1e-5, row_norm=10.0, seed=0,
+                    ledger=ledger)
+    assert ledger.n_releases == 1
+    rounds: list[dict] = []
+    with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=1\.3"):
+        run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=3, seed=0,
+                      config=FLConfig(n_rounds=5, target_epsilon=1.0), ledger=ledger,
+                      callback=rounds.append)
+    assert rounds == [] and ledger.n_releases == 1  # nothing ran, nothing was recorded
+    res = run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=3, seed=0,
+                        config=FLConfig(n_rounds=5, target_epsilon=0.3), ledger=ledger)
+    assert ledger.n_releases == 1 + 5 and ledger.epsilon <= 1.3
+    assert ledger.epsilon > max(1.0, res.epsilon)  # the total composes both
