@@ -189,9 +189,10 @@ def coupled_symmetric_noise(dim: int, std_full: float, std_first: float,
 
 def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -> np.ndarray:
     """``sum_b func(A_b, *args)`` over row blocks: the rows' own pass when they have one
-    (on a dask cluster, on the workers), else blocks read with ``rows.rows``."""
+    (on a dask cluster, on the workers), else blocks read with ``rows.rows``. The block
+    functions below also take raw rows with their scale factors (``row_scaled``)."""
     if hasattr(rows, "block_sum"):
-        return rows.block_sum(func, *args, shape=shape)
+        return rows.block_sum(func, *args, shape=shape, row_scaled=True)
     out = np.zeros(shape)
     n = rows.shape[0]
     for lo in range(0, n, 8192):
@@ -199,27 +200,37 @@ def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -
     return out
 
 
-def _block_preconditioned_norms(block: np.ndarray, XB: np.ndarray) -> np.ndarray:
+def _block_preconditioned_norms(block: np.ndarray, XB: np.ndarray,
+                                scale: np.ndarray | None = None) -> np.ndarray:
     Y = block @ XB
+    if scale is not None:  # the rows are scale_i * block_i
+        Y *= scale[:, None]
     nu, pre = safe_row_norms(Y)
     with np.errstate(divide="ignore", over="ignore"):
         return np.where(pre == 1.0, nu, nu / pre)
 
 
 def _block_histogram(block: np.ndarray, XB: np.ndarray, unit: float,
-                     edges: np.ndarray) -> np.ndarray:
-    r = _block_preconditioned_norms(block, XB) / unit
+                     edges: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    r = _block_preconditioned_norms(block, XB, scale) / unit
     idx = np.searchsorted(edges, r, side="right")
     return np.bincount(idx, minlength=edges.size + 1).astype(np.float64)
 
 
-def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float) -> np.ndarray:
+def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
+                        scale: np.ndarray | None = None) -> np.ndarray:
+    # With ``scale``, the rows are a_i = scale_i block_i: c_i is computed from a_i XB and
+    # a_i c_i^T = block_i (scale_i c_i)^T, so the block is never copied.
     Y = block @ XB
+    if scale is not None:
+        Y *= scale[:, None]
     nu, pre = safe_row_norms(Y)
     post = clip_to_radius(nu, pre, radius)
     C = Y * pre[:, None]
     with np.errstate(under="ignore"):
         C *= post[:, None]
+    if scale is not None:
+        C *= scale[:, None]
     return block.T @ C
 
 

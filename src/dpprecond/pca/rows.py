@@ -147,7 +147,8 @@ class DenseRows:
         return self.A[idx]
 
     def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
-                  shape: tuple[int, ...], block_rows: int = 8192) -> np.ndarray:
+                  shape: tuple[int, ...], row_scaled: bool = False,
+                  block_rows: int = 8192) -> np.ndarray:
         """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
 
         ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
@@ -214,6 +215,11 @@ def scale_rows(raw: Any, row_norm: float) -> np.ndarray:
 
 def recenter_rows(U: np.ndarray, mean: np.ndarray) -> np.ndarray:
     """Step 2 in place on step-1 rows: ``a_i = clip_1(u_i - mean)``; returns ``U``."""
+    return recenter_rows_counted(U, mean)[0]
+
+
+def recenter_rows_counted(U: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`recenter_rows`, and the number of rows it scaled down (a diagnostic)."""
     U -= mean
     nu, pre = safe_row_norms(U)
     post = clip_to_radius(nu, pre, 1.0)
@@ -221,7 +227,7 @@ def recenter_rows(U: np.ndarray, mean: np.ndarray) -> np.ndarray:
         U *= pre[:, None]
     with np.errstate(under="ignore"):
         U *= post[:, None]
-    return U
+    return U, int(np.count_nonzero(nu > pre))
 
 
 def clip_rows(raw: Any, row_norm: float, mean: np.ndarray | None) -> np.ndarray:
@@ -285,7 +291,9 @@ class DataRows(RowSource, Protocol):
     """
 
     n_clipped: int
-    n_clipped_centered: int
+
+    @property
+    def n_clipped_centered(self) -> int: ...
 
     def centered(self, mean: np.ndarray) -> DataRows: ...
 
@@ -335,7 +343,7 @@ class ClippedRows:
     mean : ndarray of shape (d,) or None
         The mean subtracted in step 2, in the units of ``u`` (``None``: uncentered).
     n_clipped_centered : int
-        Rows scaled down again after centering.
+        Rows scaled down again after centering (a property, counted lazily).
     """
 
     X: np.ndarray
@@ -343,9 +351,28 @@ class ClippedRows:
     block_rows: int
     n_clipped: int
     mean: np.ndarray | None = None
-    n_clipped_centered: int = 0
+    _n_clipped_centered: int | None = 0
     _unclipped_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     _norms: np.ndarray | None = None
+
+    @property
+    def n_clipped_centered(self) -> int:
+        """Rows scaled down again after centering (a diagnostic, not a release).
+
+        Counted by the first pass over the centered rows that needs them (the Gram
+        matrix), or by a pass of its own when asked for first.
+        """
+        if self._n_clipped_centered is None:
+            assert self.mean is not None
+            self._n_clipped_centered = sum(
+                count_recentered_clipped(self.X[lo:hi], self.row_norm, self.mean)
+                for lo, hi in self._ranges())
+        return self._n_clipped_centered
+
+    def _ranges(self) -> Iterator[tuple[int, int]]:
+        n = self.shape[0]
+        for lo in range(0, n, self.block_rows):
+            yield lo, min(n, lo + self.block_rows)
 
     @classmethod
     def from_data(cls, X: np.ndarray, row_norm: float, *,
@@ -396,28 +423,32 @@ class ClippedRows:
         return self._norms
 
     def column_sum(self) -> np.ndarray:
-        """``sum_i u_i`` (step 1 rows, before centering), shape (d,)."""
+        """``sum_i u_i`` (step 1 rows, before centering), shape (d,).
+
+        A block that needs no prescaling is summed as ``post @ X_b`` (its step-1 factors
+        times the raw rows, no copy of a float64 block); other blocks through
+        :func:`scale_rows`.
+        """
         out = np.zeros(self.shape[1])
-        n = self.shape[0]
-        for lo in range(0, n, self.block_rows):
-            hi = min(n, lo + self.block_rows)
-            out += scale_rows(self.X[lo:hi], self.row_norm).sum(axis=0)
+        for lo, hi in self._ranges():
+            raw = np.asarray(self.X[lo:hi], dtype=np.float64)  # float32 widens exactly
+            nu, pre = safe_row_norms(raw)
+            if np.all(pre == 1.0):
+                post, _ = unit_scale(nu, pre, self.row_norm)
+                out += post @ raw
+            else:
+                out += scale_rows(raw, self.row_norm).sum(axis=0)
         return out
 
     def centered(self, mean: np.ndarray) -> ClippedRows:
         """The same rows centered at ``mean`` (units of ``u``) and re-clipped to norm 1.
 
-        ``mean`` must be public or already released, and finite. One pass counts the rows
-        clipped again (a diagnostic).
+        ``mean`` must be public or already released, and finite. No pass is made here: the
+        rows clipped again (a diagnostic) are counted by the next Gram pass.
         """
         mean = np.asarray(mean, dtype=np.float64)
-        n = self.shape[0]
-        n_over = 0
-        for lo in range(0, n, self.block_rows):
-            hi = min(n, lo + self.block_rows)
-            n_over += count_recentered_clipped(self.X[lo:hi], self.row_norm, mean)
         return ClippedRows(self.X, self.row_norm, self.block_rows, self.n_clipped, mean,
-                           n_over, _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
+                           None, _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
 
     def rounding_slack(self, n_terms: int | None = None) -> float:
         """Relative excess of a computed block-sum release over its exact sensitivity.
@@ -440,6 +471,15 @@ class ClippedRows:
         S = np.zeros((d, d))
         raw = np.zeros((d, d))
         raw_ok = raw_gram_allowed(self.row_norm, self.mean)
+        if self.mean is not None:  # centered rows: count the re-clipped ones on the way
+            n_over = 0
+            for lo, hi in self._ranges():
+                B, count = recenter_rows_counted(scale_rows(self.X[lo:hi], self.row_norm),
+                                                 self.mean)
+                S += B.T @ B
+                n_over += count
+            self._n_clipped_centered = n_over
+            return finish_gram(S, raw, self.row_norm, False)
         for j, lo in enumerate(range(0, n, self.block_rows)):
             use_raw = raw_ok and bool(self._unclipped_blocks[j])  # no clipped/prescaled row
             term = block_gram(self.X[lo:min(n, lo + self.block_rows)], self.row_norm,
@@ -466,16 +506,33 @@ class ClippedRows:
         return out
 
     def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
-                  shape: tuple[int, ...]) -> np.ndarray:
+                  shape: tuple[int, ...], row_scaled: bool = False) -> np.ndarray:
         """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
 
         ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
         ``shape``; it must be a module-level function (a cluster pickles it by reference).
         A release built on it has the sensitivity of one row's term.
+
+        ``row_scaled=True`` declares that ``func`` also accepts ``func(R, *args,
+        scale=s)`` meaning the rows ``s_i r_i``: then a block of uncentered rows that needs
+        no prescaling is passed raw (widened to float64) with its step-1 factors ``s``
+        (exactly the ``post`` that :func:`scale_rows` multiplies by), which spares the copy
+        of a float64 block. Other blocks are materialized as usual.
         """
         out = np.zeros(shape)
-        for _lo, _hi, B in self.blocks():
-            out += func(B, *args)
+        n = self.shape[0]
+        fast = row_scaled and self.mean is None
+        for lo in range(0, n, self.block_rows):
+            hi = min(n, lo + self.block_rows)
+            raw = self.X[lo:hi]
+            if fast:
+                raw = np.asarray(raw, dtype=np.float64)  # float32 widens exactly
+                nu, pre = safe_row_norms(raw)
+                if np.all(pre == 1.0):
+                    post, _ = unit_scale(nu, pre, self.row_norm)
+                    out += func(raw, *args, scale=post)
+                    continue
+            out += func(clip_rows(raw, self.row_norm, self.mean), *args)
         return out
 
     def rows(self, idx: np.ndarray) -> np.ndarray:
