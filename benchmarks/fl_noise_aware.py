@@ -52,6 +52,7 @@ import argparse
 import fcntl
 import itertools
 import json
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -425,6 +426,65 @@ def summarize(path: Path) -> str:
     return "\n".join(lines)
 
 
+def diagnose(args: argparse.Namespace) -> str:
+    """Signal against noise inside SOFIM's momentum along one ``sofim-lagged`` run.
+
+    Full training set, seed 0 of the grid's protocol, learning rate ``--diag-lr``. Per
+    round: ``||g||^2`` of the noise-free aggregate of the clipped gradients at the current
+    model (computed for this analysis only; the run itself uses the noisy ``G``), the
+    squared norm of its bias-corrected EMA ``m`` (the signal in the momentum), that of the
+    actual momentum ``M_hat``, its noise energy ``p v_t``, the debiased estimate
+    ``||M_hat||^2 - p v_t``, the cosine of ``M_hat`` with ``m`` and the shrinkage ``kappa``.
+    """
+    from dpprecond.fl import client as client_mod
+
+    data_name, partition, eps = args.diagnose[0], args.diagnose[1], float(args.diagnose[2])
+    prob = Problem(data_name)
+    sim, part, _ = np.random.SeedSequence(0).spawn(3)
+    parts = make_partition(prob.y_train, args.clients, partition, 0.5,
+                           np.random.default_rng(part))
+    data = ClientData.from_partition(prob.X_train, prob.y_train, parts, prob.n_classes)
+    config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, target_epsilon=eps,
+                      target_delta=args.delta, accountant="pld")
+    z = config.resolve_noise_multiplier()
+    s2 = server.aggregate_noise_variance(z, args.clip_norm, data.sizes)
+    model = LinearSoftmax(data.X.shape[1], prob.n_classes)
+    init_seq, noise_root = sim.spawn(2)  # the streams simulate() uses
+    params = model.init_params(np.random.default_rng(init_seq))
+    p, beta, K = params.size, 0.9, data.n_clients
+    opt = server.sofim(args.diag_lr, lagged=True)
+    state = opt.init(params)
+    w = np.full(K, 1.0 / K)
+    sq = np.einsum("ij,ij->i", data.X, data.X)
+    sig = np.zeros(p)
+    lines = [f"{data_name}, {partition}, eps = {eps:g}: z = {z:.4g}, s^2 = {s2:.3g}, "
+             f"p = {p}, p s^2 = {p * s2:.3g}; sofim-lagged, lr = {args.diag_lr:g}\n",
+             "| round | \\|g\\|^2 | \\|m\\|^2 | \\|M_hat\\|^2 | p v_t | "
+             "\\|M_hat\\|^2 - p v_t | cos(M_hat, m) | kappa | test acc |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for t in range(args.rounds):
+        rngs = client_mod.round_generators(noise_root, t, K + 1)
+        S = model.clipped_grad_sums(params, data.X, data.y, data.bounds, args.clip_norm,
+                                    x_sq_norms=sq)
+        g = w @ (S / data.sizes[:, None].astype(float))
+        U = client_mod.full_batch_messages(model, params, data.X, data.y, data.bounds,
+                                           args.clip_norm, z, rngs[:K], x_sq_norms=sq)
+        upd, state = opt.update(w @ U, state, params)
+        params = params + upd
+        sig = beta * sig + (1 - beta) * g
+        m = sig / (1 - beta ** (t + 1))
+        M = state[0].momentum / (1 - beta ** (t + 1))
+        pv = p * server.momentum_noise_variance(s2, beta, t + 1)
+        if t + 1 in (1, 2, 5, 10, 20, 40, 70):
+            n2 = float(M @ M)
+            _, acc = model.evaluate(params, prob.X_test, prob.y_test)
+            cos = float(M @ m) / math.sqrt(n2 * float(m @ m))
+            lines.append(f"| {t + 1} | {g @ g:.3g} | {m @ m:.3g} | {n2:.3g} | {pv:.3g} | "
+                         f"{n2 - pv:.3g} | {cos:.3f} | {max(0.0, 1 - pv / n2):.3f} | "
+                         f"{100 * acc:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(OUT))
@@ -441,8 +501,13 @@ def main() -> None:
     p.add_argument("--clip-norm", type=float, default=10.0)
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--summarize", action="store_true")
+    p.add_argument("--diagnose", nargs=3, metavar=("DATA", "PARTITION", "EPSILON"),
+                   help="print the signal and noise inside the momentum along one run")
+    p.add_argument("--diag-lr", type=float, default=0.1)
     args = p.parse_args()
-    if args.summarize:
+    if args.diagnose:
+        print(diagnose(args))
+    elif args.summarize:
         print(summarize(Path(args.out)))
     else:
         run_grid(args)
