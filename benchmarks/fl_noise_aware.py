@@ -13,7 +13,7 @@ the paper's full-batch mechanism, noise calibrated with the PLD accountant, unif
 ``sofim-lagged``       ``H(M_{t-1}) G_t``
 ``sofim-na-lagged``    noise-aware lagged form, ``noise_variance = s^2``
 ``sofim-na-momentum``  noise-aware momentum form, ``noise_variance = s^2``
-``sofim-na``           noise-aware paper form (digits only by default)
+``sofim-na``           noise-aware paper form, ``noise_variance = s^2``
 =====================  =====================================================================
 
 All SOFIM forms use beta 0.9, rho 0.5 and bias correction (the published settings).
@@ -89,9 +89,6 @@ METHODS: dict[str, tuple[Callable[[float, float], server.GradientTransformation]
                                                       noise_variance=s2), (0.1, 0.3, 1.0)),
     "sofim-na": (lambda lr, s2: server.sofim(lr, noise_variance=s2), (0.03, 0.1, 0.3)),
 }
-DEFAULT_METHODS = {"digits": tuple(METHODS),
-                   "fashion-mnist": tuple(m for m in METHODS if m != "sofim-na")}
-COMMON = tuple(m for m in METHODS if m != "sofim-na")
 NOISE_AWARE = ("sofim-na-lagged", "sofim-na-momentum", "sofim-na")
 REFERENCES = ("fedgd", "adam", "sofim-lagged")
 
@@ -201,7 +198,7 @@ def run_grid(args: argparse.Namespace) -> None:
     done = {record_key(r) for r in load_records(out)}
     for data in args.data:
         prob = Problem(data)
-        methods = args.methods or DEFAULT_METHODS[data]
+        methods = args.methods or tuple(METHODS)
         tune_seeds = list(range(1000, 1000 + (args.tune_seeds or (3 if data == "digits"
                                                                    else 1))))
         for eps, partition in itertools.product(args.epsilons, args.partitions):
@@ -271,17 +268,59 @@ def _tuned(recs: list[dict[str, Any]]) -> tuple[dict[tuple, float], dict[tuple, 
     return tuned, info
 
 
+def across_grid(cell_means: dict[tuple, dict[str, float]]) -> list[str]:
+    """Best method per cell, and each method's standing over all cells and per data set.
+
+    Only methods run in every cell take part (so that ranks compare like with like).
+    Regret = the best mean of the cell minus the method's mean (points).
+    """
+    cells = [c for c, v in cell_means.items() if v]
+    common = [m for m in METHODS if all(m in cell_means[c] for c in cells)]
+    lines = ["\n### Best method per cell\n",
+             f"Among the methods run in every cell ({', '.join(common)}).\n",
+             "| data | partition | ε | best (mean) | runner-up | margin (points) |",
+             "|---|---|---|---|---|---|"]
+    for data, partition, e in cells:
+        order = sorted(common, key=lambda m: -cell_means[(data, partition, e)][m])
+        mean = cell_means[(data, partition, e)]
+        lines.append(f"| {data} | {partition} | {_fmt_eps(e)} | {order[0]} | {order[1]} | "
+                     f"{mean[order[0]] - mean[order[1]]:+.2f} |")
+    scopes = [("all cells", cells)] + [
+        (data, [c for c in cells if c[0] == data]) for data in dict.fromkeys(c[0] for c in cells)]
+    for scope, chosen in scopes:
+        lines += [f"\n### Across the grid: {scope} ({len(chosen)} cells)\n",
+                  "Mean rank (1 = best mean accuracy in the cell), cells with the best mean, "
+                  "mean accuracy (%), the difference to fedgd's mean (mean, min, max; points) "
+                  "and the regret (best mean of the cell minus the method's; mean, max).\n",
+                  "| method | mean rank | cells best | mean acc | - fedgd mean | min | max | "
+                  "regret mean | regret max |", "|---|---|---|---|---|---|---|---|---|"]
+        stats = {}
+        for m in common:
+            ranks, gaps, regrets, accs = [], [], [], []
+            for c in chosen:
+                mean = cell_means[c]
+                order = sorted(common, key=lambda x, mean=mean: -mean[x])
+                ranks.append(order.index(m) + 1)
+                gaps.append(mean[m] - mean["fedgd"] if "fedgd" in mean else float("nan"))
+                regrets.append(mean[order[0]] - mean[m])
+                accs.append(mean[m])
+            stats[m] = (float(np.mean(ranks)), sum(r == 1 for r in ranks), float(np.mean(accs)),
+                        gaps, regrets)
+        for m in sorted(common, key=lambda m: stats[m][0]):
+            rank, wins, acc, gaps, regrets = stats[m]
+            lines.append(f"| {m} | {rank:.2f} | {wins} | {acc:.2f} | {np.mean(gaps):+.2f} | "
+                         f"{min(gaps):+.2f} | {max(gaps):+.2f} | {np.mean(regrets):.2f} | "
+                         f"{max(regrets):.2f} |")
+    return lines
+
+
 def summarize(path: Path) -> str:
     recs = load_records(path)
     tuned, info = _tuned(recs)
     finals = _final_runs(recs, tuned)
     datas = list(dict.fromkeys(r["data"] for r in recs))
     lines: list[str] = []
-    ranks: dict[str, list[float]] = defaultdict(list)
-    gaps: dict[str, list[float]] = defaultdict(list)
-    accs: dict[str, list[float]] = defaultdict(list)
-    wins: dict[str, int] = defaultdict(int)
-    best_rows = []
+    cell_means: dict[tuple, dict[str, float]] = {}
     for data in datas:
         methods = [m for m in METHODS if any(c[0] == data and c[3] == m for c in finals)]
         for partition in PARTITIONS:
@@ -355,39 +394,10 @@ def summarize(path: Path) -> str:
                         row.append(f"{d.mean():+.2f} ± {d.std():.2f} "
                                    f"({int((d > 0).sum())}/{len(d)})")
                     lines.append(f"| {m} | {ref} | " + " | ".join(row) + " |")
-            # ranks and winners across the grid, among the methods run on every data set
             for e in EPSILONS:
-                present = [m for m in COMMON if (e, m) in means]
-                if not present:
-                    continue
-                order = sorted(present, key=lambda m, e=e: -means[(e, m)])
-                for r, m in enumerate(order, start=1):
-                    ranks[m].append(r)
-                    if (e, "fedgd") in means:
-                        gaps[m].append(means[(e, m)] - means[(e, "fedgd")])
-                    accs[m].append(means[(e, m)])
-                wins[order[0]] += 1
-                second = order[1] if len(order) > 1 else None
-                margin = means[(e, order[0])] - means[(e, second)] if second else float("nan")
-                best_rows.append((data, partition, e, order[0], second, margin))
-    lines += ["\n### Best method per cell\n",
-              "| data | partition | ε | best (mean) | runner-up | margin (points) |",
-              "|---|---|---|---|---|---|"]
-    for data, partition, e, m, second, margin in best_rows:
-        lines.append(f"| {data} | {partition} | {_fmt_eps(e)} | {m} | {second} | "
-                     f"{margin:+.2f} |")
-    lines += ["\n### Across the grid\n",
-              f"Over the (data, partition, ε) cells, among the methods run on every data set "
-              f"({', '.join(COMMON)}): mean rank (1 = best mean accuracy), cells with the best "
-              "mean, mean accuracy (%), and the mean, minimum and maximum of the difference to "
-              "fedgd's mean (points).\n",
-              "| method | cells | mean rank | cells best | mean acc | - fedgd: mean | min | max |",
-              "|---|---|---|---|---|---|---|---|"]
-    for m in sorted(ranks, key=lambda m: float(np.mean(ranks[m]))):
-        g = gaps[m] or [float("nan")]
-        lines.append(f"| {m} | {len(ranks[m])} | {np.mean(ranks[m]):.2f} | {wins[m]} | "
-                     f"{np.mean(accs[m]):.2f} | {np.mean(g):+.2f} | {min(g):+.2f} | "
-                     f"{max(g):+.2f} |")
+                cell_means[(data, partition, e)] = {m: means[(e, m)] for m in methods
+                                                    if (e, m) in means}
+    lines += across_grid(cell_means)
     # noise and tuning
     lines += ["\n### Noise and tuned learning rates\n",
               "Noise multiplier z (PLD, T = 70, delta = 1e-5) and the per-coordinate noise "
