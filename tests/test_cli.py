@@ -64,3 +64,22 @@ def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,
 def test_no_command_prints_help(capsys: pytest.CaptureFixture) -> None:
     assert main([]) == 2
     assert "pca" in capsys.readouterr().out
+
+
+def test_demo_shows_the_defaults_beside_their_baselines(capsys: pytest.CaptureFixture) -> None:
+    """``make demo``: the default PCA beside Analyze Gauss on digits and on the synthetic
+    low-coherence case (where the default iterates and wins), then the default federated
+    method beside DP-FedGD."""
+    assert main(["demo"]) == 0
+    text = capsys.readouterr().out
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] in ("auto", "analyze_gauss") and parts[1] in ("1", "4"):
+            rows[(parts[0], parts[1])] = float(parts[3])  # sin-theta, synthetic case
+    assert "(iterated)" in text and "(completed Analyze Gauss)" in text
+    for eps in ("1", "4"):
+        assert rows[("auto", eps)] < 0.75 * rows[("analyze_gauss", eps)]
+    fl = [ln.split() for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 ", "inf "))]
+    assert [r[0] for r in fl] == ["1", "4", "inf"] and all(len(r) == 3 for r in fl)
+    assert "sofim-lagged" in text and "fedgd" in text

@@ -336,6 +336,20 @@ def test_local_grid_reproduces_the_engine_for_every_method(digits, seeded_app):
         _assert_same_run(result, _reference(digits, name), name)
 
 
+def test_noise_aware_sofim_matches_the_engine(digits, seeded_app):
+    """The noise variance of each round's aggregate is computed from the repliers (all
+    reply here): the same run as the engine's."""
+    for name in ("sofim", "sofim-lagged"):
+        strategy = DPFedStrategy(LinearSoftmax(digits.n_features, digits.n_classes),
+                                 make_method(name, noise_aware=True), CONFIG, K,
+                                 X_test=digits.X_test, y_test=digits.y_test, seed=SEED)
+        result = strategy.run(LocalGrid(seeded_app), timeout=10)
+        ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test,
+                            digits.n_classes, algorithm=name, n_clients=K, config=CONFIG,
+                            seed=SEED, method_options={"noise_aware": True})
+        _assert_same_run(result, ref, name)
+
+
 def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_app):
     for config in (FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
                             weighting="size"),

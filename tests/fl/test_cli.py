@@ -20,7 +20,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def test_register_sets_run() -> None:
     args = parse(["fl", "--epsilon", "inf"])
     assert args.func is cli_fl.run
-    assert math.isinf(args.epsilon) and args.algorithm == "sofim" and args.clients == 20
+    assert math.isinf(args.epsilon) and args.algorithm == "sofim-lagged" and args.clients == 20
     assert cli_fl.privacy_level(args.epsilon, None) == {"noise_multiplier": 0.0}
     assert cli_fl.privacy_level(None, None) == {"target_epsilon": 1.0}
 
@@ -51,11 +51,6 @@ def test_bad_epsilon_text() -> None:
         parse(["fl", "--epsilon", "lots"])
 
 
-def test_demo_prints_table(capsys: pytest.CaptureFixture) -> None:
-    cli_fl.run_demo()
-    text = capsys.readouterr().out
-    assert "fedgd" in text and "sofim-momentum" in text
-    assert len([ln for ln in text.splitlines() if ln.strip().startswith(("2", "8", "inf"))]) == 3
 
 
 def test_cli_refuses_both_levels(capsys) -> None:

@@ -386,3 +386,37 @@ def test_noise_aware_shapes_and_state() -> None:
 def test_bad_noise_variance(value: object, exc: type) -> None:
     with pytest.raises(exc, match="noise_variance"):
         server.sofim(noise_variance=value)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------
+# the registry option noise_aware=True on the round engine
+
+
+@pytest.mark.parametrize("name", ["sofim", "sofim-lagged", "sofim-momentum"])
+def test_noise_aware_option_builds_the_transform_from_the_runs_public_noise(name: str) -> None:
+    """``make_method(name, noise_aware=True)`` equals the transform built by hand with the
+    noise variance of the run's aggregate (z, C, sizes and weights are public)."""
+    from dpprecond.fl import ClientData, FLConfig, make_method, simulate
+    from dpprecond.fl.methods import GradientMethod
+    from dpprecond.fl.partition import iid_partition
+    from tests.fl.conftest import make_problem
+
+    X, y, Xt, yt = make_problem(n=300)
+    data = ClientData.from_partition(X, y, iid_partition(len(y), 4, seed=0), 3)
+    config = FLConfig(n_rounds=4, clip_norm=1.0, target_epsilon=2.0)
+    auto = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name, noise_aware=True),
+                    config, X_test=Xt, y_test=yt, seed=5)
+    s2 = server.aggregate_noise_variance(auto.noise_multiplier, 1.0, np.diff(data.bounds))
+    assert s2 > 0
+    form = {"sofim": ("gradient", False), "sofim-lagged": ("gradient", True),
+            "sofim-momentum": ("momentum", False)}[name]
+    manual = GradientMethod(server.sofim(0.1, 0.9, 0.5, form[0], lagged=form[1],
+                                         noise_variance=s2), "manual")
+    ref = simulate(LinearSoftmax(X.shape[1], 3), data, manual, config, X_test=Xt, y_test=yt,
+                   seed=5)
+    np.testing.assert_array_equal(auto.params, ref.params)
+    plain = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name), config,
+                     X_test=Xt, y_test=yt, seed=5)
+    assert not np.array_equal(plain.params, auto.params)  # the option changes the run
+    with pytest.raises(TypeError, match="noise_aware"):
+        make_method(name, noise_aware="yes")

@@ -8,8 +8,7 @@ Example::
 
 prints one line per round and a final summary, and writes ``<out>/history.json`` and
 ``<out>/accuracy.png``. Every method of :mod:`dpprecond.fl.methods` runs here; its options
-are ``--lr`` and ``--option NAME=VALUE``. ``run_demo()`` is the short comparison behind
-``make demo``.
+are ``--lr`` and ``--option NAME=VALUE``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_fl_data", "plot_history", "privacy_level", "register", "run", "run_demo"]
+__all__ = ["load_fl_data", "plot_history", "privacy_level", "register", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -354,27 +353,3 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
 
-
-def run_demo(seed: int = 0) -> None:
-    """DP-FedSOFIM (paper, authors' and lagged forms) vs DP-FedGD on digits, 5 IID clients.
-
-    Uses the RDP accountant to keep the demo short (slightly more noise than PLD).
-    """
-    from dpprecond.features import load_features
-    from dpprecond.fl import FLConfig, run_federated
-
-    ds, feat = load_features("digits")
-    algorithms = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged")
-    print(f"DP federated learning on digits ({feat}): 5 IID clients, 40 rounds, C = 10, "
-          "lr 0.1, beta 0.9, rho 0.5, delta 1e-5 (RDP accountant); final test accuracy")
-    print(f"{'epsilon':>10} " + " ".join(f"{a:>15}" for a in algorithms))
-    for eps in (2.0, 8.0, None):
-        level: dict[str, Any] = ({"noise_multiplier": 0.0} if eps is None
-                                 else {"target_epsilon": eps})
-        config = FLConfig(n_rounds=40, accountant="rdp", **level)
-        accs = [run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
-                              algorithm=a, n_clients=5, config=config,
-                              seed=seed).final_accuracy
-                for a in algorithms]
-        label = "inf" if eps is None else f"{eps:g}"
-        print(f"{label:>10} " + " ".join(f"{acc:>15.4f}" for acc in accs))

@@ -123,16 +123,38 @@ class GradientMethod(Method):
     config's weights, then an optax-style transform (:mod:`dpprecond.fl.server`).
 
     ``noise_warning``: a message to warn with (:class:`NoisyPreconditionerWarning`) when
-    the run adds noise.
+    the run adds noise. ``noise_aware``: a builder ``s2 -> transform`` for a transform that
+    uses the public per-coordinate variance ``s2`` of the noise in the aggregate
+    (:func:`dpprecond.fl.server.aggregate_noise_variance`); the engine builds it at the
+    start of a run from the noise multiplier, the clip norm, the client sizes and the
+    weights (all public), so it costs no privacy.
     """
 
     def __init__(self, transform: server_mod.GradientTransformation, name: str = "custom",
                  options: dict[str, Any] | None = None,
-                 noise_warning: str | None = None) -> None:
+                 noise_warning: str | None = None,
+                 noise_aware: Callable[[float], server_mod.GradientTransformation] | None
+                 = None) -> None:
         self.transform = transform
         self.name = name
         self.options = dict(options or {})
         self.noise_warning = noise_warning
+        self.noise_aware = noise_aware
+
+    def transform_for(self, noise_variance: float) -> server_mod.GradientTransformation:
+        """The server transform for a run whose aggregate carries noise of variance
+        ``noise_variance`` per coordinate (the plain transform unless noise-aware). The
+        states of both have the same structure."""
+        if self.noise_aware is None:
+            return self.transform
+        return self.noise_aware(noise_variance)
+
+    def aggregate_noise_variance(self, config: FLConfig, z: float, sizes: np.ndarray,
+                                 weights: np.ndarray) -> float:
+        """``s2`` of the aggregate ``sum_i w_i u_i`` under ``config``'s mechanism."""
+        return server_mod.aggregate_noise_variance(
+            z, config.clip_norm, sizes, weights, mechanism=config.mechanism,
+            sampling_rate=config.sampling_rate, local_steps=config.local_steps)
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.name, **self.options}
@@ -141,8 +163,12 @@ class GradientMethod(Method):
         return Schedule.rounds(config)
 
     def start(self, run: RunContext, params: np.ndarray) -> Any:
-        if self.noise_warning and run.multipliers.get("z", 0.0) > 0:
+        z = run.multipliers.get("z", 0.0)
+        if self.noise_warning and z > 0:
             warnings.warn(self.noise_warning, NoisyPreconditionerWarning, stacklevel=2)
+        if self.noise_aware is not None:  # every client replies: one s2 for the run
+            self.transform = self.transform_for(self.aggregate_noise_variance(
+                run.config, z, np.diff(run.data.bounds), run.weights))
         return self.transform.init(params)
 
     def round(self, run: RunContext, t: int, params: np.ndarray,
@@ -384,14 +410,20 @@ def _sofim_factory(name: str, precondition: Literal["gradient", "momentum"],
                    lagged: bool) -> Callable[..., Method]:
     def factory(learning_rate: float = 0.1, beta: float = 0.9, rho: float = 0.5,
                 bias_correction: bool = True, warmup_rounds: int = 0,
-                weight_decay: float = 0.0) -> Method:
+                weight_decay: float = 0.0, noise_aware: bool = False) -> Method:
+        if not isinstance(noise_aware, bool):
+            raise TypeError(f"Expected noise_aware to be a bool, got {noise_aware!r}.")
         opts: dict[str, Any] = dict(learning_rate=learning_rate, beta=beta, rho=rho,
                                     bias_correction=bias_correction,
-                                    warmup_rounds=warmup_rounds, weight_decay=weight_decay)
-        transform = server_mod.sofim(learning_rate, beta, rho, precondition, bias_correction,
-                                     warmup_rounds, weight_decay, lagged)
-        return GradientMethod(transform, name, opts,
-                              PAPER_FORM_WARNING if name == "sofim" else None)
+                                    warmup_rounds=warmup_rounds, weight_decay=weight_decay,
+                                    noise_aware=noise_aware)
+
+        def build(noise_variance: float) -> server_mod.GradientTransformation:
+            return server_mod.sofim(learning_rate, beta, rho, precondition, bias_correction,
+                                    warmup_rounds, weight_decay, lagged, noise_variance)
+
+        warn = PAPER_FORM_WARNING if name == "sofim" and not noise_aware else None
+        return GradientMethod(build(0.0), name, opts, warn, build if noise_aware else None)
 
     factory.__name__ = name.replace("-", "_")
     return factory

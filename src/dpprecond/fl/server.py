@@ -222,7 +222,7 @@ def aggregate_noise_variance(noise_multiplier: float, clip_norm: float, sizes: A
         if weights is not None and not np.allclose(w, 1.0 / K, rtol=1e-12, atol=0.0):
             raise ValueError("Client-level DP aggregates with uniform weights 1/K; got "
                              "non-uniform weights (leave weights=None).")
-        std = [2.0 * z * C / K]
+        std = np.array([2.0 * z * C / K])
     elif mechanism == "full-batch":
         std = w * (2.0 * z * C / sizes_arr)
     else:

@@ -101,7 +101,9 @@ class RoundRequest:
         client commits the control variate it computed in that round and discards any later
         one, so that its ``c_i`` only moves when the server's ``c`` moved with it.
     report_size : bool
-        Reply with ``|D_i|`` (only for size-weighted aggregation).
+        Reply with ``|D_i|`` (for size-weighted aggregation, and for a noise-aware server
+        transform, whose noise variance depends on the sizes; the sizes are public under
+        the record-level, replace-one unit, as in the paper).
     secure : bool
         Draw the noise in secure mode (:mod:`dpprecond.secure`).
     """

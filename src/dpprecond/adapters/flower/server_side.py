@@ -35,6 +35,7 @@ round; see docs/flower.md for the full policy):
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -47,7 +48,13 @@ from dpprecond.adapters.flower.protocol import CLIENT_MECHANISMS, KEYS, RoundReq
 from dpprecond.fl.accounting import Schedule, resolve_scale, round_event
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import as_method
-from dpprecond.fl.methods import CovarianceMethod, GradientMethod, LocalStepsMethod, Method
+from dpprecond.fl.methods import (
+    CovarianceMethod,
+    GradientMethod,
+    LocalStepsMethod,
+    Method,
+    NoisyPreconditionerWarning,
+)
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import FedNewState, GradientTransformation
@@ -192,6 +199,9 @@ class ServerSide:
     def init(self, params: np.ndarray) -> None:
         """The server transform's initial state (after the setup, for fedfc/fednew)."""
         if isinstance(self.method, GradientMethod):
+            if self.method.noise_warning and self.multipliers.get("z", 0.0) > 0:
+                warnings.warn(self.method.noise_warning, NoisyPreconditionerWarning,
+                              stacklevel=2)
             self.state = self.method.transform.init(params)
         elif isinstance(self.method, LocalStepsMethod):
             self.state = self.method.server.init(params)
@@ -222,10 +232,12 @@ class ServerSide:
             return RoundRequest(server_round, "gradient", float(cfg.clip_norm),
                                 float(self.multipliers["z_grad"]),
                                 secure=self.secure).validated()
+        noise_aware = isinstance(m, GradientMethod) and m.noise_aware is not None
         return RoundRequest(server_round, "gradient", float(cfg.clip_norm),
                             float(self.multipliers["z"]), cfg.mechanism,
                             float(cfg.sampling_rate), int(cfg.local_steps),
-                            float(cfg.local_lr), report_size=cfg.weighting == "size",
+                            float(cfg.local_lr),
+                            report_size=cfg.weighting == "size" or noise_aware,
                             secure=self.secure).validated()
 
     def broadcast(self) -> dict[str, np.ndarray]:
@@ -269,9 +281,13 @@ class ServerSide:
         m = self.method
         if isinstance(m, GradientMethod):
             U = np.stack([replies[c][KEYS.message] for c in order])
-            w = client_weights(np.array([sizes.get(c, 1) for c in order]),
-                               self.config.weighting)
-            updates, self.state = m.transform.update(w @ U, self.state, params)
+            replier_sizes = np.array([sizes.get(c, 1) for c in order])
+            w = client_weights(replier_sizes, self.config.weighting)
+            transform = m.transform
+            if m.noise_aware is not None:  # this round's repliers set the noise variance
+                transform = m.transform_for(m.aggregate_noise_variance(
+                    self.config, float(self.multipliers.get("z", 0.0)), replier_sizes, w))
+            updates, self.state = transform.update(w @ U, self.state, params)
         elif isinstance(m, LocalStepsMethod):
             delta_y = np.stack([replies[c][KEYS.delta_y] for c in order])
             delta_c = None
