@@ -21,7 +21,9 @@ import numpy as np
 __all__ = ["register", "run"]
 
 PCA_EPSILONS = (0.5, 2.0, 8.0)
-SYNTHETIC = {"n": 20_000, "d": 400, "k": 5, "theta": 9.0}
+#: The synthetic case: n, d, k and the spike strength (family 1 of the spec's regime map).
+SYNTHETIC_SHAPE = (20_000, 400, 5)
+SYNTHETIC_THETA = 9.0
 SYNTHETIC_EPSILONS = (1.0, 4.0)
 FL_EPSILONS = (1.0, 4.0, None)
 
@@ -89,9 +91,9 @@ def run(args: argparse.Namespace) -> int:
     _pca_section(f"== Private top-5 PCA of {desc}: pixels in [0, 1], public row-norm bound "
                  f"sqrt(64) = {row_norm:g}, delta = 1e-6 ==", X, row_norm, PCA_EPSILONS,
                  args.seed)
-    s = SYNTHETIC
-    A = spiked_covariance(s["n"], s["d"], s["k"], s["theta"], seed=args.seed)
-    _pca_section(f"== Private top-5 PCA of a spiked covariance, n = {s['n']}, d = {s['d']} "
+    n, d, k = SYNTHETIC_SHAPE
+    A = spiked_covariance(n, d, k, SYNTHETIC_THETA, seed=args.seed)
+    _pca_section(f"== Private top-{k} PCA of a spiked covariance, n = {n}, d = {d} "
                  f"(low coherence; rows of norm <= 1 by construction), delta = 1e-6 ==",
                  A, 1.0, SYNTHETIC_EPSILONS, args.seed)
     print("sin-theta: sine of the largest principal angle to the exact top-5 subspace (0 is "
