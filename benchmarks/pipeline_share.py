@@ -53,9 +53,13 @@ def _cells(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 epsilon=eps, seed=seed, rounds=args.rounds,
                                 learning_rate=args.learning_rate.get(algorithm))
                     for share in args.shares:
-                        cells.append({**base, "features": "pca", "share": share})
-                    cells.append({**base, "features": "exact", "share": 0.0})
-                    cells.append({**base, "features": "random", "share": 0.0})
+                        cell = {**base, "features": "pca", "share": share}
+                        if args.trust != "local":  # (cells without the key are "local")
+                            cell["trust"] = args.trust
+                        cells.append(cell)
+                    if not args.no_references:
+                        cells.append({**base, "features": "exact", "share": 0.0})
+                        cells.append({**base, "features": "random", "share": 0.0})
     return cells
 
 
@@ -95,7 +99,8 @@ def run(args: argparse.Namespace) -> None:
                                target_epsilon=eps, **common)
         else:
             res = run_pipeline(X_tr, y_tr, X_va, y_va, ds.n_classes, features=f"pca:{DIM}",
-                               target_epsilon=eps, pca_share=cell["share"], **common)
+                               target_epsilon=eps, pca_share=cell["share"],
+                               trust=cell.get("trust", "local"), **common)
         rec = {"cell": cell, "accuracy": res.final_accuracy, "epsilon": res.epsilon,
                "pca_epsilon": res.pca_epsilon, "seconds": time.perf_counter() - t0}
         with OUT.open("a") as fh:
@@ -113,18 +118,21 @@ def report(args: argparse.Namespace) -> None:
         c = r["cell"]
         g = groups.setdefault((c["algorithm"], c["partition"], c["epsilon"]), {})
         col = c["features"] if c["features"] != "pca" else f"pca {c['share']:g}"
+        if c.get("trust", "local") != "local":
+            col += " (secure agg.)"
         g.setdefault(col, []).append(r["accuracy"])
     cols = sorted({k for g in groups.values() for k in g if k.startswith("pca")},
-                  key=lambda s: float(s.split()[1]))
+                  key=lambda s: ("secure" in s, float(s.split()[1])))
     header = ["method", "partition", "eps", *cols, "exact PCA (free)", "random (free)",
-              "best share"]
+              "best local share"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (alg, part, eps), g in sorted(groups.items(), key=lambda t: (t[0][0], t[0][1], t[0][2])):
         med = {k: statistics.median(v) for k, v in g.items()}
-        best = max(cols, key=lambda c: med.get(c, -1.0)) if cols else "-"
+        local = [c for c in cols if "secure" not in c]
+        best = max(local, key=lambda c: med.get(c, -1.0)) if local else "-"
         row = [alg, part, f"{eps:g}", *[f"{med[c]:.4f}" if c in med else "-" for c in cols],
                f"{med.get('exact', math.nan):.4f}", f"{med.get('random', math.nan):.4f}",
-               best.split()[1] if cols else "-"]
+               best.split()[1] if local else "-"]
         lines.append("| " + " | ".join(row) + " |")
     n_seeds = max(len(v) for g in groups.values() for v in g.values())
     text = (f"Median validation accuracy over {n_seeds} seeds (Fashion-MNIST, 64 features, "
@@ -146,6 +154,9 @@ def main() -> None:
     r.add_argument("--clients", type=int, default=20)
     r.add_argument("--rounds", type=int, default=70)
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--trust", default="local", choices=["local", "secure-aggregation"])
+    r.add_argument("--no-references", action="store_true",
+                   help="skip the exact-PCA and random-feature references")
     r.add_argument("--learning-rate", type=json.loads, default={},
                    help='per-algorithm learning rates as JSON, e.g. \'{"fedgd": 1.0}\'')
     rep = sub.add_parser("report")
