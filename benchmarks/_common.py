@@ -90,12 +90,46 @@ def environment_info() -> dict[str, Any]:
             "thread_env": {v: os.environ.get(v) for v in THREAD_VARS}}
 
 
+def _cpu_snapshot() -> tuple[float, float, float] | None:
+    """(machine busy CPU-seconds, this process's and its children's CPU-seconds, wall)."""
+    try:
+        with open("/proc/stat") as fh:
+            vals = [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    t = os.times()
+    return busy, t.user + t.system + t.children_user + t.children_system, time.perf_counter()
+
+
+_START = _cpu_snapshot()
+
+#: Other processes may use at most this many cores on average during a run.
+MAX_OTHER_CORES = 0.25
+
+
+def others_cores(start: tuple[float, float, float] | None = None) -> float | None:
+    """Cores used on average by *other* processes since ``start`` (default: import time).
+
+    The machine's busy CPU time (``/proc/stat``) minus this process's and its children's,
+    over the wall time. Unlike the load average, this does not count the benchmark itself.
+    """
+    start = start or _START
+    end = _cpu_snapshot()
+    if start is None or end is None or end[2] <= start[2]:
+        return None
+    return max(0.0, ((end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2]))
+
+
 def check_load(label: str = "before") -> dict[str, Any]:
     """Print the load average and warn loudly when the machine is busy.
 
-    A 1-minute load above half the number of cores means other processes compete for the
-    cores: timings (and, less, their ratios) are then disturbed. The result goes into the
-    JSON so that a reader can discard such a run.
+    Before a run: a 1-minute load above half the number of cores means other processes
+    compete for the cores. After a run (``label`` starting with "after"): the load average
+    then counts the benchmark's own threads, so the verdict is the CPU that *other*
+    processes used during the run (:func:`others_cores`), above
+    :data:`MAX_OTHER_CORES` cores on average. The result goes into the JSON so that a
+    reader can discard such a run.
     """
     cores = os.cpu_count() or 1
     try:
@@ -103,16 +137,23 @@ def check_load(label: str = "before") -> dict[str, Any]:
     except OSError:  # not available on this platform
         print(f"# load {label}: unknown (os.getloadavg unavailable)", flush=True)
         return {"label": label, "load": None, "cores": cores, "disturbed": None}
-    disturbed = load1 > 0.5 * cores
+    others = others_cores() if label.startswith("after") else None
+    if others is not None:
+        print(f"# other processes used {others:.2f} cores on average during the run", flush=True)
+        disturbed = others > MAX_OTHER_CORES
+    else:
+        disturbed = load1 > 0.5 * cores
     print(f"# load {label}: {load1:.2f} {load5:.2f} {load15:.2f} (1/5/15 min) on {cores} cores",
           flush=True)
     if disturbed:
         bar = "!" * 78
-        print(f"{bar}\n!! WARNING: 1-min load {load1:.2f} > 0.5 x {cores} cores: the machine is "
-              f"busy,\n!! this run is DISTURBED; do not quote its times (rerun on a quiet "
-              f"machine).\n{bar}", file=sys.stderr, flush=True)
+        why = (f"other processes used {others:.2f} cores" if others is not None
+               else f"1-min load {load1:.2f} > 0.5 x {cores} cores")
+        print(f"{bar}\n!! WARNING: {why}: the machine is busy,\n!! this run is DISTURBED; do "
+              f"not quote its times (rerun on a quiet machine).\n{bar}", file=sys.stderr,
+              flush=True)
     return {"label": label, "load": [load1, load5, load15], "cores": cores,
-            "disturbed": disturbed}
+            "others_cores": others, "disturbed": disturbed}
 
 
 def print_header(title: str) -> dict[str, Any]:
