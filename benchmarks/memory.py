@@ -19,9 +19,11 @@ process's peak, loading included) is reported instead and flagged.
 
 Cases: ``fl`` (:func:`dpprecond.fl.run_federated`, K = 20, 5 rounds, default algorithm,
 full-batch, epsilon = 1, pixels ``(x - 0.5) / 0.5``), ``fl-float32`` (the same with
-``precision="float32"``), ``pca`` and ``pca-centered`` (:func:`dpprecond.pca.fit_private_pca`,
-default method, k = 10, epsilon = 1, delta = 1e-6, row_norm = 28, ``center=None`` or
-``"private"``; X in [0, 1]).
+``precision="float32"``), ``fl-simulate`` (the same run through
+:func:`dpprecond.fl.simulate` on a :class:`~dpprecond.fl.ClientData` whose rows the caller
+already holds in client order, so the run makes no copy of X), ``pca`` and
+``pca-centered`` (:func:`dpprecond.pca.fit_private_pca`, default method, k = 10,
+epsilon = 1, delta = 1e-6, row_norm = 28, ``center=None`` or ``"private"``; X in [0, 1]).
 
     # smoke test (5000 rows; seconds)
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/memory.py --quick
@@ -56,7 +58,7 @@ from _common import (
     write_json,
 )
 
-CASES = ("fl", "fl-float32", "pca", "pca-centered")
+CASES = ("fl", "fl-float32", "fl-simulate", "pca", "pca-centered")
 MIB = 2.0**20
 
 
@@ -114,13 +116,27 @@ def child(case: str, rows: int | None) -> dict[str, Any]:
         block_bytes = DEFAULT_BLOCK_ROWS * X.shape[1] * 8
         precision = "float32" if case == "fl-float32" else "float64"
 
-        def run() -> Any:
-            return run_federated(X, y, Xte, yte, n_classes, n_clients=20, seed=0,
-                                 config=FLConfig(n_rounds=5, target_epsilon=1.0,
-                                                 precision=precision))
+        config = FLConfig(n_rounds=5, target_epsilon=1.0, precision=precision)
+        if case == "fl-simulate":  # the caller's rows, already in client order: no copy
+            from dpprecond.fl import ClientData, make_method, simulate
+            from dpprecond.fl.models import LinearSoftmax
 
-        what = (f"run_federated({DEFAULT_ALGORITHM}, K=20, 5 rounds, full-batch, eps=1, "
-                f"{precision})")
+            bounds = np.linspace(0, X.shape[0], 21).astype(np.int64)
+            data = ClientData(X, y, bounds, n_classes)
+
+            def run() -> Any:
+                return simulate(LinearSoftmax(X.shape[1], n_classes), data,
+                                make_method(DEFAULT_ALGORITHM), config, X_test=Xte,
+                                y_test=yte, seed=0)
+
+            what = f"simulate({DEFAULT_ALGORITHM}, ClientData in client order, K=20, 5 rounds)"
+        else:
+            def run() -> Any:
+                return run_federated(X, y, Xte, yte, n_classes, n_clients=20, seed=0,
+                                     config=config)
+
+            what = (f"run_federated({DEFAULT_ALGORITHM}, K=20, 5 rounds, full-batch, eps=1, "
+                    f"{precision})")
     else:
         from dpprecond.data import load_dataset
         from dpprecond.pca import fit_private_pca
