@@ -156,6 +156,15 @@ def check_load(label: str = "before") -> dict[str, Any]:
             "others_cores": others, "disturbed": disturbed}
 
 
+def was_disturbed(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """The verdict of a run: the CPU other processes used during it when known (the load
+    average before a later part of a run counts the benchmark's own earlier parts), else the
+    load averages before and after."""
+    if after.get("others_cores") is not None:
+        return bool(after["disturbed"])
+    return bool(before.get("disturbed") or after.get("disturbed"))
+
+
 def print_header(title: str) -> dict[str, Any]:
     """Print the title, the environment line and the load; return them for the JSON."""
     print(f"# {title}", flush=True)

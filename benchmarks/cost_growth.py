@@ -58,6 +58,7 @@ from _common import (
     md_write,
     print_header,
     summary,
+    was_disturbed,
     write_json,
 )
 
@@ -398,8 +399,8 @@ def report(args: argparse.Namespace) -> None:
 
     loads = "; ".join(f"{part}: {fmt(m['load_before'].get('load'))} -> "
                       f"{fmt(m['load_after'].get('load'))}"
-                      + (" DISTURBED" if m["load_before"].get("disturbed")
-                         or m["load_after"].get("disturbed") else "")
+                      + (" DISTURBED" if was_disturbed(m["load_before"], m["load_after"])
+                         else "")
                       for part, m in payload.get("meta", {}).items())
     text = ("\n\n".join(parts) + f"\n\nEnvironment: {'; '.join(envs) or environment()}\n"
             f"Load (1/5/15 min) before and after each part: {loads}\n")

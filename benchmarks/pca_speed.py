@@ -55,6 +55,7 @@ from _common import (
     md_write,
     print_header,
     summary,
+    was_disturbed,
     write_json,
 )
 from dpprecond.data import load_dataset
@@ -293,8 +294,8 @@ def main() -> None:
                "stats": stats, "ratios": ratios, "ours_info": info}
     write_json(args.name, payload)
     if args.md:
-        disturbed = " DISTURBED (load above half the cores)" if (
-            header["load_before"].get("disturbed") or load_after.get("disturbed")) else ""
+        disturbed = " DISTURBED (other processes used the cores)" if was_disturbed(
+            header["load_before"], load_after) else ""
         md_write(args.md, (
             "# Private PCA fit time against scikit-learn and the BLAS floors\n\n"
             f"Command: `PYTHONPATH=src python benchmarks/pca_speed.py "
