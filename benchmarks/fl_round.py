@@ -29,7 +29,7 @@ float64 run as information (that difference is the rounding of the records, not 
     # smoke test (3000 rows, K = 20, 3 rounds; seconds)
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/fl_round.py --quick
     # the measurement (quiet machine)
-    PYTHONPATH=src python benchmarks/fl_round.py --rounds 15 --md docs/fl_round.md
+    PYTHONPATH=src python benchmarks/fl_round.py --rounds 15 --md docs/data/perf_fl_round.md
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ epsilon = 1, delta = 1e-6, row_norm = 28, ``center=None`` or ``"private"``; X in
     # smoke test (5000 rows; seconds)
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/memory.py --quick
     # the measurement
-    PYTHONPATH=src python benchmarks/memory.py --md docs/memory.md
+    PYTHONPATH=src python benchmarks/memory.py --md docs/data/perf_memory.md
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ disturbs the run (a warning says so). Results: ``benchmarks/out/pca_speed.json``
     # smoke test (a 3000-row subsample, seconds)
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/pca_speed.py --quick
     # the measurement (quiet machine)
-    PYTHONPATH=src python benchmarks/pca_speed.py --repeats 7 --md docs/pca_speed.md
+    PYTHONPATH=src python benchmarks/pca_speed.py --repeats 7 --md docs/data/perf_pca_speed.md
     # what separates the default from the Gram floor: a cProfile of one default fit
     PYTHONPATH=src python benchmarks/pca_speed.py --profile          # or --profile centered
 """
@@ -61,6 +61,7 @@ from _common import (
 from dpprecond.data import load_dataset
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.auto import _block_clipped_step
 from dpprecond.pca.rows import make_rows
 
 OURS = (DEFAULT_METHOD, "analyze_gauss", "fixed")
@@ -124,6 +125,9 @@ def floor_cases(X: np.ndarray, k: int, row_norm: float) -> dict[str, Callable[[]
         "pass Gram (ClippedRows.gram)": rows.gram,
         "pass Gram centered (ClippedRows.centered(mu).gram)": centered.gram,
         "pass iteration (ClippedRows.times, k columns)": lambda: rows.times(M),
+        "floor X.T @ (X @ M) (two products)": lambda: X.T @ (X @ M),
+        "pass auto iteration (clipped step A^T clip(A M))": lambda: rows.block_sum(
+            _block_clipped_step, M, 1.0, shape=M.shape, row_scaled=True),
     }
 
 
@@ -175,6 +179,7 @@ def ratio_rows(stats: dict[str, dict[str, Any]], sk_auto: str,
     gram = med.get("floor Gram X.T @ X")
     read = med.get("floor read X @ v")
     xm = med.get("floor X @ M (k columns)")
+    two = med.get("floor X.T @ (X @ M) (two products)")
     ratios: dict[str, Any] = {"fastest_sklearn_pca": fastest_pca,
                               "fastest_truncated_svd": fastest_tsvd, "cases": {}}
     rows = []
@@ -190,7 +195,7 @@ def ratio_rows(stats: dict[str, dict[str, Any]], sk_auto: str,
             r["to_gram_floor"] = m / gram
         if read:
             r["to_read_floor"] = m / read
-        floor = _own_floor(name, gram, read, xm)
+        floor = _own_floor(name, gram, read, xm, two)
         if floor is not None:
             r["to_own_floor"] = m / floor[1]
             r["own_floor"] = floor[0]
@@ -204,7 +209,7 @@ def ratio_rows(stats: dict[str, dict[str, Any]], sk_auto: str,
 
 
 def _own_floor(name: str, gram: float | None, read: float | None,
-               xm: float | None) -> tuple[str, float] | None:
+               xm: float | None, two: float | None) -> tuple[str, float] | None:
     """The floor a library pass should be held against (issue 13: within 1.5x)."""
     if name.startswith("pass Gram") and gram:
         return "X.T @ X", gram
@@ -212,6 +217,8 @@ def _own_floor(name: str, gram: float | None, read: float | None,
         return "X @ v", read
     if name.startswith("pass iteration") and xm:
         return "X @ M", xm
+    if name.startswith("pass auto iteration") and two:
+        return "X.T @ (X @ M)", two
     return None
 
 

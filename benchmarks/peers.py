@@ -20,7 +20,7 @@ row says. Repeats are interleaved (all specs, then all specs again); medians are
     # smoke test (2000 rows, 16 of the 784 pixel columns, k = 3, 10 s timeout; seconds)
     OPENBLAS_NUM_THREADS=1 PYTHONPATH=src python benchmarks/peers.py run --quick
     # the table (quiet machine; each diffprivlib / OpenDP fit may use the full timeout)
-    PYTHONPATH=src python benchmarks/peers.py run --repeats 3 --md docs/perf_peers.md
+    PYTHONPATH=src python benchmarks/peers.py run --repeats 3 --md docs/data/perf_peers.md
 """
 
 from __future__ import annotations

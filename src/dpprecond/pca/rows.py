@@ -491,11 +491,25 @@ class ClippedRows:
         return finish_gram(S, raw, self.row_norm, raw_ok)
 
     def times(self, M: np.ndarray) -> np.ndarray:
-        """``A @ M``, shape (n, m), one pass over ``X``."""
+        """``A @ M``, shape (n, m), one pass over ``X``.
+
+        An uncentered block that needs no prescaling is computed as ``s * (X_b @ M)`` with
+        its step-1 factors ``s`` (no copy of the block); the result is not a release by
+        itself (the callers clip its rows before anything is summed and noised).
+        """
         n = self.shape[0]
         out = np.empty((n, M.shape[1]))
-        for lo, hi, B in self.blocks():
-            np.matmul(B, M, out=out[lo:hi])
+        for lo, hi in self._ranges():
+            raw = self.X[lo:hi]
+            if self.mean is None:
+                raw = np.asarray(raw, dtype=np.float64)  # float32 widens exactly
+                nu, pre = safe_row_norms(raw)
+                if np.all(pre == 1.0):
+                    post, _ = unit_scale(nu, pre, self.row_norm)
+                    np.matmul(raw, M, out=out[lo:hi])
+                    out[lo:hi] *= post[:, None]
+                    continue
+            np.matmul(clip_rows(raw, self.row_norm, self.mean), M, out=out[lo:hi])
         return out
 
     def t_times(self, D: np.ndarray) -> np.ndarray:
