@@ -136,3 +136,23 @@ def test_block_gram_matches_the_materialized_rows():
     assert np.allclose(centered.t_times(np.ones((300, 1))), C.sum(axis=0)[:, None])
     idx = np.array([0, 5, 64, 65, 200, 299])
     assert np.array_equal(centered.rows(idx), C[idx])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_times_fast_path_equals_the_clipped_rows(dtype: type) -> None:
+    """``A @ M`` through the raw fast path (unclipped blocks: the raw block times ``M``,
+    scaled by the step-1 factors) equals the materialized rows times ``M``; blocks holding
+    a huge, a tiny or a clipped row take the materialized path, and no row's product grows
+    past ``||M||`` (rows of norm <= 1)."""
+    rng = np.random.default_rng(5)
+    X = (rng.standard_normal((400, 6)) * 0.1).astype(dtype)
+    big = np.finfo(dtype).max / 4
+    X[70, 0] = big  # a row far past row_norm, scaled down to norm 1
+    X[200] = np.finfo(dtype).tiny  # underflowing squares
+    X[330] *= 100  # clipped
+    rows = ClippedRows.from_data(X, 1.0, block_bytes=8 * 6 * 64)
+    M = np.linalg.qr(rng.standard_normal((6, 3)))[0]
+    Y = rows.times(M)
+    np.testing.assert_allclose(Y, rows.materialize() @ M, rtol=1e-12, atol=1e-15)
+    assert np.all(np.isfinite(Y))
+    assert np.linalg.norm(Y, axis=1).max() <= 1.0 + 1e-12
