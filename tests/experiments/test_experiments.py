@@ -299,3 +299,35 @@ def test_per_t_protocol_runs_and_reports(tmp_path: Path) -> None:
     md = write_report(cfg, cache=cache)
     assert (md.parent / "accuracy_vs_T_K3_iid.png").exists()
     assert "after T = 3 rounds" in md.read_text()
+
+
+def test_compare_pools_settings_and_pairs_runs(tmp_path: Path) -> None:
+    """``comparison_report``: the mean accuracy and the difference from the reference are
+    the pooled means of the finished runs, and the McNemar counts are those of the paired
+    runs (same setting and seed), recomputed here from the records."""
+    from dpprecond.experiments.compare import comparison_report
+
+    cfg = tiny_config(tmp_path)
+    cache = DataCache(cfg, loader=blobs)
+    run_experiment(cfg, progress=False, cache=cache)
+    recs = load_records(cfg, with_predictions=True)
+    text = comparison_report([cfg, cfg], labels=["a", "b"], caches=[cache, cache])
+    y = blobs("")[3]
+
+    def final(method: str, eps: float | None) -> dict[tuple, dict]:
+        return {(r["spec"]["clients"], r["spec"]["partition"], r["spec"]["seed"]): r
+                for r in recs if r["spec"]["method"] == method
+                and r["spec"]["epsilon"] == eps}
+
+    ref, other = final("fedgd", 2.0), final("fedfc", 2.0)
+    mean = 100 * np.mean([r["final_accuracy"] for r in other.values()])
+    diff = mean - 100 * np.mean([r["final_accuracy"] for r in ref.values()])
+    tests = [mcnemar_exact(other[k]["predictions"], ref[k]["predictions"], y) for k in ref]
+    up = sum(t.p_value < 0.05 and t.b > t.c for t in tests)
+    down = sum(t.p_value < 0.05 and t.b < t.c for t in tests)
+    cell = f"{mean:.1f} ({diff:+.1f}; {up}↑ {down}↓ /{len(tests)})"
+    rows = [ln for ln in text.splitlines() if ln.startswith("| a | fedfc |")]
+    assert len(rows) == 2 and cell in rows[0]  # accuracy table, then rounds table
+    assert "40 of 40 runs finished" in text and text.count("| b | fedgd |") == 2
+    with pytest.raises(ValueError, match="reference='adam'"):
+        comparison_report([cfg], reference="adam", caches=[cache])

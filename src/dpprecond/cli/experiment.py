@@ -53,6 +53,16 @@ def register(subparsers: Any) -> None:
     s.add_argument("config", nargs="+", help="experiment TOML file(s)")
     s.add_argument("--output", default=None, help="override the output directory")
     s.set_defaults(func=report)
+    c = sub.add_parser("compare", help="several experiments side by side against a "
+                                       "reference method (accuracy, McNemar, rounds)")
+    c.add_argument("config", nargs="+", help="experiment TOML files (finished runs on disk)")
+    c.add_argument("--reference", default="fedgd",
+                   help="the method every other is compared with (default fedgd)")
+    c.add_argument("--labels", nargs="+", default=None, metavar="NAME",
+                   help="a name per experiment for the tables (default: their names)")
+    c.add_argument("--md", default=None, metavar="PATH",
+                   help="also write the markdown here (default: print only)")
+    c.set_defaults(func=compare)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
@@ -149,4 +159,17 @@ def report(args: argparse.Namespace) -> int:
         cfg = _load(path, args.output)
         md = write_report(cfg)
         print(f"wrote {md}")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """``experiment compare``."""
+    from dpprecond.experiments.compare import comparison_report
+
+    text = comparison_report([_load(p, None) for p in args.config],
+                             reference=args.reference, labels=args.labels)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text, encoding="utf-8")
+        print(f"wrote {args.md}")
     return 0

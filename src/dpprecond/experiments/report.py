@@ -116,10 +116,33 @@ def _tuning_note(cfg: ExperimentConfig) -> str:
             "tuned on this data by `dpprecond experiment tune`.")
 
 
+def paired_tests(recs: list[dict[str, Any]], y_test: np.ndarray, ref: str, other: str,
+                 eps: float | None) -> list[Any]:
+    """Exact McNemar tests of ``ref`` against ``other`` at ``eps``, one per pair of runs
+    that differ only in the method (same setting, seed and T)."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        s = r["spec"]
+        return s["clients"], s["partition"], s["seed"], s["rounds"]
+
+    others = {key(r): r for r in recs
+              if r["spec"]["method"] == other and r["spec"]["epsilon"] == eps}
+    return [mcnemar_exact(r["predictions"], others[key(r)]["predictions"], y_test)
+            for r in recs if r["spec"]["method"] == ref and r["spec"]["epsilon"] == eps
+            and key(r) in others]
+
+
+def significance_cell(tests: list[Any], *, median_p: bool = True) -> str:
+    """``"b↑ w↓ /n"``: pairs where the first method is significantly better / worse."""
+    better = sum(t.p_value < 0.05 and t.b > t.c for t in tests)
+    worse = sum(t.p_value < 0.05 and t.b < t.c for t in tests)
+    cell = f"{better}↑ {worse}↓ /{len(tests)}"
+    if median_p:
+        cell += f", p̃ = {float(np.median([t.p_value for t in tests])):.2g}"
+    return cell
+
+
 def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
                    y_test: np.ndarray, ref: str) -> list[str]:
-    by_key = {(r["spec"]["method"], r["spec"]["epsilon"], r["spec"]["seed"],
-               r["spec"]["rounds"]): r for r in recs}
     cols = list(cfg.epsilons)
     lines = [f"| {ref} vs | " + " | ".join(f"ε = {eps_label(e)}" for e in cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
@@ -128,20 +151,16 @@ def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
             continue
         row = []
         for e in cols:
-            tests = []
-            for (meth, ee, seed, T), r in by_key.items():
-                other = by_key.get((m.label, ee, seed, T))
-                if meth == ref and ee == e and other is not None:
-                    tests.append(mcnemar_exact(r["predictions"], other["predictions"], y_test))
-            if not tests:
-                row.append("")
-                continue
-            better = sum(t.p_value < 0.05 and t.b > t.c for t in tests)
-            worse = sum(t.p_value < 0.05 and t.b < t.c for t in tests)
-            med = float(np.median([t.p_value for t in tests]))
-            row.append(f"{better}↑ {worse}↓ /{len(tests)}, p̃ = {med:.2g}")
+            tests = paired_tests(recs, y_test, ref, m.label, e)
+            row.append(significance_cell(tests) if tests else "")
         lines.append(f"| {m.label} | " + " | ".join(row) + " |")
     return lines
+
+
+def test_labels(cfg: ExperimentConfig, cache: DataCache | None = None) -> np.ndarray:
+    """The test labels of an experiment's data (the McNemar tests pair predictions)."""
+    base = "pixels" if cfg.features.split(":")[0] in ("pca", "random") else cfg.features
+    return (cache or DataCache(cfg)).get(cfg.data, base)[3]
 
 
 def _write_csv_json(out: Path, recs: list[dict[str, Any]]) -> None:
@@ -237,8 +256,7 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
     expected = expand_runs(cfg)
     _write_csv_json(out, recs)
     if y_test is None and recs:
-        base = "pixels" if cfg.features.split(":")[0] in ("pca", "random") else cfg.features
-        y_test = (cache or DataCache(cfg)).get(cfg.data, base)[3]
+        y_test = test_labels(cfg, cache)
     settings: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         settings[_setting(r["spec"])].append(r)
