@@ -305,7 +305,7 @@ def test_compare_pools_settings_and_pairs_runs(tmp_path: Path) -> None:
     """``comparison_report``: the mean accuracy and the difference from the reference are
     the pooled means of the finished runs, and the McNemar counts are those of the paired
     runs (same setting and seed), recomputed here from the records."""
-    from dpprecond.experiments.compare import comparison_report
+    from dpprecond.experiments.compare import comparison_figure, comparison_report
 
     cfg = tiny_config(tmp_path)
     cache = DataCache(cfg, loader=blobs)
@@ -331,3 +331,5 @@ def test_compare_pools_settings_and_pairs_runs(tmp_path: Path) -> None:
     assert "40 of 40 runs finished" in text and text.count("| b | fedgd |") == 2
     with pytest.raises(ValueError, match="reference='adam'"):
         comparison_report([cfg], reference="adam", caches=[cache])
+    png = comparison_figure([cfg, cfg], tmp_path / "cmp.png", labels=["a", "b"])
+    assert png.stat().st_size > 1000

@@ -62,6 +62,8 @@ def register(subparsers: Any) -> None:
                    help="a name per experiment for the tables (default: their names)")
     c.add_argument("--md", default=None, metavar="PATH",
                    help="also write the markdown here (default: print only)")
+    c.add_argument("--figure", default=None, metavar="PNG",
+                   help="also draw accuracy against epsilon, a panel per experiment")
     c.set_defaults(func=compare)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -172,4 +174,9 @@ def compare(args: argparse.Namespace) -> int:
     if args.md:
         Path(args.md).write_text(text, encoding="utf-8")
         print(f"wrote {args.md}")
+    if args.figure:
+        from dpprecond.experiments.compare import comparison_figure
+
+        cfgs = [_load(p, None) for p in args.config]
+        print(f"wrote {comparison_figure(cfgs, args.figure, labels=args.labels)}")
     return 0

@@ -20,6 +20,8 @@ Only finished runs count; the header says how many of each experiment's runs fin
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,8 +35,9 @@ from dpprecond.experiments.report import (
 )
 from dpprecond.experiments.runner import DataCache, load_records
 from dpprecond.experiments.stats import rounds_to_reach
+from dpprecond.plots import line_figure
 
-__all__ = ["comparison_report"]
+__all__ = ["comparison_figure", "comparison_report", "pooled_means"]
 
 
 def _final(cfg: ExperimentConfig, recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -66,6 +69,41 @@ def _rounds_cell(recs: list[dict[str, Any]], method: str, ref: str,
         return ""
     cell = f"{np.median(hits):g}" if hits else "never"
     return cell + (f" ({never} never)" if never and hits else "")
+
+
+def pooled_means(cfg: ExperimentConfig, final: list[dict[str, Any]],
+                 epsilons: Sequence[float | None]) -> dict[tuple[str, float | None], float]:
+    """``(method, epsilon) -> mean final accuracy`` over every setting and seed."""
+    means = {}
+    for m in cfg.methods:
+        for e in epsilons:
+            v = [r["final_accuracy"] for r in final
+                 if r["spec"]["method"] == m.label and r["spec"]["epsilon"] == e]
+            if v:
+                means[(m.label, e)] = float(np.mean(v))
+    return means
+
+
+def comparison_figure(cfgs: list[ExperimentConfig], path: str | Path, *,
+                      labels: list[str] | None = None) -> Path:
+    """One panel per experiment: each method's pooled mean final accuracy against the
+    private epsilons (non-private runs as a dashed level would need another axis: they are
+    in the table)."""
+    labels = labels or [c.name for c in cfgs]
+    panels: dict[str, dict[str, tuple[Any, ...]]] = {}
+    for cfg, label in zip(cfgs, labels, strict=True):
+        private = [e for e in cfg.epsilons if e is not None]
+        means = pooled_means(cfg, _final(cfg, load_records(cfg)), private)
+        series = {}
+        for m in cfg.methods:
+            pts = [(e, means[(m.label, e)]) for e in private if (m.label, e) in means]
+            if pts:
+                series[m.label] = ([x for x, _ in pts], [y for _, y in pts], None)
+        if series:
+            panels[label] = series
+    return line_figure(panels, path, xlabel="epsilon", ylabel="final test accuracy "
+                       "(mean over settings and seeds)", logx=True,
+                       ncols=min(3, max(1, len(panels))))
 
 
 def comparison_report(cfgs: list[ExperimentConfig], *, reference: str = "fedgd",
@@ -114,13 +152,7 @@ def comparison_report(cfgs: list[ExperimentConfig], *, reference: str = "fedgd",
         if not final:
             continue
         y_test = test_labels(cfg, caches[i] if caches else None)
-        means: dict[tuple[str, Any], float] = {}
-        for m in cfg.methods:
-            for e in epsilons:
-                v = [r["final_accuracy"] for r in final
-                     if r["spec"]["method"] == m.label and r["spec"]["epsilon"] == e]
-                if v:
-                    means[(m.label, e)] = float(np.mean(v))
+        means = pooled_means(cfg, final, epsilons)
         for m in cfg.methods:
             a_row, r_row = [], []
             for e in epsilons:
