@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Series", "line_figure"]
 
@@ -46,16 +47,21 @@ def line_figure(panels: Mapping[str, Series], path: str | os.PathLike, *, xlabel
     ncols = ncols or min(3, n)
     nrows = (n + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
-    names: list[str] = []
+    # one colour per series name across all panels (panels may hold different series)
+    names = list(dict.fromkeys(name for series in panels.values() for name in series))
+    # ten strong colours, then the light shades of tab20
+    tab10, tab20 = plt.get_cmap("tab10"), plt.get_cmap("tab20")
+    palette = [tab10(i) for i in range(10)] + [tab20(i) for i in range(1, 20, 2)]
+    colour = {name: palette[i % len(palette)] for i, name in enumerate(names)}
+    handles: dict[str, Any] = {}
     for ax, (title, series) in zip(axes.ravel(), panels.items(), strict=False):
         for name, (x, y, spread) in series.items():
             x_arr, y_arr = np.asarray(x, float), np.asarray(y, float)
-            (line,) = ax.plot(x_arr, y_arr, marker="o", ms=3, label=name)
+            (line,) = ax.plot(x_arr, y_arr, marker="o", ms=3, label=name, color=colour[name])
+            handles.setdefault(name, line)
             if spread is not None:
                 s = np.asarray(spread, float)
-                ax.fill_between(x_arr, y_arr - s, y_arr + s, alpha=0.2, color=line.get_color())
-            if name not in names:
-                names.append(name)
+                ax.fill_between(x_arr, y_arr - s, y_arr + s, alpha=0.2, color=colour[name])
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -66,12 +72,13 @@ def line_figure(panels: Mapping[str, Series], path: str | os.PathLike, *, xlabel
         ax.grid(alpha=0.3)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
-    handles, labels = axes.ravel()[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8,
-               bbox_to_anchor=(0.5, 0.0))
+    fig.legend([handles[m] for m in names], names, loc="lower center",
+               ncol=max(1, min(len(names), 6)), fontsize=8, bbox_to_anchor=(0.5, 0.0))
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if suptitle else 1))
+    legend_rows = -(-len(names) // 6)
+    bottom = max(0.06, 0.075 * legend_rows / nrows)  # room for the legend below the panels
+    fig.tight_layout(rect=(0, bottom, 1, 0.97 if suptitle else 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -101,9 +101,10 @@ def comparison_figure(cfgs: list[ExperimentConfig], path: str | Path, *,
                 series[m.label] = ([x for x, _ in pts], [y for _, y in pts], None)
         if series:
             panels[label] = series
-    return line_figure(panels, path, xlabel="epsilon", ylabel="final test accuracy "
-                       "(mean over settings and seeds)", logx=True,
-                       ncols=min(3, max(1, len(panels))))
+    return line_figure(panels, path, xlabel="epsilon", ylabel="final test accuracy",
+                       logx=True, ncols=min(3, max(1, len(panels))),
+                       suptitle="final test accuracy against epsilon, mean over the "
+                                "settings (clients, partition) and seeds")
 
 
 def comparison_report(cfgs: list[ExperimentConfig], *, reference: str = "fedgd",
