@@ -166,17 +166,14 @@ def report(args: argparse.Namespace) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     """``experiment compare``."""
-    from dpprecond.experiments.compare import comparison_report
+    from dpprecond.experiments.compare import comparison_figure, comparison_report
 
-    text = comparison_report([_load(p, None) for p in args.config],
-                             reference=args.reference, labels=args.labels)
+    cfgs = [_load(p, None) for p in args.config]
+    text = comparison_report(cfgs, reference=args.reference, labels=args.labels)
     print(text)
     if args.md:
         Path(args.md).write_text(text, encoding="utf-8")
         print(f"wrote {args.md}")
     if args.figure:
-        from dpprecond.experiments.compare import comparison_figure
-
-        cfgs = [_load(p, None) for p in args.config]
         print(f"wrote {comparison_figure(cfgs, args.figure, labels=args.labels)}")
     return 0

@@ -29,9 +29,9 @@ import numpy as np
 from dpprecond.experiments.config import ExperimentConfig, expand_runs
 from dpprecond.experiments.report import (
     eps_label,
+    held_out_labels,
     paired_tests,
     significance_cell,
-    test_labels,
 )
 from dpprecond.experiments.runner import DataCache, load_records
 from dpprecond.experiments.stats import rounds_to_reach
@@ -152,7 +152,7 @@ def comparison_report(cfgs: list[ExperimentConfig], *, reference: str = "fedgd",
         final = _final(cfg, recs)
         if not final:
             continue
-        y_test = test_labels(cfg, caches[i] if caches else None)
+        y_test = held_out_labels(cfg, caches[i] if caches else None)
         means = pooled_means(cfg, final, epsilons)
         for m in cfg.methods:
             a_row, r_row = [], []

@@ -157,7 +157,7 @@ def _mcnemar_table(cfg: ExperimentConfig, recs: list[dict[str, Any]],
     return lines
 
 
-def test_labels(cfg: ExperimentConfig, cache: DataCache | None = None) -> np.ndarray:
+def held_out_labels(cfg: ExperimentConfig, cache: DataCache | None = None) -> np.ndarray:
     """The test labels of an experiment's data (the McNemar tests pair predictions)."""
     base = "pixels" if cfg.features.split(":")[0] in ("pca", "random") else cfg.features
     return (cache or DataCache(cfg)).get(cfg.data, base)[3]
@@ -256,7 +256,7 @@ def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
     expected = expand_runs(cfg)
     _write_csv_json(out, recs)
     if y_test is None and recs:
-        y_test = test_labels(cfg, cache)
+        y_test = held_out_labels(cfg, cache)
     settings: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
         settings[_setting(r["spec"])].append(r)
