@@ -70,7 +70,7 @@ RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
 RTOL, ATOL = 1e-10, 1e-13
 
 # Ray starts its actors (and imports numpy, flwr and dpprecond in them) while the first
-# registration query waits. On a loaded 2-core machine that has taken minutes, and the
+# registration query waits. On a loaded 2-core machine that can take minutes, and the
 # strategy then goes on without the nodes that had not answered, as documented, which
 # changes the run. The Ray tests therefore give registration and rounds ample time: they
 # test equality with the engine, not the timeouts (tested in process below).

@@ -101,8 +101,10 @@ def comparison_figure(cfgs: list[ExperimentConfig], path: str | Path, *,
                 series[m.label] = ([x for x, _ in pts], [y for _, y in pts], None)
         if series:
             panels[label] = series
+    n = max(1, len(panels))
+    rows = -(-n // 3)  # at most 3 panels a row, rows filled evenly (4 panels: 2 x 2)
     return line_figure(panels, path, xlabel="epsilon", ylabel="final test accuracy",
-                       logx=True, ncols=min(3, max(1, len(panels))),
+                       logx=True, ncols=-(-n // rows),
                        suptitle="final test accuracy against epsilon, mean over the "
                                 "settings (clients, partition) and seeds")
 
