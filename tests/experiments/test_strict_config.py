@@ -116,6 +116,23 @@ def test_tune_writes_the_tuned_file_next_to_the_config(tmp_path: Path, capsys) -
     assert f"dpprecond experiment run {tuned}" in capsys.readouterr().out
 
 
+def test_tune_report_option_keeps_the_untuned_report(tmp_path: Path) -> None:
+    """--report gives the tuned file its own report directory, written relative to the
+    tuned file so that the file stays valid when the repository moves."""
+    from dpprecond.cli import main
+
+    path = tmp_path / "exp.toml"
+    path.write_text(BASE + "[tuning]\nepsilons = [1.0]\n"
+                    "[tuning.grid.fedgd]\nlearning_rate = [0.1, 0.3]\n")
+    assert main(["experiment", "tune", str(path), "--no-progress",
+                 "--report", str(tmp_path / "docs" / "tuned")]) == 0
+    tuned = tmp_path / "exp-tuned.toml"
+    assert 'report = "docs/tuned"' in tuned.read_text()
+    cfg = load_config(tuned)
+    assert cfg.report_dir.resolve() == (tmp_path / "docs" / "tuned").resolve()
+    assert cfg.output == tmp_path / "out"  # the runs are still shared with the source
+
+
 def test_private_pca_features_run_through_the_runner(tmp_path: Path) -> None:
     """A pca:K experiment: each run's PCA and training share one ledger; methods of a seed
     see the same features (paired)."""

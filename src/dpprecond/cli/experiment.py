@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
     t = sub.add_parser("tune", help="tune on a validation split of the training data")
     t.add_argument("config")
     t.add_argument("--output", default=None)
+    t.add_argument("--report", default=None, metavar="DIR",
+                   help="report directory of the tuned file (default: the source file's, so "
+                        "the tuned report replaces the untuned one); written relative to "
+                        "the tuned file")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="runs at a time, each in its own process with one BLAS thread "
@@ -136,13 +140,18 @@ def tune(args: argparse.Namespace) -> int:
     source = Path(args.config)
     tuned = source.with_name(f"{source.stem}-tuned.toml")
     text = tuned_config_text(cfg, best)
-    if args.output:  # the tuned file must run into the same directory
+    if args.output or args.report:
+        import os
         import tomllib
 
         import tomli_w
 
         doc = tomllib.loads(text)
-        doc["output"] = str(Path(args.output).resolve())
+        if args.output:  # the tuned file must run into the same directory
+            doc["output"] = str(Path(args.output).resolve())
+        if args.report:
+            doc["report"] = Path(os.path.relpath(Path(args.report).resolve(),
+                                                 tuned.parent.resolve())).as_posix()
         text = "\n".join(line for line in text.splitlines() if line.startswith("#"))
         text += "\n" + tomli_w.dumps(doc)
     tuned.write_text(text, encoding="utf-8")
