@@ -312,10 +312,13 @@ def report(md: Path | None) -> None:
     reads = [r for r in records if r["kind"] == "read"]
     fits = [r for r in records if r["kind"] == "fit"]
     lines = [f"Environment: {environment()}", ""]
-    if reads:
-        r = reads[-1]
+    if reads:  # the median of each time over the repeated reads
+        r = {**reads[-1], **{key: float(np.median([x[key] for x in reads])) for key in
+                             ("cold_seconds", "warm_seconds", "cold_read_seconds",
+                              "warm_read_seconds")}}
         gb = r["size_gb"]
-        lines += [f"Read once ({gb:.1f} GB; load {r['load']:.1f}; cached fraction before "
+        lines += [f"Read once, median of {len(reads)} ({gb:.1f} GB; last load {r['load']:.1f}; "
+                  f"cached fraction before "
                   f"the cold reads: {r['cached_before_cold']}): float64 sum over the memory "
                   f"map cold {r['cold_seconds']:.1f} s ({gb / r['cold_seconds']:.2f} GB/s), "
                   f"warm {r['warm_seconds']:.1f} s ({gb / r['warm_seconds']:.2f} GB/s); "
@@ -323,22 +326,40 @@ def report(md: Path | None) -> None:
                   f"({gb / r['cold_read_seconds']:.2f} GB/s), warm "
                   f"{r['warm_read_seconds']:.1f} s ({gb / r['warm_read_seconds']:.2f} GB/s).",
                   ""]
-    rows = []
+    # Repeated runs of one configuration (``all`` run several times) give one row: the
+    # median of each time and the largest memory peak, with the number of runs.
+    by_config: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in fits:
-        per: dict[str, list[float]] = {}
-        for name, sec in r["passes"]:
-            per.setdefault(name, []).append(sec)
-        full = [s for name, s in r["passes"] if name in ("gram", "times", "t_times", "norms")]
-        rows.append([r["path"], r["method"], r["cluster"], r["workers"], r["block_mib"],
-                     r["block_rows"], "cold" if r["cold_start"] else "warm",
-                     per["from_data"][0], per["gram"][0], float(np.median(full)),
-                     len(r["passes"]), r["fit_seconds"], r["vm_hwm"] / 2**30,
-                     r["peak_anon"] / 2**30,
-                     "" if not r["workers_vm_hwm"] else
-                     " / ".join(f"{w / 2**30:.2f}" for w in r["workers_vm_hwm"]),
-                     r["load"]])
+        key = (r["path"], r["method"], r["cluster"], r["workers"], r["block_mib"],
+               r["block_rows"], r["cold_start"])
+        by_config.setdefault(key, []).append(r)
+
+    def first(r: dict[str, Any], name: str) -> float:
+        return next(sec for n, sec in r["passes"] if n == name)
+
+    def median_full_pass(r: dict[str, Any]) -> float:
+        return float(np.median([sec for n, sec in r["passes"]
+                                if n in ("gram", "times", "t_times", "norms")]))
+
+    def median_over(rs: list[dict[str, Any]], f: Any) -> float:
+        return float(np.median([f(r) for r in rs]))
+
+    rows = []
+    for (path, method, cluster, workers, mib, block_rows, cold), rs in by_config.items():
+        med = partial(median_over, rs)
+        workers_peak = [max(ws) for ws in zip(*(r["workers_vm_hwm"] for r in rs),
+                                              strict=True)] if rs[0]["workers_vm_hwm"] else []
+        rows.append([path, method, cluster, workers, mib, block_rows,
+                     "cold" if cold else "warm", len(rs),
+                     med(lambda r: first(r, "from_data")), med(lambda r: first(r, "gram")),
+                     med(median_full_pass), len(rs[0]["passes"]),
+                     med(lambda r: r["fit_seconds"]),
+                     max(r["vm_hwm"] for r in rs) / 2**30,
+                     max(r["peak_anon"] for r in rs) / 2**30,
+                     " / ".join(f"{w / 2**30:.2f}" for w in workers_peak),
+                     f"{min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f}"])
     lines.append(markdown_table(
-        ["path", "method", "scheduler", "threads", "block MiB", "block rows", "cache",
+        ["path", "method", "scheduler", "threads", "block MiB", "block rows", "cache", "runs",
          "first pass s", "gram s", "median pass s", "passes", "fit s", "VmHWM GiB",
          "peak anon GiB", "workers' VmHWM GiB", "load"], rows))
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
