@@ -42,6 +42,7 @@ from dpprecond._threads import serial_blas
 from dpprecond._validation import SeedLike, check_array, check_int, check_labels, check_seed
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
+from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
@@ -124,6 +125,22 @@ def _fingerprint(method: Method, config: FLConfig, data: ClientData, model: FLMo
     for arr in (data.X, data.y, data.bounds, X_test, y_test):
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
+
+
+def _kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, Any]:
+    """The rows the gradient passes read and their squared norms (float64), on the
+    config's backend: ``X`` itself (numpy, float64), or its float32 rounding, or a copy on
+    a torch device (:mod:`dpprecond.fl.backend`). Done once per run."""
+    X_run = X if config.precision == "float64" else X.astype(np.float32)
+    x_sq = np.einsum("ij,ij->i", X_run, X_run, dtype=np.float64)  # constant over rounds
+    if config.backend == "numpy":
+        return X_run, x_sq
+    if not isinstance(model, LinearSoftmax):
+        raise ValueError(f"backend={config.backend!r} runs the linear head's kernel; "
+                         f"{type(model).__name__} computes its own gradients (a TorchModel "
+                         "runs in torch already): use backend='numpy' with it.")
+    be = get_backend(config.backend, config.device)
+    return be.asarray(X_run), be.asarray(x_sq)
 
 
 def simulate(model: FLModel, data: ClientData,
@@ -246,10 +263,9 @@ def simulate(model: FLModel, data: ClientData,
         if ledger is not None:
             ledger.spend(event, count)
 
-    X_run = data.X if config.precision == "float64" else data.X.astype(np.float32)
+    X_run, x_sq_norms = _kernel_rows(data.X, config, model)
     run = RunContext(model, data, config, multipliers, noise_root, setup_root, release,
-                     x_sq_norms=np.einsum("ij,ij->i", X_run, X_run,  # constant over rounds
-                                          dtype=np.float64),
+                     x_sq_norms=x_sq_norms,
                      weights=client_weights(data.sizes, config.weighting), X=X_run)
     history: list[dict[str, float]] = []
     if resume is None:

@@ -26,7 +26,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from dpprecond.clipping import SHRINK, clip_to_radius, safe_row_norms
-from dpprecond.fl.kernels import clipped_sums, rounding_slack
+from dpprecond.fl.backend import backend_of
+from dpprecond.fl.kernels import clipped_sums, rounding_slack, scale_exponent
 
 __all__ = [
     "FLModel",
@@ -255,13 +256,17 @@ class LinearSoftmax:
 
         One pass over ``X`` (:func:`dpprecond.fl.kernels.clipped_sums`: logits, residuals,
         clip factors and the client's ``X_b^T R_b`` while a block of rows is in cache);
-        ``X`` may be float64 or float32 (the products then run in float32, the sums are
-        float64; see the kernel's rounding bound). Records the fast path cannot handle
+        ``X`` may be float64 or float32 (the products then run in float32 on small
+        sub-blocks whose partial sums are added in float64; see the kernel's rounding
+        bound), a numpy array or a torch tensor (the kernel runs on its device; the sums
+        come back as numpy float64). Records the fast path cannot handle
         (huge entries, overflowing logits) go through the overflow-safe path
         (:meth:`clipped_grad_sums_safe`).
         """
+        be = backend_of(X)
         if x_sq_norms is None:
-            x_sq_norms = np.einsum("ij,ij->i", X, X, dtype=np.float64)
+            x_sq_norms = be.asarray(np.einsum("ij,ij->i", *(2 * [be.to_numpy(X)]),
+                                              dtype=np.float64))
         W = params.reshape(-1, self.n_features + 1, self.n_classes)
         out, hard = clipped_sums(X, y, W[0] if params.ndim == 1 else W, bounds, clip_norm,
                                  x_sq_norms)
@@ -270,7 +275,7 @@ class LinearSoftmax:
             K = len(bounds) - 1
             counts = np.bincount(owner, minlength=K)
             sub_bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
-            Xh = np.asarray(X[hard], dtype=np.float64)
+            Xh = np.asarray(be.to_numpy(X[be.label_index(hard)]), dtype=np.float64)
             sub = self.clipped_grad_sums_safe(params, Xh, y[hard], sub_bounds, clip_norm)
             out += sub.reshape(out.shape)
         return out.reshape(len(bounds) - 1, self.n_params)
@@ -309,7 +314,12 @@ class LinearSoftmax:
             x_norms = np.sqrt(x_sq_norms + 1.0)
             x_norms[hard.idx] = 1.0
             r_norms = np.sqrt(np.einsum("ij,ij->i", R, R))
-            R *= clip_factors(x_norms * r_norms, clip_norm)[:, None] * SHRINK
+            # min(1, C / n) 2^e: never subnormal, also for a tiny C (see fl/kernels.py)
+            e = scale_exponent(clip_norm, wide=False)
+            with np.errstate(divide="ignore", over="ignore"):
+                factor = np.minimum(2.0**e, clip_norm * 2.0**e
+                                    / np.maximum(x_norms * r_norms, 1e-300))
+            R *= factor[:, None] * SHRINK
             hr = np.sqrt(np.einsum("ij,ij->i", hard_R, hard_R))
             hard_R *= clip_to_radius(hard.nu * hr, hard.pre, clip_norm)[:, None]
         else:
@@ -320,6 +330,8 @@ class LinearSoftmax:
         out[:, -1] = 0.0
         if nonempty.any():
             out[nonempty, -1] = np.add.reduceat(R, bounds[:-1][nonempty], axis=0)
+        if not np.isinf(clip_norm) and e:
+            out *= 2.0**-e
         if hard.idx.size:
             owner = np.searchsorted(bounds, hard.idx, side="right") - 1
             np.add.at(out, owner, np.einsum("nd,nk->ndk", hard.Y, hard_R))
