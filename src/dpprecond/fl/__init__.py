@@ -16,7 +16,11 @@ The layout follows the architecture (one round engine; methods are configuration
   crash-safe checkpoints;
 - :mod:`dpprecond.fl.simulator`: :func:`run_federated`, partition + model + method + engine;
 - :mod:`dpprecond.fl.models`, :mod:`dpprecond.fl.partition`, :mod:`dpprecond.fl.data`,
-  :mod:`dpprecond.fl.config`: models, client splits, client data, run settings.
+  :mod:`dpprecond.fl.config`: models, client splits, client data, run settings;
+- :mod:`dpprecond.fl.kernels`, :mod:`dpprecond.fl.backend`: the linear head's one-pass
+  kernel and its array backends (numpy, torch on the CPU or CUDA);
+- :mod:`dpprecond.fl.module_validator`: which torch layers per-example gradients can go
+  through, and :func:`fix_module` for the others.
 """
 
 from dpprecond.fl.accounting import round_event, training_event
@@ -25,6 +29,7 @@ from dpprecond.fl.data import ClientData
 from dpprecond.fl.engine import FLResult, simulate
 from dpprecond.fl.methods import METHODS, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax, TorchModel
+from dpprecond.fl.module_validator import UnsupportedModuleError, fix_module, validate_module
 from dpprecond.fl.partition import dirichlet_partition, iid_partition, make_partition
 from dpprecond.fl.server import adam, chain, make_optimizer, sgd, sofim, yogi
 from dpprecond.fl.simulator import DEFAULT_ALGORITHM, run_federated
@@ -37,9 +42,11 @@ __all__ = [
     "FLResult",
     "LinearSoftmax",
     "TorchModel",
+    "UnsupportedModuleError",
     "adam",
     "chain",
     "dirichlet_partition",
+    "fix_module",
     "iid_partition",
     "make_method",
     "make_optimizer",
@@ -51,5 +58,6 @@ __all__ = [
     "simulate",
     "sofim",
     "training_event",
+    "validate_module",
     "yogi",
 ]

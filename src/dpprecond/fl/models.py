@@ -379,7 +379,10 @@ class TorchModel:
     cross-entropy. Parameters travel as one flat numpy vector (the order of
     ``module.named_parameters()``); the module's own tensors are never modified.
     Per-example gradients are computed by ``vmap(grad(loss))`` in chunks of
-    ``chunk_size`` examples, so memory stays at ``chunk_size * n_params`` floats.
+    ``chunk_size`` examples, so memory stays at ``chunk_size * n_params`` floats. Layers
+    that per-example gradients cannot go through (BatchNorm, Dropout, recurrent layers...)
+    are refused with :class:`~dpprecond.fl.module_validator.UnsupportedModuleError`, which
+    names them and the fix (:func:`~dpprecond.fl.module_validator.fix_module`).
 
     Parameters
     ----------
@@ -395,6 +398,9 @@ class TorchModel:
 
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"Expected a torch.nn.Module, got {type(module).__name__}.")
+        from dpprecond.fl.module_validator import check_module
+
+        check_module(module)  # names unsupported layers (BatchNorm, Dropout...) and the fix
         self.module = module
         self.chunk_size = check_int("chunk_size", chunk_size, low=1)
         self._names = [n for n, _ in module.named_parameters()]
