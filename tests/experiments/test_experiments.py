@@ -333,3 +333,25 @@ def test_compare_pools_settings_and_pairs_runs(tmp_path: Path) -> None:
         comparison_report([cfg], reference="adam", caches=[cache])
     png = comparison_figure([cfg, cfg], tmp_path / "cmp.png", labels=["a", "b"])
     assert png.stat().st_size > 1000
+
+
+def test_kernel_precision_and_backend_settings(tmp_path: Path) -> None:
+    """[protocol] precision/backend reach the runs; the default leaves the ids unchanged."""
+    default = tiny_config(tmp_path)
+    assert all("precision" not in s and "backend" not in s for s in expand_runs(default))
+    f32 = tiny_config(tmp_path, TINY.replace('reference = "sofim"',
+                                             'reference = "sofim"\nprecision = "float32"'))
+    ids = {run_id(s) for s in expand_runs(f32)}
+    assert all(s["precision"] == "float32" for s in expand_runs(f32))
+    assert not ids & {run_id(s) for s in expand_runs(default)}
+    run_experiment(f32, progress=False, cache=DataCache(f32, loader=blobs),
+                   where={"seed": 0, "method": "fedgd", "partition": "iid"})
+    runs = load_records(f32)
+    assert runs and all(0.0 <= r["final_accuracy"] <= 1.0 for r in runs)
+    with pytest.raises(ValueError, match="precision"):
+        tiny_config(tmp_path, TINY.replace('reference = "sofim"',
+                                           'reference = "sofim"\nprecision = "float16"'))
+    pca = TINY.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:3"').replace(
+        'reference = "sofim"', 'reference = "sofim"\nbackend = "torch"')
+    with pytest.raises(ValueError, match="backend='torch'"):
+        tiny_config(tmp_path, pca)

@@ -29,6 +29,8 @@ methods with their hyperparameters (see ``experiments/*.toml``)::
     rounds = 70
     seeds = [0, 1, 2]
     reference = "sofim"        # the method tested against every other (McNemar)
+    precision = "float64"      # the kernel: "float32" is faster, with 0.6% more noise
+    backend = "numpy"          # or "torch" (CPU, or CUDA when present)
 
     [methods.sofim]
     algorithm = "sofim"
@@ -119,6 +121,8 @@ class ExperimentConfig:
     rounds_list: tuple[int, ...] = ()
     seeds: tuple[int, ...] = (0,)
     reference: str = "sofim"
+    precision: str = "float64"
+    backend: str = "numpy"
     methods: tuple[MethodSpec, ...] = ()
     validation_fraction: float = 0.1
     tune_epsilons: tuple[float | None, ...] = (1.0,)
@@ -193,6 +197,11 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
     else:
         raise ValueError(f"{source}: protocol.reference = {proto.reference!r} names no method; "
                          f"expected one of {labels}.")
+    kernel = (doc.protocol.precision, doc.protocol.backend)
+    if doc.data.features.split(":")[0] in ("pca", "random") and kernel != ("float64", "numpy"):
+        raise ValueError(f"[protocol] precision={kernel[0]!r}, backend={kernel[1]!r}: runs "
+                         f"on {doc.data.features!r} features go through the private-features "
+                         "pipeline, which runs the float64 numpy kernel; remove them.")
     output = Path(doc.output if doc.output is not None else f"results/{doc.name}")
     if not output.is_absolute():
         output = Path(base_dir) / output
@@ -208,7 +217,8 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
         epsilons=tuple(_eps(e) for e in priv.epsilons), delta=float(priv.delta),
         clip_norm=float(priv.clip_norm), accountant=priv.accountant,
         protocol=proto.kind, rounds=proto.rounds, rounds_list=tuple(proto.rounds_list),
-        seeds=tuple(proto.seeds), reference=reference, methods=tuple(methods),
+        seeds=tuple(proto.seeds), reference=reference, precision=proto.precision,
+        backend=proto.backend, methods=tuple(methods),
         validation_fraction=float(tuning.validation_fraction),
         tune_epsilons=tuple(_eps(e) for e in tuning.epsilons),
         tune_seeds=tuple(tuning.seeds),
@@ -240,6 +250,11 @@ def _base(cfg: ExperimentConfig) -> RunSpec:
             "delta": cfg.delta, "clip_norm": cfg.clip_norm, "accountant": cfg.accountant}
     if cfg.pca:  # private PCA features: their settings determine the run
         base["pca"] = dict(cfg.pca)
+    # the kernel's settings, only when not the default (the ids of earlier runs stay)
+    if cfg.precision != "float64":
+        base["precision"] = cfg.precision
+    if cfg.backend != "numpy":
+        base["backend"] = cfg.backend
     return base
 
 

@@ -96,7 +96,8 @@ def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: n
              else {"target_epsilon": spec["epsilon"]})
     config = FLConfig(n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
                       target_delta=float(spec["delta"]), accountant=spec["accountant"],
-                      **level)
+                      precision=spec.get("precision", "float64"),
+                      backend=spec.get("backend", "numpy"), **level)
     method = make_method(spec["algorithm"], **spec["params"])
     return simulate(model, data, method, config, X_test=X_eval, y_test=y_eval, seed=sim_seq,
                     progress=progress)
@@ -207,7 +208,10 @@ def _init_worker(cache: DataCache, parent: int) -> None:
     _WORKER_CACHE = cache
     from threadpoolctl import threadpool_limits
 
+    from dpprecond.fl.kernels import set_kernel_threads
+
     threadpool_limits(limits=1)  # the processes are the parallelism
+    set_kernel_threads(1)  # and the kernel's thread pool with them (results do not change)
 
 
 def _execute_and_save(spec: RunSpec, runs_dir: Path) -> dict[str, Any]:

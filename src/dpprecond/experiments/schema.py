@@ -98,13 +98,16 @@ class PrivacyTable(_Table):
 
 
 class ProtocolTable(_Table):
-    """``[protocol]``: per-round or per-T runs, rounds, seeds, the reference method."""
+    """``[protocol]``: per-round or per-T runs, rounds, seeds, the reference method, and
+    the kernel's precision and backend (``FLConfig.precision``, ``FLConfig.backend``)."""
 
     kind: Literal["per-round", "per-T"] = "per-round"
     rounds: PositiveInt = 70
     rounds_list: list[PositiveInt] = Field(default_factory=list)
     seeds: list[NonNegativeInt] = Field(default=[0], min_length=1)
     reference: StrictStr | None = None
+    precision: Literal["float64", "float32"] = "float64"
+    backend: Literal["numpy", "torch"] = "numpy"
 
     @field_validator("rounds", mode="before")
     @classmethod
