@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 __all__ = ["BACKENDS", "ArrayBackend", "NumpyBackend", "TorchBackend", "backend_of",
-           "get_backend"]
+           "cuda_available", "get_backend", "import_torch"]
 
 #: The backend names ``FLConfig.backend`` accepts.
 BACKENDS = ("numpy", "torch")
@@ -170,12 +170,12 @@ class NumpyBackend:
         return np.asarray(y)
 
 
-def _import_torch() -> Any:
+def import_torch(what: str = "backend='torch'") -> Any:
+    """``torch``, or an ImportError saying that ``what`` needs the extra ``[torch]``."""
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("backend='torch' needs PyTorch: pip install 'dpprecond[torch]' "
-                          "(or use backend='numpy').") from exc
+        raise ImportError(f"{what} needs PyTorch: pip install 'dpprecond[torch]'") from exc
     return torch
 
 
@@ -195,7 +195,7 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, device: str | None = None) -> None:
-        torch = _import_torch()
+        torch = import_torch("backend='torch' (or use backend='numpy')")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         try:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from dpprecond.clipping import SHRINK, clip_to_radius, safe_row_norms
-from dpprecond.fl.backend import backend_of
+from dpprecond.fl.backend import backend_of, import_torch
 from dpprecond.fl.kernels import clipped_sums, rounding_slack, scale_exponent
 
 __all__ = [
@@ -364,14 +364,6 @@ class LinearSoftmax:
         return float(losses.mean()), acc
 
 
-def _import_torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("TorchModel needs PyTorch: pip install 'dpprecond[torch]'") from exc
-    return torch
-
-
 class TorchModel:
     """Any ``torch.nn.Module`` classifier, with per-example gradients from ``torch.func``.
 
@@ -393,7 +385,7 @@ class TorchModel:
     """
 
     def __init__(self, module: Any, chunk_size: int = 1024) -> None:
-        torch = _import_torch()
+        torch = import_torch("TorchModel")
         from dpprecond._validation import check_int
 
         if not isinstance(module, torch.nn.Module):

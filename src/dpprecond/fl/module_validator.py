@@ -51,12 +51,9 @@ class UnsupportedModuleError(ValueError):
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("Validating a torch module needs PyTorch: pip install "
-                          "'dpprecond[torch]'") from exc
-    return torch
+    from dpprecond.fl.backend import import_torch
+
+    return import_torch("Validating a torch module")
 
 
 def _problem(name: str, mod: Any) -> LayerProblem | None:
