@@ -57,6 +57,7 @@ from _common import (
     md_write,
     print_header,
     summary,
+    was_disturbed,
     write_json,
 )
 from dpprecond.features import load_features
@@ -270,7 +271,9 @@ def main() -> None:
             "# Seconds per federated round against one read of X\n\n"
             f"Command: `PYTHONPATH=src python benchmarks/fl_round.py "
             f"{' '.join(sys.argv[1:])}`\n\nEnvironment: {environment()}; load before "
-            f"{header['load_before'].get('load')}, after {load_after.get('load')}.\n\n"
+            f"{header['load_before'].get('load')}, after {load_after.get('load')}; other "
+            f"processes used {load_after.get('others_cores')} cores on average (disturbed: "
+            f"{was_disturbed(header['load_before'], load_after)}).\n\n"
             f"{ref}\n\n{table}\n\nResult unchanged (final parameters after "
             f"{args.check_rounds} rounds, same seed):\n\n{check_table}\n"))
 

@@ -208,10 +208,11 @@ def _init_worker(cache: DataCache, parent: int) -> None:
     _WORKER_CACHE = cache
     from threadpoolctl import threadpool_limits
 
-    from dpprecond.fl.kernels import set_kernel_threads
-
-    threadpool_limits(limits=1)  # the processes are the parallelism
-    set_kernel_threads(1)  # and the kernel's thread pool with them (results do not change)
+    # the processes are the parallelism for BLAS; the linear head's kernel keeps its pool
+    # of threads: with 2 workers on 2 cores one worker's serial parts (evaluation, noise,
+    # server step) leave a core to the other's pool (measured, issue 22: one kernel thread
+    # per worker made a Fashion-MNIST sweep 1.6x slower)
+    threadpool_limits(limits=1)
 
 
 def _execute_and_save(spec: RunSpec, runs_dir: Path) -> dict[str, Any]:

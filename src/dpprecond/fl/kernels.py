@@ -147,10 +147,7 @@ _POOL_LOCK = threading.Lock()
 
 
 def set_kernel_threads(n_threads: int | None) -> None:
-    """Threads of the numpy kernel's pool (``None``: ``os.cpu_count()``; 1: no pool).
-
-    The experiment runner's worker processes set 1: the processes are the parallelism.
-    """
+    """Threads of the numpy kernel's pool (``None``: ``os.cpu_count()``; 1: no pool)."""
     global _THREADS
     _THREADS = None if n_threads is None else max(1, int(n_threads))
 
