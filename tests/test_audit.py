@@ -134,7 +134,7 @@ def test_pca_init_pair_reaches_sqrt2_and_the_case_is_the_api_release() -> None:
                           target_delta=DELTA, row_norm=1.0, seed=11)
     assert res.info["noise_multipliers"]["z0"] == case.info["z0"]
     assert res.epsilon == pytest.approx(case.claimed_epsilon, rel=1e-12)
-    V = res.components
+    V = res.basis
     M_api = V @ np.diag(res.explained_variance * n) @ V.T
     rows = ClippedRows.from_data(D, 1.0)
     stream = np.random.default_rng(11).spawn(3)[1]

@@ -28,12 +28,12 @@ def test_pca_digits_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
 
     X, row_norm, _ = load_pca_matrix("digits")
     exact = fit_private_pca(X, 3, method="exact", target_epsilon=None, target_delta=1e-6,
-                            row_norm=row_norm).components
+                            row_norm=row_norm).basis
     for r in payload["results"][1:]:
         assert 0 < r["epsilon"] <= 2.0 + 1e-9  # select may spend less (docs/pca.md)
         res = fit_private_pca(X, 3, method=r["method"], target_epsilon=2.0,
                               target_delta=1e-6, row_norm=row_norm, seed=1)
-        assert r["sin_theta"] == pytest.approx(sin_theta(res.components, exact), abs=1e-9)
+        assert r["sin_theta"] == pytest.approx(sin_theta(res.basis, exact), abs=1e-9)
 
 
 def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

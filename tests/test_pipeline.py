@@ -39,7 +39,7 @@ def test_pca_features_pipeline_spends_the_total_once(digits) -> None:
     events = res.ledger.events
     assert len(events) == 1 + 10  # the Gram release of the PCA, then one per round
     assert res.pca_epsilon < 4.0
-    assert res.components.shape == (64, 16)
+    assert res.components.shape == (16, 64)  # rows, as scikit-learn's components_
     assert np.isfinite(res.fl.params).all()
     # the FL run's own epsilon is its share only
     assert res.fl.epsilon < res.epsilon

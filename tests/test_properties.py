@@ -99,7 +99,8 @@ def check_result(res: Any, X: np.ndarray, k: int, method: str, epsilon: Any,
                  delta: float, row_norm: float) -> None:
     """A correct, finite result (see the module docstring)."""
     d = X.shape[1]
-    V = res.components
+    assert res.components.shape == (k, d)  # rows, as scikit-learn's components_
+    V = res.basis
     assert V.shape == (d, k)
     assert V.dtype == np.float64
     assert np.all(np.isfinite(V))

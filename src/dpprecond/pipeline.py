@@ -184,7 +184,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                               target_epsilon=eps_pca, target_delta=target_delta,
                               row_norm=row_norm, seed=pca_seq, ledger=ledger,
                               clients=data.bounds, trust=trust, **(pca_options or {}))
-        V = pca.components
+        V = pca.basis
         scale = math.sqrt(k) / row_norm
         Z_train, Z_test = data.X @ V * scale, X_test @ V * scale
         desc = (f"private federated PCA to {k} dims ({pca_method}, trust={trust}, "
@@ -206,4 +206,5 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                   X_test=Z_test, y_test=y_test, seed=fl_seq, ledger=ledger,
                   progress=progress)
     total = ledger.epsilon if ledger is not None else math.inf
-    return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca, V, Z_test)
+    return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca,
+                          None if V is None else np.ascontiguousarray(V.T), Z_test)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from dpprecond.accounting import epsilon_of, gaussian, gaussian_precision
+from dpprecond.accounting import gaussian_precision
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca.auto import (
     HIST_EDGES,
@@ -18,9 +18,10 @@ from dpprecond.pca.auto import (
     coupled_symmetric_noise,
     estimate_spectrum,
     fit_auto,
-    iteration_weights,
-    noisy_histogram,
     predict_errors,
+    probe,
+    rescaled_gram,
+    row_scale,
 )
 from dpprecond.pca.baselines import analyze_gauss
 from dpprecond.pca.budget import plan_auto
@@ -63,27 +64,51 @@ def test_epsilon_is_the_target_in_every_branch(data, branch, n_iter):
     assert all(isinstance(e, dp_event.GaussianDpEvent) for e in res.dp_event.events)
 
 
-def test_event_multipliers_match_the_shares(data):
-    rows, S, _ = data
-    res = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=4, branch="iterate", n_iter=3,
-                   init_share=0.4, probe_share=0.02)
-    z = _z_pca()
-    zs = [e.noise_multiplier for e in res.dp_event.events]
-    rest = 1 - 0.4 - 0.02
-    expected = [z / math.sqrt(0.4), z / math.sqrt(0.02),
-                *(z / math.sqrt(rest * w) for w in iteration_weights(3))]
-    assert zs == pytest.approx(expected, rel=1e-12)
+def _heavy_rows(n=200000, d=20, k=2, theta=9.0, seed=5):
+    """Spiked rows with multivariate-t (3 d.o.f.) norms divided by the largest: most rows
+    lie far below the bound of 1, so M1's noise hides the top k (issue 21)."""
+    rng = np.random.default_rng(seed)
+    V = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    G = rng.standard_normal((n, d))
+    G += (math.sqrt(1 + theta) - 1) * (G @ V) @ V.T
+    G /= np.sqrt(rng.chisquare(3, n) / 3)[:, None]
+    G /= np.linalg.norm(G, axis=1).max()
+    return DenseRows(G), V
 
 
-def test_budget_share_composes_with_the_callers_release(data):
-    rows, S, _ = data
-    plan = plan_auto(EPS, DELTA, mean_share=0.1)
-    res = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=5, budget_share=0.9)
-    assert res.info["noise_multipliers"]["z_pca"] == pytest.approx(
-        plan.noise_multipliers["z_pca"], rel=1e-12)
-    total = epsilon_of([gaussian(plan.noise_multipliers["z_mean"]), res.dp_event], DELTA, "pld")
-    assert total == pytest.approx(EPS, rel=1e-4)
-    assert total <= EPS
+@pytest.fixture(scope="module")
+def heavy():
+    rows, V = _heavy_rows()
+    return rows, rows.A.T @ rows.A, V
+
+
+def test_hidden_top_k_far_below_the_bound_takes_the_rows_scale_exactly(heavy):
+    """M1 hides the top k; the probe, through a noise-driven X0, gives the rows' scale; the
+    release at that scale shows the top k, and Analyze Gauss is completed there. Every
+    release is a Gaussian and the total is still exactly the target."""
+    rows, S, V = heavy
+    res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=1)
+    assert res.info["prediction"]["hidden"]
+    assert res.branch == "analyze_gauss_rescaled"
+    assert 0 < res.info["row_scale"] < 0.3
+    assert len(res.dp_event.events) == 4  # M1, probe, M1 at the rows' scale, M2
+    assert gaussian_precision(res.dp_event) == pytest.approx(_z_pca()**-2, rel=1e-12)
+    assert res.epsilon == pytest.approx(EPS, rel=1e-4) and res.epsilon <= EPS
+    ag = analyze_gauss(S, 2, _z_pca(), np.random.default_rng(1))[0]
+    assert sin_theta(res.basis, V) < 0.5 * sin_theta(ag, V)
+
+
+def test_hidden_analyze_gauss_completion_spends_exactly_what_is_left():
+    """Rows far below the bound but no top k to find: the diagnostic at the rows' scale
+    shows nothing, and the Analyze Gauss completion gets exactly the precision left."""
+    rows, _ = _heavy_rows(theta=0.0)
+    S = rows.A.T @ rows.A
+    res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=1)
+    assert res.info["prediction"]["hidden"] and res.branch == "analyze_gauss"
+    assert "z_rescaled" in res.info["noise_multipliers"] and res.info["row_scale"] == 1.0
+    assert len(res.dp_event.events) == 4
+    assert gaussian_precision(res.dp_event) == pytest.approx(_z_pca()**-2, rel=1e-12)
+    assert res.epsilon == pytest.approx(EPS, rel=1e-4) and res.epsilon <= EPS
 
 
 # -- the Analyze Gauss branch and the coupling -------------------------------------------------
@@ -96,7 +121,7 @@ def test_analyze_gauss_branch_is_analyze_gauss_for_the_same_seed(data):
     # Analyze Gauss at the precision the branch spends on A^T A (all but the probe's share).
     z_ag = _z_pca() / math.sqrt(1 - probe)
     X, w = analyze_gauss(S, K, z_ag, np.random.default_rng(9))
-    assert np.abs(X.T @ res.components) == pytest.approx(np.eye(K), abs=1e-9)
+    assert np.abs(X.T @ res.basis) == pytest.approx(np.eye(K), abs=1e-9)
     assert res.eigenvalues == pytest.approx(w, rel=1e-12)
 
 
@@ -138,18 +163,54 @@ def test_coupled_noise_full_part_is_the_single_release_draw():
 
 # -- sensitivities of the new releases ------------------------------------------------------
 
-def test_histogram_sensitivity_sqrt2():
-    """Replace-one moves one value between bins: the counts change by exactly sqrt(2)."""
-    rng = np.random.default_rng(2)
-    r = rng.uniform(0, 4, 300)
-    r2 = r.copy()
-    r2[0] = 0.0 if r[0] > HIST_EDGES[0] else 100.0  # lands in another bin
-    h, h2 = (noisy_histogram(x, HIST_EDGES, 0.0, rng) for x in (r, r2))
-    assert np.linalg.norm(h - h2) == pytest.approx(math.sqrt(2), rel=1e-15)
+def test_probe_sensitivity_2_reached():
+    """The probe releases counts and rest energies per bin: a row with no top-k part (bin
+    0, rest energy 1) replaced by one that is almost all rest but has a huge preconditioned
+    norm (top bin) changes the vector by sqrt(1 + 1 + 1 + (1 - eps^2)^2) -> 2."""
+    d, k, b, unit = 6, 2, 1e9, 0.01
+    X, B = np.eye(d)[:, :k], b * np.eye(k)
+    eps = 1e-4
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((40, d)) * 1e-3
+    A[0] = np.eye(d)[k]
+    A2 = A.copy()
+    A2[0] = math.sqrt(1 - eps**2) * np.eye(d)[k] + eps * np.eye(d)[0]
+    h = np.concatenate(probe(DenseRows(A), X, B, unit, HIST_EDGES, 0.0, rng))
+    h2 = np.concatenate(probe(DenseRows(A2), X, B, unit, HIST_EDGES, 0.0, rng))
+    assert np.linalg.norm(h - h2) == pytest.approx(2.0, rel=1e-6)
+    assert np.linalg.norm(h - h2) <= 2.0
     for _ in range(100):
-        r3 = r.copy()
-        r3[rng.integers(300)] = rng.uniform(0, 100)
-        assert np.linalg.norm(noisy_histogram(r3, HIST_EDGES, 0.0, rng) - h) <= math.sqrt(2)
+        A3 = A.copy()
+        v = rng.standard_normal(d)
+        A3[rng.integers(40)] = v / np.linalg.norm(v) * rng.uniform(0, 1)
+        Bq = rng.standard_normal((k, k))
+        Bq = Bq @ Bq.T * rng.uniform(0.1, 1e3)
+        diff = (np.concatenate(probe(DenseRows(A3), X, Bq, unit, HIST_EDGES, 0.0, rng))
+                - np.concatenate(probe(DenseRows(A), X, Bq, unit, HIST_EDGES, 0.0, rng)))
+        assert np.linalg.norm(diff) <= 2.0
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.3, 2.0**-9])
+def test_rescaled_gram_sensitivity_sqrt2(tau):
+    """Rows divided by the public tau and clipped to norm 1: two neighbours with orthogonal
+    rows of norm >= tau differ by e1 e1^T - e2 e2^T, Frobenius sqrt(2) (the upper triangle
+    releases the diagonal part, norm sqrt(2)); no row, of any norm <= 1, does more."""
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((50, 4)) * 1e-3
+    A[0] = np.eye(4)[0]
+    A2 = A.copy()
+    A2[0] = np.eye(4)[1] * max(tau, 0.5)
+    S, S2 = rescaled_gram(DenseRows(A), tau), rescaled_gram(DenseRows(A2), tau)
+    assert np.linalg.norm(np.triu(S - S2)) == pytest.approx(math.sqrt(2), rel=1e-8)
+    for _ in range(100):
+        A3 = A.copy()
+        v = rng.standard_normal(4)
+        A3[rng.integers(50)] = v / np.linalg.norm(v) * rng.uniform(0, 1)
+        diff = np.triu(rescaled_gram(DenseRows(A3), tau) - S)
+        assert np.linalg.norm(diff) <= math.sqrt(2) * (1 + 1e-12)
+    # clipped rows as computed: every term has norm <= 1 even for tiny tau
+    big = rescaled_gram(DenseRows(np.eye(4)), 2.0**-9)
+    assert np.all(np.diag(big) <= 1.0)
 
 
 def test_clipped_step_sensitivity_2R_reached():
@@ -188,7 +249,7 @@ def test_noise_off_and_no_clipping_returns_the_exact_subspace(data, branch):
     rows, S, V = data
     res = fit_auto(rows, S, K, epsilon=None, delta=DELTA, rng=0, branch=branch,
                    add_noise=False, clip_radius=math.inf)
-    assert sin_theta(res.components, V) < 1e-8
+    assert sin_theta(res.basis, V) < 1e-8
     assert res.epsilon == math.inf
     assert isinstance(res.dp_event, dp_event.NonPrivateDpEvent)
 
@@ -198,9 +259,9 @@ def test_reproducible_with_a_seed(data):
     a = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=42, branch="iterate")
     b = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=42, branch="iterate")
     c = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=43, branch="iterate")
-    assert np.array_equal(a.components, b.components)
+    assert np.array_equal(a.basis, b.basis)
     assert np.array_equal(a.info["probe_counts"], b.info["probe_counts"])
-    assert not np.array_equal(a.components, c.components)
+    assert not np.array_equal(a.basis, c.basis)
 
 
 def test_useful_at_moderate_noise(data):
@@ -208,7 +269,7 @@ def test_useful_at_moderate_noise(data):
     rows, S, V = data
     for branch in ("analyze_gauss", "iterate"):
         res = fit_auto(rows, S, K, epsilon=4.0, delta=DELTA, rng=1, branch=branch)
-        assert sin_theta(res.components, V) < 0.5
+        assert sin_theta(res.basis, V) < 0.5
 
 
 @pytest.mark.parametrize("scale", [1e300, 1e-300, 1e8])
@@ -221,29 +282,56 @@ def test_extreme_rows(scale):
     assert np.all(np.isfinite(S))
     for branch in ("analyze_gauss", "iterate", "rule"):
         res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=0, branch=branch)
-        assert np.all(np.isfinite(res.components))
-        assert res.components.T @ res.components == pytest.approx(np.eye(2), abs=1e-10)
+        assert np.all(np.isfinite(res.basis))
+        assert res.basis.T @ res.basis == pytest.approx(np.eye(2), abs=1e-10)
         assert res.epsilon == pytest.approx(EPS, rel=1e-4)
 
 
 # -- the rule ---------------------------------------------------------------------------------
 
+def _noisy_eigenvalues(lam, s, seed):
+    """Eigenvalues of diag(lam) + W, W symmetric with entry std s (as M1 is made)."""
+    rng = np.random.default_rng(seed)
+    d = lam.size
+    g = np.triu(rng.standard_normal((d, d)))
+    return np.linalg.eigvalsh(np.diag(lam) + (g + np.triu(g, 1).T) * s)[::-1]
+
+
 def test_spectrum_estimate_inverts_the_spike_shift():
-    d, s, center = 400, 0.5, 10.0
-    edge = 2 * s * math.sqrt(d)
-    h_k, h_k1 = 40.0, 25.0  # both above the detection threshold s sqrt(d) = 10
-    top = center + np.array([h_k + s * s * d / h_k] * 2 + [h_k1 + s * s * d / h_k1])
-    eig = np.concatenate([top, np.full(d - 3, center)])
-    lam_k, rest = estimate_spectrum(eig, center, 2, s, d)
-    assert lam_k == pytest.approx(center + h_k, rel=1e-12)
-    assert rest[0] == pytest.approx(center + h_k1, rel=1e-12)
-    assert rest.shape == (d - 2,)
-    assert np.all(rest[1:] == center)
-    # Inside the noise bulk: not detectable, and lambda_{k+1} falls back to the bulk top.
-    eig = np.concatenate([np.full(3, center + 0.9 * edge), np.full(d - 3, center)])
-    lam_k, rest = estimate_spectrum(eig, center, 2, s, d)
-    assert lam_k is None
-    assert rest[0] == pytest.approx(center, abs=1e-12)
+    """Spikes above the noise bulk are read back at their height (spiked-Wigner inversion);
+    a spike inside the bulk is hidden."""
+    d, s, c = 400, 0.5, 10.0
+    thr = s * math.sqrt(d - 2)  # the detection threshold, ~10 above the centre
+    lam = np.r_[c + 4 * thr, c + 4 * thr, c + 2.5 * thr, np.full(d - 3, c)]
+    top, rest = [], []
+    for seed in range(10):
+        spec = estimate_spectrum(_noisy_eigenvalues(lam, s, seed), 2, s)
+        assert spec.n_visible == 2 and spec.rest.shape == (d - 2,)
+        top.append(spec.top[-1])
+        rest.append(spec.rest[0])
+    assert np.median(top) == pytest.approx(c + 4 * thr, rel=0.05)
+    assert np.median(rest) == pytest.approx(c + 2.5 * thr, rel=0.1)
+    lam[:3] = c + 0.7 * thr
+    assert estimate_spectrum(_noisy_eigenvalues(lam, s, 0), 2, s).n_visible == 0
+
+
+@pytest.mark.parametrize(("d", "k"), [(10, 5), (16, 8), (40, 30)])
+def test_spectrum_estimate_when_k_is_at_least_half_of_d(d, k):
+    """The bulk centre comes from the bottom d - k eigenvalues: the median of all of them
+    lay among the spikes once k >= d/2, which read lambda_{k+1} as a spike (issue 21)."""
+    rng = np.random.default_rng(0)
+    s, lam_top, lam_rest = 4.0, 380.0, 40.0
+    lam = np.r_[np.full(k, lam_top), np.full(d - k, lam_rest)]
+    errs_k, errs_rest = [], []
+    for _ in range(20):
+        g = np.triu(rng.standard_normal((d, d)))
+        W = (g + np.triu(g, 1).T) * s
+        spec = estimate_spectrum(np.linalg.eigvalsh(np.diag(lam) + W)[::-1], k, s)
+        assert spec.n_visible == k
+        errs_k.append(spec.top[-1] / lam_top - 1)
+        errs_rest.append(spec.rest[0] / lam_top)
+    assert abs(np.median(errs_k)) < 0.05
+    assert np.median(errs_rest) < 0.2  # lambda_{k+1} stays near the bulk, far below
 
 
 def _counts(n):
@@ -253,16 +341,34 @@ def _counts(n):
 
 
 def test_rule_prefers_the_iteration_on_a_spread_spectrum_and_not_without_a_gap():
-    kw = dict(center=50.0, counts=_counts(100000), n=100000, d=1500, k=5, init_std=6.0,
+    n, d, k = 100000, 1500, 5
+    kw = dict(counts=_counts(n), energies=_counts(n) * 0.9, n=n, d=d, k=k, init_std=6.0,
               full_std=4.2, rest_multiplier=6.0, iter_choices=(2, 3), count_std=60.0,
               switch_ratio=0.9, iter_calibration=1.0, count_threshold=3.0)
-    bulk = np.full(1494, 50.0)
-    spread = predict_errors(eigvals=np.concatenate([[600.0] * 5, [70.0], bulk]), **kw)
+    bulk = 50.0 + 2 * 6.0 * math.sqrt(d - k) * np.cos(np.linspace(0, math.pi, d - k - 1))
+    spread = predict_errors(eigvals=np.concatenate([[1100.0] * 5, [70.0], bulk]), **kw)
     assert spread.iterate and spread.error_iterate < spread.error_analyze_gauss
-    assert spread.radius_factor in RADIUS_GRID
-    # inside the noise bulk (edge 2 * 6 * sqrt(1500) = 465 above the centre)
-    flat = predict_errors(eigvals=np.concatenate([[300.0] * 6, bulk]), **kw)
-    assert not flat.iterate and flat.lam_k is None
+    assert spread.radius_factor in RADIUS_GRID and not spread.hidden
+    # inside the noise bulk (edge 2 * 6 * sqrt(1495) = 464 above the centre), some of the
+    # top k visible: a decaying spectrum cannot be excluded, so Analyze Gauss
+    hidden = predict_errors(eigvals=np.concatenate([[3000.0], [300.0] * 5, bulk[1:]]), **kw)
+    assert hidden.hidden and not hidden.iterate and hidden.lam_k is None
+
+
+def test_row_scale_from_the_probe():
+    """r^2 ~ ||a||^2 H / d through a noise-driven X0: the rows' 99th percentile norm."""
+    n, d, k = 100000, 50, 3
+    unit = math.sqrt(k / n)
+    H = 3 / 100.0  # three eigenvalues of X0^T M1 X0 at 100
+    counts = np.zeros(HIST_EDGES.size + 1)
+    j = 12
+    counts[j] = 0.995 * n  # below HIST_EDGES[j] ...
+    counts[-1] = 0.005 * n  # ... and 0.5% far above
+    tau = row_scale(counts, n, d, 10.0, unit, H)
+    expect = HIST_EDGES[j] * unit * math.sqrt(d / H)
+    assert expect <= tau < expect * 2**0.25
+    # too noisy to certify 1% of 1000 rows: the public bound
+    assert row_scale(counts / 100, 1000, d, 10.0, unit, H) == 1.0
 
 
 # -- options ----------------------------------------------------------------------------------
@@ -281,6 +387,8 @@ def test_rule_prefers_the_iteration_on_a_spread_spectrum_and_not_without_a_gap()
     ({"clip_radius": -1.0}, ValueError, "clip_radius"),
     ({"clip_radius": math.inf}, ValueError, "clip_radius"),
     ({"switch_ratio": 0}, ValueError, "switch_ratio"),
+    ({"rescale_share": 0.0}, ValueError, "rescale_share"),
+    ({"init_share": 0.5, "rescale_share": 0.49}, ValueError, "rescale_share"),
     ({"add_noise": "yes"}, TypeError, "add_noise"),
 ])
 def test_bad_options(data, opts, exc, match):
@@ -307,5 +415,5 @@ def test_k_equals_d_takes_the_analyze_gauss_branch(data):
     rows, S, _ = data
     res = fit_auto(rows, S, 30, epsilon=EPS, delta=DELTA, rng=0)
     assert res.branch == "analyze_gauss"
-    assert res.components.T @ res.components == pytest.approx(np.eye(30), abs=1e-10)
+    assert res.basis.T @ res.basis == pytest.approx(np.eye(30), abs=1e-10)
     assert res.epsilon == pytest.approx(EPS, rel=1e-4)

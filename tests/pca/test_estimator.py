@@ -5,9 +5,12 @@
 estimator computes in NumPy float64 on purpose (its noise is calibrated there).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.base import clone
+from sklearn.exceptions import SkipTestWarning
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from dpprecond import PrivatePCA
@@ -121,3 +124,76 @@ def test_a_shared_ledger_composes_fits_and_refuses_the_excess(spiked):
         PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
                    method="analyze_gauss", ledger=ledger).fit(spiked)
     assert ledger.n_releases == 1  # the refused fit released nothing
+
+
+def test_check_estimator_passes_with_the_defaults():
+    """scikit-learn's own check_estimator on the default estimator (n_components=2 by
+    default). The array-API check skips itself without SCIPY_ARRAY_API (module docstring)."""
+    from sklearn.utils.estimator_checks import check_estimator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkipTestWarning)
+        check_estimator(PrivatePCA(target_epsilon=1.0, target_delta=1e-5, row_norm=10.0))
+
+
+def test_feature_names_set_output_and_explained_variance_ratio(spiked):
+    est = PrivatePCA(target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, random_state=0)
+    assert est.n_components == 2  # a public default
+    Z = est.fit_transform(spiked)
+    assert Z.shape == (spiked.shape[0], 2)
+    assert list(est.get_feature_names_out()) == ["privatepca0", "privatepca1"]
+    # post-processing of the released matrix: ratios in [0, 1], summing to at most 1, and
+    # the top two of this strong two-dimensional spike carry most of the variance
+    r = est.explained_variance_ratio_
+    assert r.shape == (2,) and np.all(r >= 0) and r.sum() <= 1 + 1e-12
+    assert r.sum() > 0.5
+    assert est.n_samples_ == spiked.shape[0]
+    # set_output: the default container round-trips; pandas, where installed, names columns
+    assert est.set_output(transform="default") is est
+    assert isinstance(est.transform(spiked), np.ndarray)
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        return
+    df = est.set_output(transform="pandas").transform(spiked)
+    assert list(df.columns) == ["privatepca0", "privatepca1"]
+
+
+def test_float32_in_float32_out(spiked):
+    X32 = spiked.astype(np.float32)
+    est = PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, random_state=0)
+    Z = est.fit_transform(X32)
+    assert Z.dtype == np.float32 and est.components_.dtype == np.float32
+    assert est.mean_.dtype == np.float32 and est.explained_variance_.dtype == np.float32
+    assert est.inverse_transform(Z).dtype == np.float32
+    ref = PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
+                     random_state=0).fit(spiked)
+    assert ref.transform(spiked).dtype == np.float64
+    # float32 widens exactly: the fit is the float64 one, rounded
+    np.testing.assert_allclose(est.components_, ref.components_, atol=1e-6)
+
+
+def test_one_orientation_of_components(spiked):
+    from dpprecond.pca import fit_private_pca
+
+    res = fit_private_pca(spiked, 2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
+                          seed=0)
+    est = PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
+                     random_state=0).fit(spiked)
+    assert res.components.shape == est.components_.shape == (2, spiked.shape[1])
+    np.testing.assert_array_equal(res.components, est.components_)
+    np.testing.assert_array_equal(res.basis, res.components.T)
+
+
+def test_dask_input_gives_lazy_output(spiked):
+    da = pytest.importorskip("dask.array")
+    X = da.from_array(spiked, chunks=(5000, spiked.shape[1]))
+    est = PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, random_state=0)
+    Z = est.fit_transform(X)
+    assert isinstance(Z, da.Array)  # lazy, as dask-ml returns
+    np.testing.assert_allclose(Z.compute(), est.transform(spiked), atol=1e-12)
+    assert isinstance(est.transform(X.astype(np.float32)), da.Array)
+    assert est.transform(X.astype(np.float32)).dtype == np.float32
+    assert isinstance(est.inverse_transform(Z), da.Array)
+    with pytest.raises(ValueError, match="features"):
+        est.transform(X[:, :3])

@@ -23,8 +23,8 @@ def test_noise_off_returns_exact_subspace(gap_matrix, method):
     V = top_right_singular_vectors(gap_matrix, 3)
     res = fit_private_pca(gap_matrix, 3, method=method, target_epsilon=1.0, target_delta=1e-6,
                           row_norm=1.0, seed=0, **NOISE_OFF[method])
-    assert sin_theta(res.components, V) < 1e-8
-    assert np.allclose(res.components.T @ res.components, np.eye(3), atol=1e-10)
+    assert sin_theta(res.basis, V) < 1e-8
+    assert np.allclose(res.components @ res.components.T, np.eye(3), atol=1e-10)
 
 
 def _reference_alg2(A, X, R, T, zH, zZ, rng, floor_factor=4.0):

@@ -87,7 +87,7 @@ def test_local_trust_spends_the_same_epsilon_with_more_noise(data: np.ndarray,
                                 trust=trust) for s in range(6)]
         assert all(f.epsilon <= 0.5 for f in fits)
         assert all(f.epsilon == pytest.approx(0.5, rel=1e-4) for f in fits)
-        errs[trust] = np.median([sin_theta(f.components, V) for f in fits])
+        errs[trust] = np.median([sin_theta(f.basis, V) for f in fits])
     assert errs["local"] > errs["secure-aggregation"]  # sqrt(4) = 2x the noise
 
 
@@ -96,7 +96,7 @@ def test_noise_off_gives_the_exact_subspace_and_select_is_refused(data: np.ndarr
     res = fit_private_pca(data, 2, method="fixed", target_epsilon=1.0, target_delta=1e-6,
                           row_norm=1.0, clients=BOUNDS, add_noise=False, clip_radius=np.inf,
                           n_iter=30, seed=0)
-    assert sin_theta(res.components, V) < 1e-6
+    assert sin_theta(res.basis, V) < 1e-6
     with pytest.raises(ValueError, match="cannot run federated"):
         fit_private_pca(data, 2, method="select", target_epsilon=1.0, target_delta=1e-6,
                         row_norm=1.0, clients=BOUNDS)

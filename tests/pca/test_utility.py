@@ -34,7 +34,7 @@ def problems():
 
 def _errors(A, V, method, eps, **opts):
     return [sin_theta(fit_private_pca(A, K, method=method, target_epsilon=eps, target_delta=1e-6,
-                                      row_norm=1.0, seed=s, **opts).components, V)
+                                      row_norm=1.0, seed=s, **opts).basis, V)
             for s in SEEDS]
 
 
@@ -49,7 +49,7 @@ def test_analyze_gauss_within_davis_kahan(problems):
             bound = 2 * e_w / stats["eigengap"]
             if bound < 1.0:
                 informative += 1
-                assert sin_theta(res.components, V) <= bound, (A.shape, eps, bound)
+                assert sin_theta(res.basis, V) <= bound, (A.shape, eps, bound)
     assert informative >= 3
 
 

@@ -24,7 +24,7 @@ def fit(**kw):
     ({"X": X[:, 0]}, ValueError, "2-D array.*shape \\(50,\\)"),
     ({"X": X[:4]}, ValueError, "n_samples = 4 < n_features = 6"),
     ({"n_components": 0}, ValueError, "n_components >= 1, got n_components=0"),
-    ({"n_components": 7}, ValueError, "n_components <= 6, got n_components=7"),
+    ({"n_components": 7}, ValueError, "n_components=7 must be between 1 and n_features = 6"),
     ({"n_components": 2.5}, TypeError, "n_components"),
     ({"target_epsilon": 0.0}, ValueError, "target_epsilon > 0, got target_epsilon=0.0"),
     ({"target_epsilon": -1}, ValueError, "target_epsilon=-1"),

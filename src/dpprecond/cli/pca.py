@@ -73,7 +73,7 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
     ref = fit(X, k, method="exact", target_epsilon=None, target_delta=delta,
                           row_norm=row_norm, center=ref_center, diagnostics=True)
     A = preprocess(X, row_norm, center=ref_center).A
-    V = ref.components
+    V = ref.basis
     records = [{"method": "exact", "epsilon_target": None, "epsilon": math.inf,
                 "delta": delta, "sin_theta": 0.0, "sin_theta_frobenius": 0.0,
                 "captured_variance": 1.0, "n_clipped": ref.diagnostics["n_clipped"],
@@ -92,9 +92,9 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
             seconds = time.perf_counter() - t0
             records.append({
                 "method": method, "epsilon_target": eps, "epsilon": res.epsilon,
-                "delta": delta, "sin_theta": sin_theta(res.components, V),
-                "sin_theta_frobenius": sin_theta_frobenius(res.components, V),
-                "captured_variance": captured_variance_ratio(A, res.components, V),
+                "delta": delta, "sin_theta": sin_theta(res.basis, V),
+                "sin_theta_frobenius": sin_theta_frobenius(res.basis, V),
+                "captured_variance": captured_variance_ratio(A, res.basis, V),
                 "clip_radius": res.info.get("clip_radius"), "n_iter": res.info.get("n_iter"),
                 "early_exit": res.info.get("early_exit", False),
                 "branch": res.info.get("branch"),

@@ -56,9 +56,10 @@ class PCAResult:
 
     Attributes
     ----------
-    components : ndarray of shape (d, k)
-        Orthonormal basis of the estimated top-k subspace (columns signed so that the entry
-        of largest magnitude is positive).
+    components : ndarray of shape (k, d)
+        The estimated top-k principal axes as orthonormal rows, as scikit-learn's
+        ``components_`` (each signed so that its entry of largest magnitude is positive).
+        :attr:`basis` is the same as columns, shape (d, k).
     dp_event : dp_accounting.DpEvent
         Everything the fit released, as one event (compose it with other releases).
     epsilon : float
@@ -74,6 +75,13 @@ class PCAResult:
         Estimated top-k eigenvalues of the (centered) second moment ``X^T X / n`` in ``X``
         units, from a released noisy matrix (post-processing); exact for ``"exact"``;
         ``None`` for methods that release none (``"power"``).
+    total_variance : float or None
+        Estimated trace of that second moment, from the same released matrix
+        (post-processing, no extra budget; its noise has std ``s sqrt(d)`` for an entry
+        noise std ``s``): the denominator of :attr:`explained_variance_ratio`. ``None``
+        where ``explained_variance`` is.
+    n_samples : int
+        Number of rows (public).
     info : dict
         Public details: ``noise_multipliers`` (the accounted ones), ``scale`` (the
         calibrated factor), and the method's released choices (``clip_radius``,
@@ -95,6 +103,27 @@ class PCAResult:
     explained_variance: np.ndarray | None = None
     info: dict[str, Any] = field(default_factory=dict)
     diagnostics: dict[str, Any] | None = None
+    total_variance: float | None = None
+    n_samples: int = 0
+
+    @property
+    def basis(self) -> np.ndarray:
+        """The components as an orthonormal basis in columns, shape (d, k)."""
+        return self.components.T
+
+    @property
+    def explained_variance_ratio(self) -> np.ndarray | None:
+        """``explained_variance / total_variance``, in [0, 1] (post-processing).
+
+        Both come from the same released matrix; where its noise makes the trace smaller
+        than the top-k eigenvalues, the total is raised to their sum (and negative
+        eigenvalue estimates count as 0), so the ratios never sum above 1.
+        """
+        if self.explained_variance is None or self.total_variance is None:
+            return None
+        ev = np.clip(self.explained_variance, 0.0, None)
+        total = max(float(self.total_variance), float(ev.sum()))
+        return ev / total if total > 0 else np.zeros_like(ev)
 
 
 def check_dense(name: str, X: Any) -> np.ndarray:
@@ -122,6 +151,10 @@ def check_pca_input(X: Any, n_components: Any) -> tuple[np.ndarray, int]:
         raise ValueError(
             f"Expected at least as many rows as columns in X (n >= d), got n_samples = {n} < "
             f"n_features = {d}. Private PCA here needs n >= d; add rows or reduce features.")
+    if isinstance(n_components, (int, np.integer)) and not isinstance(n_components, bool) \
+            and n_components > d:
+        raise ValueError(f"n_components={n_components} must be between 1 and n_features = "
+                         f"{d}; ask for at most {d} components.")
     k = check_int("n_components", n_components, low=1, high=d)
     return X, k
 
@@ -298,10 +331,12 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                                                                             "pld"))
     if ledger is not None and noise:
         ledger.spend(event)
-    explained = None
+    explained = total = None
     if out.eigvals is not None:  # in the units of X (inf if row_norm^2 overflows)
         with np.errstate(over="ignore"):
             explained = np.asarray(out.eigvals) / n * row_norm * row_norm
+            if out.trace is not None:
+                total = float(out.trace) / n * row_norm * row_norm
     diag = None
     if diagnostics:
         warnings.warn("PCA diagnostics (rows clipped, selection trials, fit time) are "
@@ -309,7 +344,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                       "do not publish them.", PrivateDiagnosticsWarning, stacklevel=2)
         diag = {"n_clipped": rows.n_clipped, "n_clipped_centered": rows.n_clipped_centered,
                 **out.private, "fit_seconds": time.perf_counter() - t_start}
-    return PCAResult(components=flip_signs(np.ascontiguousarray(out.components)),
+    return PCAResult(components=np.ascontiguousarray(flip_signs(out.basis).T),
                      dp_event=event, epsilon=eps, delta=delta, method=spec.name,
                      mean=mean_used, explained_variance=explained, info=info,
-                     diagnostics=diag)
+                     diagnostics=diag, total_variance=total, n_samples=n)

@@ -70,24 +70,34 @@ __all__ = [
     "AutoResult",
     "CoupledNoise",
     "Prediction",
+    "Spectrum",
+    "ag_error",
     "check_auto_options",
     "clipped_step",
+    "clipping_factors",
     "coupled_symmetric_noise",
     "estimate_spectrum",
     "fit_auto",
+    "iteration_error",
     "iteration_weights",
-    "noisy_histogram",
-    "preconditioned_norms",
     "predict_errors",
-    "probe_counts",
+    "probe",
+    "rescaled_gram",
+    "row_scale",
 ]
 
 #: Edges of the probe histogram, in units of ``sqrt(k/n)`` (public): ``2^(j/2)`` from
-#: 1/16 to 64, plus an underflow and an overflow bin.
-HIST_EDGES = 2.0 ** (np.arange(-8, 13) / 2.0)
+#: 2^-10 to 64, plus an underflow and an overflow bin (the low bins resolve rows far below
+#: their bound seen through a noise-driven ``X0``, :func:`row_scale`).
+HIST_EDGES = 2.0 ** (np.arange(-20, 13) / 2.0)
 #: A value standing for each bin (geometric centres; the overflow bin counts as 64).
 HIST_REPS = np.concatenate([[HIST_EDGES[0] / 2.0], np.sqrt(HIST_EDGES[:-1] * HIST_EDGES[1:]),
                             [HIST_EDGES[-1]]])
+#: At most this share of the rows may lie above the rows' scale ``tau``.
+RESCALE_QUANTILE = 0.01
+#: The diagnostic release at the rows' scale is made only if its noise, relative to the
+#: data, is at most this share of ``M1``'s: ``tau^2 sqrt(init_share / rescale_share)``.
+RESCALE_GAIN = 0.5
 #: Clip radii the rule chooses from, in units of the rows' RMS preconditioned norm.
 RADIUS_GRID = 2.0 ** np.arange(-3, 6)
 
@@ -103,6 +113,7 @@ AUTO_DEFAULTS: dict[str, Any] = {
     "clip_radius": None,
     "floor_factor": 4.0,
     "count_threshold": 3.0,
+    "rescale_share": 0.02,
     "add_noise": True,
 }
 
@@ -200,21 +211,49 @@ def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -
     return out
 
 
-def _block_preconditioned_norms(block: np.ndarray, XB: np.ndarray,
-                                scale: np.ndarray | None = None) -> np.ndarray:
+def _block_probe(block: np.ndarray, X: np.ndarray, XB: np.ndarray, unit: float,
+                 edges: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """One block's term of the probe: ``[counts; rest energies]`` per bin of ``r_i / unit``.
+
+    ``r_i = ||B X^T a_i||``; the rest energy of a row is ``||a_i||^2 - ||X^T a_i||^2``
+    clamped to ``[0, 1]`` as computed (``X`` orthonormal, ``||a_i|| <= 1``), so each row
+    adds one indicator and one value in ``[0, 1]`` to its bin.
+    """
+    P = block @ X
     Y = block @ XB
-    if scale is not None:  # the rows are scale_i * block_i
+    if scale is not None:  # the rows are scale_i * block_i (raw rows on the fast path)
+        P *= scale[:, None]
         Y *= scale[:, None]
     nu, pre = safe_row_norms(Y)
     with np.errstate(divide="ignore", over="ignore"):
-        return np.where(pre == 1.0, nu, nu / pre)
-
-
-def _block_histogram(block: np.ndarray, XB: np.ndarray, unit: float,
-                     edges: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
-    r = _block_preconditioned_norms(block, XB, scale) / unit
+        r = np.where(pre == 1.0, nu, nu / pre) / unit
+    sq = np.einsum("ij,ij->i", block, block)
+    if scale is not None:
+        sq *= scale * scale
+    rest = np.clip(sq - np.einsum("ij,ij->i", P, P), 0.0, 1.0)
     idx = np.searchsorted(edges, r, side="right")
-    return np.bincount(idx, minlength=edges.size + 1).astype(np.float64)
+    nb = edges.size + 1
+    return np.concatenate([np.bincount(idx, minlength=nb).astype(np.float64),
+                           np.bincount(idx, weights=rest, minlength=nb)])
+
+
+def _block_rescaled_gram(block: np.ndarray, tau: float,
+                         scale: np.ndarray | None = None) -> np.ndarray:
+    """One block's term of ``sum_i c_i c_i^T`` with ``c_i = clip_1(a_i / tau)``.
+
+    The rows are divided by the public ``tau`` and clipped to norm 1 as computed
+    (:func:`dpprecond.clipping.clip_to_radius`), so each term has norm at most 1.
+    """
+    factor = (scale / tau)[:, None] if scale is not None else 1.0 / tau
+    with np.errstate(over="ignore", under="ignore"):
+        Y = block * factor
+    nu, pre = safe_row_norms(Y)
+    post = clip_to_radius(nu, pre, 1.0)
+    if not np.all(pre == 1.0):
+        Y *= pre[:, None]
+    with np.errstate(under="ignore"):
+        Y *= post[:, None]
+    return Y.T @ Y
 
 
 def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
@@ -234,38 +273,59 @@ def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
     return block.T @ C
 
 
-def preconditioned_norms(rows: RowSource, X: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """``||B X^T a_i||`` for every row (one pass over ``A``; not a release by itself)."""
-    XB = X @ B
-    n = rows.shape[0]
-    parts = [_block_preconditioned_norms(rows.rows(np.arange(lo, min(n, lo + 8192))), XB)
-             for lo in range(0, n, 8192)]
-    return np.concatenate(parts) if parts else np.zeros(0)
+def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.ndarray,
+          std: float, rng: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Release the probe: per bin of ``r_i / unit`` on ``edges``, the number of rows and the
+    sum of their rest energies ``||a_i||^2 - ||X^T a_i||^2`` (one pass over ``A``).
 
+    ``r_i = ||B X^T a_i||`` with ``X`` (orthonormal) and ``B`` public. Replace-one moves one
+    row from a bin ``u`` to a bin ``v``: the counts change by ``e_v - e_u`` and the energies
+    by ``-e e_u + e' e_v`` with ``e, e'`` in ``[0, 1]``, so the released vector (counts
+    and energies together) has l2 sensitivity ``sqrt(1 + 1 + e^2 + e'^2) <= 2``; ``std``
+    must be ``noise_multiplier * 2``. Each client's or worker's blocks are summed where
+    they are (:func:`_block_sum`).
 
-def probe_counts(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float,
-                 edges: np.ndarray, std: float, rng: Any) -> np.ndarray:
-    """Release the histogram of ``||B X^T a_i|| / unit`` on ``edges`` (one pass over ``A``).
-
-    The counts are a sum of per-row indicator vectors (each client's or worker's blocks
-    counted where they are); the release is :func:`noisy_histogram`'s, sensitivity
-    ``sqrt(2)``.
+    Returns
+    -------
+    counts, energies : ndarray of shape (edges.size + 1,)
+        The released (noisy) values.
     """
-    counts = _block_sum(rows, _block_histogram, X @ B, unit, edges, shape=(edges.size + 1,))
-    return release(counts, gaussian_matrix(counts.shape, std, rng), std, rng)
+    nb = edges.size + 1
+    total = _block_sum(rows, _block_probe, X, X @ B, unit, edges, shape=(2 * nb,))
+    out = release(total, gaussian_matrix(total.shape, std, rng), std, rng)
+    return out[:nb], out[nb:]
 
 
-def noisy_histogram(values: np.ndarray, edges: np.ndarray, std: float,
-                    rng: np.random.Generator) -> np.ndarray:
-    """Release the counts of ``values`` in the bins of ``edges`` plus Gaussian noise.
+def row_scale(counts: np.ndarray, n: int, d: int, std: float, unit: float,
+              precision_top: float, quantile: float = RESCALE_QUANTILE) -> float:
+    """The rows' scale ``tau`` read from the probe when ``X0`` is noise-driven (post-processing).
 
-    Bins: ``[0, e_0)``, ``[e_0, e_1)``, ..., ``[e_last, inf)``. Replace-one adjacency
-    moves one value from one bin to another, so the count vector has l2 sensitivity
-    ``sqrt(2)``; ``std`` must be ``noise_multiplier * sqrt(2)``.
+    With ``lambda_k`` hidden, ``X0`` (the top eigenvectors of ``M1``) is about independent
+    of the data, so ``r_i^2 = sum_j (x_j^T a_i)^2 / nu_j`` is about ``||a_i||^2 H / d``
+    with ``H = sum_j 1 / nu_j`` (``precision_top``; ``nu_j`` the eigenvalues of
+    ``X0^T M1 X0`` as floored). ``tau`` is the norm matching the smallest bin edge with at
+    most ``quantile * n`` rows above it (counted with a margin of two noise stds of the
+    summed counts), rounded up to the grid ``2^(j/4)``; 1 (the public bound) if there is
+    none. A small ``k`` spreads ``r`` by the chi distribution, which only raises ``tau``.
     """
-    idx = np.searchsorted(edges, values, side="right")
-    counts = np.bincount(idx, minlength=edges.size + 1).astype(np.float64)
-    return release(counts, gaussian_matrix(counts.shape, std, rng), std, rng)
+    above = np.cumsum(counts[::-1])[::-1]  # above[j]: rows in bins j, j+1, ...
+    for j, edge in enumerate(HIST_EDGES):
+        nb = HIST_EDGES.size - j  # bins j+1 .. last
+        if above[j + 1] + 2.0 * std * math.sqrt(nb) <= quantile * n:
+            tau = edge * unit * math.sqrt(d / max(precision_top, 1e-300))
+            return float(min(1.0, 2.0 ** (math.ceil(4.0 * math.log2(tau)) / 4.0)))
+    return 1.0
+
+
+def rescaled_gram(rows: RowSource, tau: float) -> np.ndarray:
+    """``sum_i c_i c_i^T`` with ``c_i = clip_1(a_i / tau)`` (one pass; not a release).
+
+    Released with symmetric Gaussian noise it has the Gram matrix's sensitivity
+    ``sqrt(2)`` (every ``c_i`` has norm at most 1 as computed).
+    """
+    d = rows.shape[1]
+    S = _block_sum(rows, _block_rescaled_gram, tau, shape=(d, d))
+    return 0.5 * (S + S.T)
 
 
 def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
@@ -292,6 +352,20 @@ def _preconditioner(H: np.ndarray, floor: float) -> np.ndarray:
     return (V / np.sqrt(w)) @ V.T
 
 
+def _preconditioner_and_rms(H: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
+    """``B = H^{-1/2}`` (eigenvalues floored) and the RMS preconditioned norm it implies.
+
+    With ``H ~ X^T S X``, ``sum_i ||B X^T a_i||^2 = tr(B H B) = sum_j nu_j / max(nu_j,
+    floor)``: 1 per direction unless the floor binds (rows far below their bound, where
+    ``M1``'s noise is large next to ``lambda_k``). The radius of a step is set in units of
+    this RMS, as the first step's is in units of the probe's (both public).
+    """
+    w, V = np.linalg.eigh(0.5 * (H + H.T))
+    wf = np.maximum(w, floor)
+    share = float(np.mean(np.clip(w, 0.0, None) / wf))
+    return (V / np.sqrt(wf)) @ V.T, max(math.sqrt(share), 0.125)
+
+
 def iteration_weights(n_iter: int) -> np.ndarray:
     """Shares of the iteration precision per step: ``2^t`` normalised (last step most)."""
     w = 2.0 ** np.arange(n_iter)
@@ -302,52 +376,94 @@ def iteration_weights(n_iter: int) -> np.ndarray:
 # The rule
 # --------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Spectrum:
+    """Estimates of the eigenvalues of ``A^T A`` from those of ``M1`` (public: post-processing).
 
-def estimate_spectrum(eigvals: np.ndarray, center: float, k: int, noise_std: float,
-                      d: int) -> tuple[float | None, np.ndarray]:
+    ``center`` and ``edge``: centre and half-width of the noise bulk of the bottom ``d - k``
+    eigenvalues; ``top`` (k,) and ``rest`` (d - k,): the estimated eigenvalues, decreasing
+    within each; ``n_visible``: how many of the top k stand out of the bulk (the others are
+    hidden: their estimate is a placeholder, ``center + edge / 2``).
+    """
+
+    center: float
+    edge: float
+    top: np.ndarray
+    rest: np.ndarray
+    n_visible: int
+
+    @property
+    def threshold(self) -> float:
+        """Height above ``center`` of an eigenvalue that shows exactly at the bulk edge."""
+        return self.edge / 2.0
+
+
+def _spike_height(t: np.ndarray, edge: float) -> np.ndarray:
+    """Invert the spiked-Wigner shift: an eigenvalue ``h > edge/2`` above the bulk centre
+    shows at ``t = h + edge^2 / (4 h)``; ``t <= edge`` is inside the bulk (``nan``)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(t > edge, (t + np.sqrt(np.maximum(t * t - edge * edge, 0.0))) / 2.0,
+                        np.nan)
+
+
+def estimate_spectrum(eigvals: np.ndarray, k: int, noise_std: float) -> Spectrum:
     """Estimates of the eigenvalues of ``A^T A`` from those of ``M1 = A^T A + W1``.
 
-    ``W1`` is symmetric with entry std ``s``: its spectrum is a semicircle of half-width
-    ``e = 2 s sqrt(d)``, centred here at ``center`` (the median eigenvalue of ``M1``, which
-    the symmetric noise leaves in place). An eigenvalue of ``A^T A`` at height ``h`` above
-    the centre shows in ``M1`` at about ``h + s^2 d / h`` if ``h > s sqrt(d)`` and inside
-    the noise bulk otherwise (the spiked-Wigner transition; Baik, Ben Arous and Peche 2005,
-    Peche 2006). Inverting: ``h = (t + sqrt(t^2 - e^2)) / 2`` for an observed height
-    ``t > e``.
+    ``W1`` is symmetric with entry std ``s``. The bottom ``m = d - k`` eigenvalues of ``M1``
+    are the noise bulk (the data's own bottom eigenvalues spread by ``W1``): its centre
+    ``c`` is their median and its half-width ``e`` the larger of the noise's own,
+    ``2 s sqrt(m)`` (a semicircle: the noise restricted to the bottom directions), and the
+    observed one (interquartile range / 0.808, robust to outliers). The median of *all*
+    eigenvalues, used before, lies among the spikes once ``k >= d/2`` (issue 21).
+
+    Top k: their spread from ``W1`` (variance ``s^2 k``, the k x k block of the noise) is
+    removed by shrinking them towards their mean (factor ``sqrt(1 - s^2 k / var)``, 0 for a
+    flat group, near 1 for well-separated eigenvalues); then the bulk's repulsion
+    (spiked Wigner, Baik, Ben Arous and Peche 2005): an eigenvalue at height ``h > e/2``
+    above ``c`` shows at ``h + e^2 / (4 h)``, inverted by :func:`_spike_height`; one
+    inside the bulk is hidden.
+
+    Bottom ``d - k``: an eigenvalue above the bulk edge is inverted the same way; inside
+    the bulk the noise spread is removed by shrinking towards ``c`` (factor
+    ``sqrt(1 - (2 s sqrt(m) / 2e)^2)``... i.e. ``sqrt(1 - s^2 m / (e/2)^2)``, 0 when the
+    bulk is pure noise). Everything is capped at the k-th estimate.
 
     Parameters
     ----------
-    eigvals : ndarray
-        Eigenvalues of ``M1`` in decreasing order (at least ``k + 1``; the rest of the
-        spectrum is taken at ``center``).
-    center, k, noise_std, d
-        Bulk centre, number of components, entry std ``s`` of ``W1``, dimension.
-
-    Returns
-    -------
-    lam_k : float or None
-        ``lambda_k``; ``None`` when the k-th eigenvalue of ``M1`` is inside the noise bulk
-        (``M1`` does not locate the top-k subspace).
-    lam_rest : ndarray of shape (d - k,)
-        ``lambda_{k+1}, ..., lambda_d``: inverted where above the bulk, ``center`` below,
-        except ``lambda_{k+1}`` inside the bulk, taken as the top of the data's own bulk,
-        whose half-width adds to the noise's in quadrature (free convolution of two
-        semicircles): ``center + sqrt(max(0, t^2 - e^2))``. Capped at ``lam_k``.
+    eigvals : ndarray of shape (d,)
+        Eigenvalues of ``M1``, decreasing.
+    k : int
+        Number of components, ``1 <= k < d``.
+    noise_std : float
+        Entry std ``s`` of ``W1``.
     """
-    edge = 2.0 * noise_std * math.sqrt(d)
+    mu = np.asarray(eigvals, dtype=np.float64)
+    d = mu.size
     m = d - k
-    t = np.asarray(eigvals, dtype=np.float64)[: d] - center
-    above = t > edge
-    h = np.where(above, (t + np.sqrt(np.maximum(t * t - edge * edge, 0.0))) / 2.0, 0.0)
-    lam_k = float(center + h[k - 1]) if above[k - 1] else None
-    rest = np.full(m, center)
-    top = min(m, t.size - k)
-    rest[:top] = center + h[k:k + top]
-    if top > 0 and not above[k]:
-        rest[0] = center + math.sqrt(max(0.0, float(t[k]) ** 2 - edge * edge))
-    if lam_k is not None:
-        rest = np.minimum(rest, lam_k)
-    return lam_k, rest
+    bottom = mu[k:]
+    c = float(np.median(bottom))
+    q75, q25 = np.percentile(bottom, [75.0, 25.0]) if m >= 4 else (c, c)
+    e = max(2.0 * noise_std * math.sqrt(m), float(q75 - q25) / 0.808)
+    t = mu[:k] - c
+    if k > 1:
+        var = float(np.var(t))
+        f = math.sqrt(max(0.0, 1.0 - noise_std**2 * k / var)) if var > 0 else 0.0
+        t = t.mean() + f * (t - t.mean())
+    h = _spike_height(t, e)
+    # Visible: above the edge of the whole noise matrix (2 s sqrt(d), where hidden spikes
+    # leave the top eigenvalues of M1) by two entry stds (its largest eigenvalue
+    # fluctuates by about s d^(-1/6)), not only above the bottom group's own edge.
+    visible = ~np.isnan(h) & (t > max(e, 2.0 * noise_std * math.sqrt(d)) + 2.0 * noise_std)
+    n_vis = int(np.argmin(visible)) if not visible.all() else k
+    top = np.where(visible, c + np.nan_to_num(h), c + e / 2.0)
+    tb = bottom - c
+    fb = math.sqrt(max(0.0, 1.0 - (noise_std * math.sqrt(m) / (e / 2.0)) ** 2))
+    hb = _spike_height(tb, e)
+    rest = c + np.where(np.isnan(hb), fb * tb, hb)
+    # The eigenvalues of A^T A are >= 0 (the noise's are not: c may be below 0).
+    top = np.maximum(top, 0.0)
+    rest = np.clip(rest, 0.0, top.min())
+    return Spectrum(c, e, top, rest, n_vis)
 
 
 @dataclass(frozen=True)
@@ -356,8 +472,11 @@ class Prediction:
 
     ``iterate`` says whether the rule picks the iteration; ``radius_factor`` (R in units of
     the rows' RMS preconditioned norm) and ``n_iter`` are its parameters; ``lam_k`` and
-    ``lam_k1`` the spectrum estimates; ``rms_norm`` the RMS of the probe's norms (units of
-    ``sqrt(k/n)``); ``reason`` a short explanation.
+    ``lam_k1`` the spectrum estimates (``lam_k`` is ``None`` when ``lambda_k`` is hidden in
+    ``M1``'s noise: the errors are then those of the worst height tried); ``rms_norm`` the
+    RMS of the probe's norms (units of ``sqrt(k/n)``); ``top_factor`` and ``rest_factor``
+    the clipping factors ``a`` and ``b`` at the chosen radius; ``reason`` a short
+    explanation.
     """
 
     iterate: bool
@@ -369,96 +488,164 @@ class Prediction:
     lam_k1: float
     rms_norm: float
     reason: str
+    hidden: bool = False
+    top_factor: float = math.nan
+    rest_factor: float = math.nan
 
 
 def _tan_to_sin(t: float) -> float:
     return t / math.sqrt(1.0 + t * t) if math.isfinite(t) else 1.0
 
 
-def predict_errors(*, eigvals: np.ndarray, center: float, counts: np.ndarray, n: int, d: int,
-                   k: int, init_std: float, full_std: float, rest_multiplier: float,
-                   iter_choices: tuple[int, ...], count_std: float,
-                   switch_ratio: float, iter_calibration: float,
-                   count_threshold: float) -> Prediction:
+def _first_order(std: float, lam_k: float, rest: np.ndarray) -> np.ndarray:
+    """Per direction ``j > k``: ``s^2 / (lambda_k - lambda_j)^2`` (first-order tilt^2)."""
+    gaps = np.maximum(lam_k - rest, 1e-300)
+    with np.errstate(over="ignore"):
+        return (std / gaps) ** 2
+
+
+def ag_error(std: float, lam_k: float, rest: np.ndarray, ck: float) -> float:
+    """Predicted spectral sin-theta of the top-k eigenvectors of ``A^T A + W`` (entry std s).
+
+    First order: direction ``j`` tilts by ``s / (lambda_k - lambda_j)``; the ``(d-k) x k``
+    tilt has spectral norm ``c_k`` times its column norm (a Gaussian matrix,
+    ``c_k = 1 + sqrt(k / (d - k))``). Near the detection threshold the first order
+    underestimates: with ``T = sum_j s^2 / (lambda_k - lambda_j)^2`` the spiked-Wigner
+    overlap ``1 - T`` gives ``tan^2 = T / (1 - T)``; ``T >= 1``: nothing found (1).
+    """
+    T = float(_first_order(std, lam_k, rest).sum())
+    if T >= 1.0:
+        return 1.0
+    return _tan_to_sin(ck * math.sqrt(T / (1.0 - T)))
+
+
+def iteration_error(start: np.ndarray, rho: np.ndarray, noise: np.ndarray, ck: float) -> float:
+    """Predicted sin-theta after the clipped steps (module doc of :func:`predict_errors`).
+
+    ``start`` (d - k,): tilt^2 per direction of the starting subspace; ``rho`` (d - k,):
+    contraction per step; ``noise`` (T,): the tilt^2 one step's noise adds per direction
+    at an aligned start. With tilt ``E`` (``X ~ (V_k + V_perp E) (I + E^T E)^(-1/2)``) the
+    top-k signal of a step shrinks by ``(1 + |E|^2)^(1/2)``, so its noise weighs
+    ``1 + sum_j e_j`` times more: from a random start (``tan^2 = (d - k) / k``) the first
+    steps are that much noisier (this is what makes a hidden ``lambda_k`` hard).
+    """
+    e = start.copy()
+    for q2 in noise:
+        e = rho * rho * e + q2 * (1.0 + float(e.sum()))
+    return _tan_to_sin(ck * math.sqrt(float(e.sum())))
+
+
+def clipping_factors(counts: np.ndarray, energies: np.ndarray, count_std: float,
+                     threshold: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """From the released probe: the RMS norm (units of ``sqrt(k/n)``) and, per bin, the
+    share of rows ``p``, of preconditioned energy ``p r^2`` and of rest energy.
+
+    Counts and energies below ``threshold`` noise stds read as zero. Returns
+    ``(rms, r, top_share, rest_share)`` with ``r`` the bins' norms in units of the RMS.
+    """
+    cnt = np.where(counts > threshold * count_std, counts, 0.0)
+    en = np.where(energies > threshold * count_std, energies, 0.0)
+    total = float(cnt.sum())
+    if total <= 0:
+        return 1.0, HIST_REPS.copy(), np.zeros_like(cnt), np.zeros_like(cnt)
+    rms = math.sqrt(float((cnt * HIST_REPS**2).sum()) / total)
+    r = HIST_REPS / rms
+    top = cnt * r * r
+    top = top / top.sum() if top.sum() > 0 else top
+    if en.sum() > 0:
+        rest = en / en.sum()
+    else:  # no rest energy above the noise: the rows' shares stand in for it
+        rest = cnt / total
+    return rms, r, top, rest
+
+
+def _start_tilt(init_std: float, lam_k: float, rest: np.ndarray, m: int, k: int) -> np.ndarray:
+    """``M1``'s own tilt^2 per direction (first order, ``1/(1 - T)`` corrected), at most a
+    random start's ``(d - k) / k`` in total."""
+    t1 = _first_order(init_std, lam_k, rest)
+    tot = float(t1.sum())
+    start = t1 / (1.0 - tot) if tot < 1.0 else np.full(m, math.inf)
+    return start if start.sum() <= m / k else np.full(m, 1.0 / k)
+
+
+def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndarray, n: int,
+                   d: int, k: int, init_std: float, full_std: float, rest_multiplier: float,
+                   iter_choices: tuple[int, ...], count_std: float, switch_ratio: float,
+                   iter_calibration: float, count_threshold: float) -> Prediction:
     """The rule: predicted spectral sin-theta of each completion, and the choice.
 
-    First-order perturbation of the k-th eigenvector, direction by direction
-    (``lambda_j``, ``j > k``, from :func:`estimate_spectrum`; ``c_k = 1 + sqrt(k/(d-k))``
-    turns the column norm into the spectral norm of the ``(d-k) x k`` tilt, as for a
-    Gaussian matrix):
+    Everything here is released or public: ``M1``'s eigenvalues, the probe, ``n, d, k``
+    and the noise stds. ``lambda`` are estimated by :func:`estimate_spectrum`.
 
-    - Analyze Gauss, entry noise std ``s``:
-      ``tan^2 = c_k^2 s^2 sum_j 1 / (lambda_k - lambda_j)^2``.
+    - Analyze Gauss, entry noise std ``s``: :func:`ag_error`.
     - Iteration with clip radius ``R`` (``w_i = min(1, R / r_i)``, ``r_i`` the
       preconditioned row norms): near ``V_k``, ``Z = S_w X B + G`` with
       ``S_w = sum_i w_i a_i a_i^T``, whose eigenvalues are about ``lambda_k a`` in the
-      top-k directions (``a = mean(w r^2)``, ``r`` in units of the RMS norm) and
-      ``lambda_j b`` outside (``b = mean(w)``: the rest of a row is taken independent of
-      its top-k part). Per step, direction ``j`` contracts by
+      top-k directions, with ``a`` the preconditioned energy kept by the clip
+      (``sum w_i r_i^2 / sum r_i^2``), and ``lambda_j b`` outside, with ``b`` the rest
+      energy kept (``sum w_i e_i / sum e_i``, ``e_i = ||a_i||^2 - ||X0^T a_i||^2``: the
+      probe releases it per bin, so a row's weight and its rest need not be independent,
+      which the rule of issue 9 assumed). Per step direction ``j`` contracts by
       ``rho_j = lambda_j b / (lambda_k a)`` and receives the noise of ``G_t`` (entry std
-      ``2 R z_t``) divided by the top-k signal ``sqrt(lambda_k) a``; independent steps add
-      in quadrature: ``e_j <- rho_j^2 e_j + (2 R z_t / (sqrt(lambda_k) a))^2``, from the
-      start ``e_j = s_1^2 / (lambda_k - lambda_j)^2`` (``M1``'s own error, capped at a
-      random start's ``tan^2 = (d - k)/k``); ``tan^2 = c_k^2 sum_j e_j``.
-      ``a`` and ``b`` come from the released histogram (counts below ``count_threshold``
-      noise stds read as zero); ``T`` and ``R`` are chosen from ``iter_choices`` and
-      :data:`RADIUS_GRID` by the prediction. Clipping shrinks the noise with ``R`` but,
-      when a few rows carry the top directions (coherence), shrinks ``a`` faster than
-      ``b`` and the gap with it: the trade-off is found per data set.
-
-    ``iter_calibration`` multiplies the iteration's noise term (1: the theory as is; the
-    development cells measured 0.95, docs/pca_auto.md). The iteration is chosen when its
-    predicted error is below ``switch_ratio`` times Analyze Gauss's, and never when
-    ``lambda_k`` is not detectable in ``M1`` (the start would be random and the
-    prediction has nothing to stand on).
+      ``2 R z_t``) over the top-k signal ``sqrt(lambda_k) a``: ``q_t = 2 R z_t /
+      (sqrt(lambda_k) a)`` (times ``iter_calibration``); :func:`iteration_error`. Start:
+      ``M1``'s own error (:func:`_start_tilt`).
+    - ``R`` and ``T`` minimise the predicted iteration error over :data:`RADIUS_GRID` and
+      ``iter_choices``; the rule iterates if that is below ``switch_ratio`` times Analyze
+      Gauss's.
+    - A **hidden** ``lambda_k`` (inside ``M1``'s noise bulk): the rule predicts nothing and
+      takes Analyze Gauss (``hidden=True``; :func:`fit_auto` may first try the rows' own
+      scale). Neither a flat spike just below the threshold (where iterating won 1.7-1.9x
+      on issue 21's family) nor a decaying spectrum or a coherent spike (where it lost up
+      to 1.2x) can be told apart from ``M1`` and a probe through a random ``X0``.
     """
     m = d - k
     if m <= 0:
         return Prediction(False, 0.0, 0.0, math.nan, 0, None, math.nan, 1.0,
                           "Analyze Gauss: k = d, the top-k subspace is the whole space.")
     ck = 1.0 + math.sqrt(k / m)
-    lam_k, lam_rest = estimate_spectrum(eigvals, center, k, init_std, d)
-    lam_k1 = float(lam_rest[0])
-    cnt = np.where(counts > count_threshold * count_std, counts, 0.0)
-    total = float(cnt.sum())
-    rms = math.sqrt(float((cnt * HIST_REPS**2).sum()) / total) if total > 0 else 1.0
-    if lam_k is None or total <= 0:
-        why = ("lambda_k is inside M1's noise bulk" if lam_k is None
-               else "the probe histogram is empty after thresholding")
-        return Prediction(False, 1.0, 1.0, math.nan, 0, lam_k, lam_k1, rms,
-                          f"Analyze Gauss: {why}.")
-    gaps = np.maximum(lam_k - lam_rest, 1e-300)
-    inv2 = 1.0 / gaps**2
-    e_ag = _tan_to_sin(ck * full_std * math.sqrt(float(inv2.sum())))
-    start = init_std**2 * inv2
-    if start.sum() > m / k:
-        start *= (m / k) / start.sum()
-    p = cnt / total
-    r = HIST_REPS / rms
-    best = (math.inf, math.nan, 0)
+    spec = estimate_spectrum(np.asarray(eigvals, dtype=np.float64)[:d], k, init_std)
+    lam_k1 = float(spec.rest[0])
+    rms, r, top_share, rest_share = clipping_factors(counts, energies, count_std,
+                                                     count_threshold)
+    if top_share.sum() <= 0:
+        return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
+                          "Analyze Gauss: the probe is empty after thresholding.")
+    if spec.n_visible < k:
+        return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
+                          f"Analyze Gauss: lambda_k is hidden in M1's noise ({spec.n_visible} "
+                          f"of the top {k} stand out).", True)
+    lam_k = max(float(spec.top[-1]), 1e-300)
+    rest = np.minimum(spec.rest, lam_k)
+    e_ag = ag_error(full_std, lam_k, rest, ck)
+    start = _start_tilt(init_std, lam_k, rest, m, k)
+    unit = math.sqrt(k / n)
+    best: tuple[float, int, float, float, float] | None = None
     for T in iter_choices:
         zs = rest_multiplier / np.sqrt(iteration_weights(T))
         for Rn in RADIUS_GRID:
             w = np.minimum(1.0, Rn / r)
-            a = float((p * w * r * r).sum())
-            b = float((p * w).sum())
-            rho = lam_rest * b / (lam_k * a)
+            a = float((top_share * w).sum())
+            b = float((rest_share * w).sum())
+            if a <= 0:
+                continue
+            rho = rest * b / (lam_k * a)
             if np.any(rho >= 1.0):
                 continue
-            R = Rn * math.sqrt(k / n)
-            e = start.copy()
-            for zt in zs:
-                q = iter_calibration * 2.0 * R * zt / (math.sqrt(lam_k) * a)
-                e = rho**2 * e + q * q
-            err = _tan_to_sin(ck * math.sqrt(float(e.sum())))
-            if err < best[0]:
-                best = (err, float(Rn), int(T))
-    e_it, Rn, T = best
+            q = iter_calibration * 2.0 * Rn * unit * zs / (math.sqrt(lam_k) * a)
+            err = iteration_error(start, rho, q * q, ck)
+            if best is None or err < best[0]:
+                best = (err, int(T), float(Rn), a, b)
+    if best is None:
+        return Prediction(False, e_ag, 1.0, math.nan, 0, lam_k, lam_k1, rms,
+                          "Analyze Gauss: no clip radius keeps the iteration contracting.")
+    e_it, T, Rn, a, b = best
     iterate = bool(e_it < switch_ratio * e_ag)
     reason = (f"{'iteration' if iterate else 'Analyze Gauss'}: predicted sin-theta "
               f"{e_it:.3g} (iteration, T={T}, R={Rn:g} rms) vs {e_ag:.3g} (Analyze Gauss), "
               f"switch ratio {switch_ratio:g}.")
-    return Prediction(iterate, e_ag, float(e_it), Rn, T, lam_k, lam_k1, rms, reason)
+    return Prediction(iterate, float(e_ag), float(e_it), Rn, T, lam_k, lam_k1, rms, reason,
+                      False, a, b)
 
 
 # --------------------------------------------------------------------------------------
@@ -472,11 +659,17 @@ class AutoResult:
 
     Attributes
     ----------
-    components : ndarray of shape (d, k)
-        Orthonormal basis of the estimated top-k subspace.
+    basis : ndarray of shape (d, k)
+        Orthonormal basis of the estimated top-k subspace (columns; the kernels'
+        orientation: :class:`~dpprecond.pca.PCAResult` and :class:`~dpprecond.PrivatePCA`
+        hold it as components in rows, shape (k, d), as scikit-learn does).
     eigenvalues : ndarray of shape (k,)
         Released estimates of the top-k eigenvalues of ``A^T A``: of the averaged matrix
-        (Analyze Gauss branch) or ``eig(X^T M1 X)`` at the output ``X`` (iteration).
+        (Analyze Gauss branches; times ``tau^2`` at the rows' scale ``tau``) or
+        ``eig(X^T M1 X)`` at the output ``X`` (iteration).
+    trace : float
+        Trace of the released matrix the eigenvalues come from (post-processing), in the
+        same units: the total variance of the explained variance ratio.
     dp_event : dp_accounting.DpEvent
         The releases actually made (composes to one Gaussian with multiplier
         ``noise_multipliers["z_pca"]``).
@@ -489,13 +682,14 @@ class AutoResult:
         Noise multipliers, the rule's prediction, the clip radius and iterations used.
     """
 
-    components: np.ndarray
+    basis: np.ndarray
     eigenvalues: np.ndarray
     dp_event: dp_event.DpEvent
     epsilon: float
     delta: float
     branch: str
     info: dict[str, Any] = field(default_factory=dict)
+    trace: float = math.nan
 
 
 def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -531,6 +725,12 @@ def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
     opts["floor_factor"] = check_positive("floor_factor", opts["floor_factor"])
     opts["count_threshold"] = check_positive("count_threshold", opts["count_threshold"],
                                              allow_zero=True)
+    opts["rescale_share"] = check_fraction("rescale_share", opts["rescale_share"],
+                                           low_open=True)
+    spent = opts["init_share"] + opts["probe_share"] + opts["rescale_share"]
+    if spent >= 1.0:
+        raise ValueError(f"Expected init_share + probe_share + rescale_share < 1 (the rest "
+                         f"pays for the completion), got {spent:g}.")
     return opts
 
 
@@ -629,9 +829,10 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     else:
         z = 0.0
     fp = 1.0 + rows.rounding_slack() if hasattr(rows, "rounding_slack") else 1.0
-    z1, zc, zr = (z / math.sqrt(s1), z / math.sqrt(sc), z / math.sqrt(rest))
+    z1, zc = z / math.sqrt(s1), z / math.sqrt(sc)
     z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
-    std1, std_ag, std_c = SQRT2 * z1 * fp, SQRT2 * z_ag * fp, SQRT2 * zc * fp
+    # The probe's vector (counts and rest energies) has sensitivity 2 (see probe).
+    std1, std_ag, std_c = SQRT2 * z1 * fp, SQRT2 * z_ag * fp, 2.0 * zc * fp
     # The noise the releases actually carry, for the rule and the floors: federated PCA
     # without a trusted party (LocalNoise) adds every client's noise, sqrt(K) times std.
     amp = float(getattr(gen, "noise_amplification", 1.0))
@@ -641,68 +842,119 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     M1 = release(S, coupled.first, std1, gen)
     with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
         spectrum = np.linalg.eigvalsh(M1)[::-1]
-    center = float(np.median(spectrum))
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
     X0 = U1[:, :k].copy()
     floor = opts["floor_factor"] * std1 * amp if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
     B0 = _preconditioner(X0.T @ M1 @ X0, floor)
 
-    # -- release 2: the probe histogram ---------------------------------------------------
+    # -- release 2: the probe (rows and rest energy per bin of preconditioned norm) -------
     unit = math.sqrt(k / n)
-    counts = probe_counts(rows, X0, B0, unit, HIST_EDGES, std_c, gen)
+    counts, energies = probe(rows, X0, B0, unit, HIST_EDGES, std_c, gen)
+
+    events = [gaussian(z1), gaussian(zc)]
+    info: dict[str, Any] = {"noise_multipliers": {"z_pca": z, "z_init": z1, "z_probe": zc},
+                            "probe_counts": counts, "probe_energies": energies,
+                            "init_eigenvalues": w1, "n_iter": 0, "clip_radius": math.nan,
+                            "row_scale": 1.0}
+    left = rest  # precision share not yet spent
+
+    # -- release 3, only when M1 shows none of the top k and the rows lie far below their
+    # bound (released values only): A^T A of the rows clipped at their own scale ---------
+    branch = opts["branch"]
+    rescaled = None
+    if branch == "rule" and noise and k < d and \
+            estimate_spectrum(spectrum, k, std1 * amp).n_visible == 0:
+        nu = np.maximum(np.linalg.eigvalsh(0.5 * (X0.T @ M1 @ X0 + (X0.T @ M1 @ X0).T)),
+                        floor)
+        tau = row_scale(counts, n, d, std_c * amp, unit, float(np.sum(1.0 / nu)))
+        st = opts["rescale_share"]
+        info["row_scale_candidate"] = tau
+        if tau * tau * math.sqrt(s1 / st) <= RESCALE_GAIN:
+            # The diagnostic: its noise is tau^2 times smaller next to the data. If it shows
+            # the top k, the clipped rows keep the signal: complete Analyze Gauss there.
+            zt = z / math.sqrt(st)
+            std_t = SQRT2 * zt * fp
+            S_tau = rescaled_gram(rows, tau)
+            M_tau = release(S_tau, symmetric_gaussian(d, std_t, gen), std_t, gen)
+            events.append(gaussian(zt))
+            left -= st
+            info["noise_multipliers"]["z_rescaled"] = zt
+            with _serial_blas():
+                spec_tau = estimate_spectrum(np.linalg.eigvalsh(M_tau)[::-1], k, std_t * amp)
+            if spec_tau.n_visible == k:
+                rescaled = (S_tau, M_tau, std_t, tau)
+    z_left = z / math.sqrt(left)
+    info["noise_multipliers"]["z_rest"] = z_left
 
     # -- the rule (released values and public parameters only) ---------------------------
     iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]
-    pred = predict_errors(eigvals=spectrum, center=center, counts=counts, n=n, d=d, k=k,
-                          init_std=std1 * amp, full_std=std_ag * amp,
-                          rest_multiplier=zr * amp, iter_choices=iter_choices,
+    std_full = SQRT2 * z / math.sqrt(s1 + left) * fp  # Analyze Gauss completed now
+    pred = predict_errors(eigvals=spectrum, counts=counts, energies=energies, n=n, d=d, k=k,
+                          init_std=std1 * amp, full_std=std_full * amp,
+                          rest_multiplier=z_left * amp, iter_choices=iter_choices,
                           count_std=std_c * amp,
                           switch_ratio=opts["switch_ratio"],
                           iter_calibration=opts["iter_calibration"],
                           count_threshold=opts["count_threshold"])
-    branch = opts["branch"]
+    info["prediction"] = asdict(pred)
     if branch == "rule":
-        branch = "iterate" if pred.iterate else "analyze_gauss"
-    info: dict[str, Any] = {
-        "noise_multipliers": {"z_pca": z, "z_init": z1, "z_probe": zc, "z_rest": zr},
-        "prediction": asdict(pred), "probe_counts": counts, "center": center,
-        "init_eigenvalues": w1, "n_iter": 0, "clip_radius": math.nan,
-    }
-    events = [gaussian(z1), gaussian(zc)]
+        branch = ("analyze_gauss_rescaled" if rescaled is not None else
+                  "iterate" if pred.iterate else "analyze_gauss")
 
-    if branch == "analyze_gauss":
+    if branch == "analyze_gauss_rescaled":
+        assert rescaled is not None
+        S_tau, M_tau, std_t, tau = rescaled
+        std2 = SQRT2 * z_left * fp
+        M2 = release(S_tau, symmetric_gaussian(d, std2, gen), std2, gen)
+        v1, v2 = std_t**2, std2**2
+        M = (M_tau / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
+        wa, X = top_eigvecs(M, k)
+        eigenvalues = wa * tau * tau  # in the units of A^T A (of the clipped rows)
+        trace = float(np.trace(M)) * tau * tau
+        events.append(gaussian(z_left))
+        info["row_scale"] = tau
+    elif branch == "analyze_gauss":
         if noise:
-            M2 = release(S, coupled.second, math.sqrt(coupled.var_second), gen)
-            v1, v2 = coupled.var_first, coupled.var_second
+            second = coupled.second
+            v2 = coupled.var_second
+            if left < rest:  # less precision left than the coupling assumed: add noise
+                v_left = (SQRT2 * z_left * fp) ** 2
+                second = second + symmetric_gaussian(d, math.sqrt(v_left - v2), gen)
+                v2 = v_left
+            M2 = release(S, second, math.sqrt(v2), gen)
+            v1 = coupled.var_first
             M = (M1 / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         else:
             M = S
         wa, Ua = top_eigvecs(M, k)
         X, eigenvalues = Ua, wa
-        events.append(gaussian(zr))
+        trace = float(np.trace(M))
+        events.append(gaussian(z_left))
     else:
         T = pred.n_iter if pred.n_iter > 0 else (opts["n_iter"] or max(iter_choices))
         Rn = opts["clip_radius"] if opts["clip_radius"] is not None else (
             pred.radius_factor if math.isfinite(pred.radius_factor) else 1.0)
         weights = iteration_weights(T)
-        zts = [zr / math.sqrt(w) for w in weights]
+        zts = [z_left / math.sqrt(w) for w in weights]
         X = X0
         radii = []
         for t, zt in enumerate(zts):
-            B = B0 if t == 0 else _preconditioner(X.T @ M1 @ X, floor)
-            # At t = 0 the preconditioner uses M1's biased top eigenvalues, so the released
-            # histogram's RMS sets the scale; later X is no longer aligned with W1.
-            radius = Rn * unit * (pred.rms_norm if t == 0 else 1.0)
+            if t == 0:  # M1's top eigenvalues are biased up: the probe's RMS sets the scale
+                B, scale = B0, pred.rms_norm
+            else:  # X is no longer aligned with W1: X^T M1 X ~ X^T S X + a k x k noise
+                B, scale = _preconditioner_and_rms(X.T @ M1 @ X, floor)
+            radius = Rn * unit * scale
             radii.append(radius)
             Z = clipped_step(rows, X, B, radius, 2.0 * radius * zt * fp if noise else 0.0, gen)
             X = orthonormalize(Z)
             events.append(gaussian(zt))
         eigenvalues = np.linalg.eigvalsh(X.T @ M1 @ X)[::-1]
+        trace = float(np.trace(M1))
         info.update(n_iter=T, clip_radius=radii[-1], clip_radius_factor=Rn, clip_radii=radii,
                     iteration_multipliers=zts)
     event = compose(events)
     eps = epsilon_of(event, delta, "pld") if noise else math.inf
     info["branch"] = branch
-    return AutoResult(components=np.ascontiguousarray(X), eigenvalues=np.asarray(eigenvalues),
+    return AutoResult(basis=np.ascontiguousarray(X), eigenvalues=np.asarray(eigenvalues),
                       dp_event=event if noise else dp_event.NonPrivateDpEvent(),
-                      epsilon=eps, delta=delta, branch=branch, info=info)
+                      epsilon=eps, delta=delta, branch=branch, info=info, trace=trace)

@@ -5,15 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted
 
+from dpprecond._validation import is_dask_array
 from dpprecond.pca.api import DEFAULT_METHOD, check_dense, fit_private_pca
+
+#: The public default number of components (never derived from the data).
+DEFAULT_N_COMPONENTS = 2
 
 __all__ = ["PrivatePCA"]
 
 
-class PrivatePCA(TransformerMixin, BaseEstimator):
+def _out_dtype(X: Any) -> np.dtype:
+    """float32 input stays float32 (as scikit-learn's PCA keeps it); anything else float64."""
+    dtype = getattr(X, "dtype", None)
+    return np.dtype(np.float32) if dtype == np.float32 else np.dtype(np.float64)
+
+
+class PrivatePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Differentially private top-k PCA that adapts to the coherence of the data.
 
     The default method, ``"auto"`` (:mod:`dpprecond.pca.auto`), releases part of ``A^T A``,
@@ -29,8 +39,11 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_components : int
-        Number of components ``k`` (``1 <= k <= n_features``).
+    n_components : int, default=2
+        Number of components ``k`` (``1 <= k <= n_features``). The default is public (the
+        usual two of a scatter plot) and never derived from the data; the noise of the
+        default method does not grow with ``k``, but the smaller gaps of more components
+        make each harder to estimate, so ask for the number you need.
     target_epsilon : float
         Target epsilon (> 0).
     target_delta : float
@@ -66,7 +79,9 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     Attributes
     ----------
     components_ : ndarray of shape (n_components, n_features)
-        Orthonormal rows spanning the private top-k subspace.
+        Orthonormal rows spanning the private top-k subspace, the same orientation as
+        :attr:`dpprecond.pca.PCAResult.components` and scikit-learn's ``PCA``; float32 for
+        float32 input (computed in float64, where the noise is calibrated).
     epsilon_ : float
         Epsilon spent at ``delta_`` (from ``dp_accounting``; ``inf`` for ``"exact"``; below
         the target when the selection's gap test failed with
@@ -79,6 +94,12 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     explained_variance_ : ndarray of shape (n_components,) or None
         Private estimate of the top eigenvalues of ``X^T X / n`` (centered if requested),
         from a released noisy matrix (``None`` for ``method="power"``).
+    explained_variance_ratio_ : ndarray of shape (n_components,) or None
+        ``explained_variance_`` over the trace of the same released matrix
+        (:attr:`dpprecond.pca.PCAResult.explained_variance_ratio`): post-processing of
+        what the fit released, so it costs no budget; noisy like the released matrix.
+    n_samples_ : int
+        Number of rows seen at fit (public).
     n_features_in_ : int
     info_ : dict
         Public details of the fit (:attr:`dpprecond.pca.PCAResult.info`): the noise
@@ -97,7 +118,8 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
     Input must have ``n_samples >= n_features``; a smaller input raises ``ValueError``.
     """
 
-    def __init__(self, n_components: int, *, target_epsilon: float, target_delta: float,
+    def __init__(self, n_components: int = DEFAULT_N_COMPONENTS, *, target_epsilon: float,
+                 target_delta: float,
                  row_norm: float | None, method: str = DEFAULT_METHOD, center: Any = None,
                  random_state: Any = None, options: dict[str, Any] | None = None,
                  ledger: Any = None, diagnostics: bool = False, secure: bool = False) -> None:
@@ -127,42 +149,65 @@ class PrivatePCA(TransformerMixin, BaseEstimator):
                                  ledger=self.ledger, diagnostics=self.diagnostics,
                                  secure=self.secure,
                                  **(self.options or {}))
-        d = result.components.shape[0]
-        self.components_ = np.ascontiguousarray(result.components.T)
-        self.n_components_ = self.components_.shape[0]
+        dtype = _out_dtype(X)
+        k, d = result.components.shape
+        self.components_ = result.components.astype(dtype)
+        self.n_components_ = k
         self.n_features_in_ = d
-        self.mean_ = np.zeros(d) if result.mean is None else result.mean
+        self.n_samples_ = result.n_samples
+        mean = np.zeros(d) if result.mean is None else result.mean
+        self.mean_ = mean.astype(dtype)
         self.epsilon_ = result.epsilon
         self.delta_ = result.delta
         self.dp_event_ = result.dp_event
-        self.explained_variance_ = result.explained_variance
+        ev, ratio = result.explained_variance, result.explained_variance_ratio
+        self.explained_variance_ = None if ev is None else ev.astype(dtype)
+        self.explained_variance_ratio_ = None if ratio is None else ratio.astype(dtype)
         self.info_ = result.info
         self.diagnostics_ = result.diagnostics
         return self
 
-    def _check_X(self, X: Any) -> np.ndarray:
+    @property
+    def _n_features_out(self) -> int:
+        """Number of output features (scikit-learn's ``ClassNamePrefixFeaturesOutMixin``
+        names them ``privatepca0``, ``privatepca1``, ...)."""
+        return int(self.components_.shape[0])
+
+    def _check_X(self, X: Any, width: int, what: str) -> Any:
         check_is_fitted(self, "components_")
-        X = check_dense("X", X)
-        if X.shape[1] != self.n_features_in_:
+        if is_dask_array(X):  # kept lazy: checked by shape and dtype only
+            if X.ndim != 2:
+                raise ValueError(f"Expected X to be a 2-D array, got a {X.ndim}-D dask array.")
+            if X.dtype.kind not in "biuf":
+                raise TypeError(f"Expected a real dask array, got dtype {X.dtype}.")
+        else:
+            X = check_dense("X", X)
+        if X.shape[1] != width:
             raise ValueError(f"X has {X.shape[1]} features, but {type(self).__name__} is "
-                             f"expecting {self.n_features_in_} features as input.")
+                             f"expecting {width} {what} as input.")
         return X
 
-    def transform(self, X: Any) -> np.ndarray:
-        """Project ``X`` (n, n_features) onto the components: ``(X - mean_) @ components_.T``."""
-        X = self._check_X(X)
-        return (X - self.mean_) @ self.components_.T
+    def transform(self, X: Any) -> Any:
+        """Project ``X`` (n, n_features) onto the components: ``(X - mean_) @ components_.T``.
 
-    def inverse_transform(self, X: Any) -> np.ndarray:
+        Float32 input gives float32 output; a dask array gives a lazy dask array (nothing is
+        computed until you ask, as dask-ml's transformers do).
+        """
+        dtype = _out_dtype(X)
+        X = self._check_X(X, self.n_features_in_, "features")
+        C, mu = self.components_.astype(np.float64), self.mean_.astype(np.float64)
+        return ((X.astype(np.float64) - mu) @ C.T).astype(dtype)
+
+    def inverse_transform(self, X: Any) -> Any:
         """Map scores (n, n_components) back to feature space: ``X @ components_ + mean_``."""
-        check_is_fitted(self, "components_")
-        X = check_dense("X", X)
-        if X.shape[1] != self.n_components_:
-            raise ValueError(f"X has {X.shape[1]} columns, but {type(self).__name__} has "
-                             f"{self.n_components_} components.")
-        return X @ self.components_ + self.mean_
+        dtype = _out_dtype(X)
+        X = self._check_X(X, self.n_components_, "components")
+        C, mu = self.components_.astype(np.float64), self.mean_.astype(np.float64)
+        return (X.astype(np.float64) @ C + mu).astype(dtype)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
+        if tags.transformer_tags is not None:
+            tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         return tags

@@ -30,7 +30,6 @@ from dpprecond.accounting import compose, gaussian
 from dpprecond.pca import budget as _budget
 from dpprecond.pca.auto import AUTO_DEFAULTS, check_auto_options, fit_auto
 from dpprecond.pca.baselines import (
-    analyze_gauss,
     dp_power_method,
     exact_top_k,
     random_orthonormal,
@@ -83,17 +82,22 @@ class FitContext:
 
 @dataclass
 class MethodOutput:
-    """A method's run: components, released eigenvalues, the releases made, details.
+    """A method's run: basis, released eigenvalues, the releases made, details.
 
-    ``event`` is what was actually released (``None``: the plan's event); ``info`` is
-    public; ``private`` holds diagnostics that are functions of the private data.
+    ``basis`` is the orthonormal (d, k) basis of the estimate (the kernels' orientation;
+    :class:`~dpprecond.pca.PCAResult` turns it into components as rows). ``trace`` is the
+    trace of the released matrix the eigenvalues come from (post-processing; ``None``
+    when nothing of the kind was released). ``event`` is what was actually released
+    (``None``: the plan's event); ``info`` is public; ``private`` holds diagnostics that
+    are functions of the private data.
     """
 
-    components: np.ndarray
+    basis: np.ndarray
     eigvals: np.ndarray | None = None
     event: dp_event.DpEvent | None = None
     info: dict[str, Any] = field(default_factory=dict)
     private: dict[str, Any] = field(default_factory=dict)
+    trace: float | None = None
 
 
 # -- option checks, by option name ------------------------------------------------------
@@ -170,7 +174,7 @@ OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "iter_grid": _iter_grid,
     **{name: _checked_by_method for name in ("probe_share", "iter_choices", "switch_ratio",
                                              "iter_calibration", "branch", "floor_factor",
-                                             "count_threshold")},
+                                             "count_threshold", "rescale_share")},
 }
 
 
@@ -239,17 +243,22 @@ def _run_auto(ctx: FitContext) -> MethodOutput:
     if noise:  # the releases made: the private mean's (if any), then the fit's
         head = [ctx.plan.init_event] if "z_mean" in multipliers else []
         event = compose([*head, res.dp_event])
-    return MethodOutput(res.components, res.eigenvalues, event=event, info=info)
+    return MethodOutput(res.basis, res.eigenvalues, event=event, info=info, trace=res.trace)
+
+
+def _trace(M: np.ndarray | None) -> float | None:
+    """Trace of a released matrix (post-processing), for the explained variance ratio."""
+    return None if M is None else float(np.trace(M))
 
 
 def _run_exact(ctx: FitContext) -> MethodOutput:
     V, eigvals = exact_top_k(ctx.S, ctx.k)
-    return MethodOutput(V, eigvals)
+    return MethodOutput(V, eigvals, trace=float(np.trace(ctx.S)))
 
 
 def _run_analyze_gauss(ctx: FitContext) -> MethodOutput:
-    V, eigvals = analyze_gauss(ctx.S, ctx.k, ctx.z["z0"], ctx.init_stream)
-    return MethodOutput(V, eigvals)
+    init = private_init(ctx.S, ctx.k, ctx.z["z0"], ctx.init_stream)  # Analyze Gauss
+    return MethodOutput(init.X0, init.eigvals[:ctx.k], trace=_trace(init.M))
 
 
 def _run_power(ctx: FitContext) -> MethodOutput:
@@ -268,7 +277,7 @@ def _run_fixed(ctx: FitContext) -> MethodOutput:
     spec = TrialSpec(radius, opts["n_iter"], ctx.z["zH"], ctx.z["zZ"], ctx.main_stream,
                      opts["h_floor_factor"])
     (V,), clipped_last = run_trials(ctx.rows, ctx.S, init.X0, [spec])
-    return MethodOutput(V, init.eigvals[:ctx.k],
+    return MethodOutput(V, init.eigvals[:ctx.k], trace=_trace(init.M),
                         info={"clip_radius": radius, "n_iter": opts["n_iter"]},
                         private={"n_clipped_last_iteration": int(clipped_last[0])})
 
@@ -283,7 +292,7 @@ def _run_select(ctx: FitContext) -> MethodOutput:
                  iters=iters, rng=ctx.main_stream, beta=opts["beta"],
                  h_floor_factor=opts["h_floor_factor"],
                  max_batch_columns=opts["max_batch_columns"])
-    out = MethodOutput(res.X, init.eigvals[:k],
+    out = MethodOutput(res.X, init.eigvals[:k], trace=_trace(init.M),
                        info={"clip_radius": res.clip_radius, "n_iter": res.n_iter,
                              "noisy_score": res.noisy_score, "tau_lo": res.tau_lo,
                              "tau_hi": res.tau_hi, "early_exit": res.early_exit,
@@ -298,7 +307,8 @@ def _run_select(ctx: FitContext) -> MethodOutput:
                             "(and the private mean's, if any) is spent.")
     elif res.early_exit:  # small_gap == "refine"
         refined = refine_init(ctx.S, init, ctx.z["z_run"], ctx.main_stream)
-        out.components, out.eigvals = refined.X0, refined.eigvals[:k]
+        out.basis, out.eigvals = refined.X0, refined.eigvals[:k]
+        out.trace = _trace(refined.M)
         out.event = compose([ctx.plan.init_event,
                              gaussian(ctx.plan.noise_multipliers["z_run"])])
         out.info["note"] = (
