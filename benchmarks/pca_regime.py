@@ -9,7 +9,11 @@ top-k subspace of:
 - ``fixed``: Algorithms 1-2 at the default fixed (R, T) of ``fit_private_pca``;
 - ``oracle``: Algorithms 1-2 at the best (R, T) of the grid, chosen with the *true* error
   (non-private; shows what private selection could reach);
-- ``select``: the full private method with private selection (the default).
+- ``select``: the full private method with private selection;
+- ``auto``: the library's default (``docs/pca_auto.md``).
+
+``--fill`` adds the methods missing from records already in ``--out`` (the same matrices,
+regenerated from their seeds), e.g. ``auto`` to a map measured before it existed.
 
 Results are appended as JSON lines to ``--out`` (one line per cell, seed and epsilon); a
 rerun skips what is already there, so an interrupted run resumes. ``pca_regime_report.py``
@@ -52,7 +56,8 @@ from dpprecond.pca.metrics import describe, sin_theta
 from dpprecond.pca.rows import DenseRows
 
 ORACLE_ITERS = (1, 2, 4, 8, 16, 32)
-METHODS = ("analyze_gauss", "power", "fixed", "select")
+#: Appended, never reordered: a method's seed is derived from its index.
+METHODS = ("analyze_gauss", "power", "fixed", "select", "auto")
 
 
 def oracle(A: np.ndarray, S: np.ndarray, V: np.ndarray, k: int, eps: float, delta: float,
@@ -79,6 +84,49 @@ def oracle(A: np.ndarray, S: np.ndarray, V: np.ndarray, k: int, eps: float, delt
     return best
 
 
+def fit_method(A: np.ndarray, V: np.ndarray, k: int, eps: float, delta: float, seed: int,
+               method: str, rec: dict) -> None:
+    """Fit one method on the cell's matrix and store its sin-theta, epsilon and time."""
+    t1 = time.perf_counter()
+    res = fit_private_pca(A, k, method=method, target_epsilon=eps, target_delta=delta,
+                          row_norm=1.0,
+                          seed=np.random.SeedSequence([seed, int(eps * 1000),
+                                                       METHODS.index(method)]))
+    rec["seconds"][method] = time.perf_counter() - t1
+    rec["sin_theta"][method] = sin_theta(res.basis, V)
+    rec["epsilon_spent"][method] = res.epsilon
+    if method == "select":
+        rec["select_R"] = res.info.get("clip_radius")
+        rec["select_T"] = res.info.get("n_iter")
+        rec["select_early_exit"] = res.info.get("early_exit")
+    if method == "auto":
+        rec["auto_branch"] = res.info.get("branch")
+
+
+def fill(out_path: Path) -> None:
+    """Add the methods of :data:`METHODS` missing from the records of ``out_path``."""
+    records = [json.loads(line) for line in out_path.read_text().splitlines() if line]
+    by_matrix: dict[tuple, list[dict]] = {}
+    for r in records:
+        key = (r["family"], r["n"], r["d"], r["k"], r["theta"], r["fraction"], r["seed"])
+        by_matrix.setdefault(key, []).append(r)
+    for (family, n, d, k, theta, fraction, seed), recs in by_matrix.items():
+        missing = [m for m in METHODS if any(m not in r["sin_theta"] for r in recs)]
+        if not missing:
+            continue
+        rng = np.random.default_rng([family, n, d, k, seed, int(1e6 * fraction)])
+        A = coherent_spiked(n, d, k, theta / fraction, fraction, rng)
+        _w, U = np.linalg.eigh(A.T @ A)
+        V = U[:, ::-1][:, :k]
+        for r in recs:
+            for m in missing:
+                if m not in r["sin_theta"]:
+                    fit_method(A, V, k, r["epsilon"], r["delta"], seed, m, r)
+            print(f"f{family} n={n} d={d} frac={fraction:g} eps={r['epsilon']:g} seed={seed}: "
+                  + " ".join(f"{m}={r['sin_theta'][m]:.3f}" for m in missing), flush=True)
+        out_path.write_text("".join(json.dumps(x) + "\n" for x in records))
+
+
 def run_cell(family: int, n: int, d: int, k: int, theta: float, fraction: float,
              epsilons: list[float], delta: float, seed: int, done: set[str],
              out_path: Path) -> None:
@@ -100,18 +148,7 @@ def run_cell(family: int, n: int, d: int, k: int, theta: float, fraction: float,
                "fraction": fraction, "epsilon": eps, "delta": delta, "seed": seed, **desc,
                "sin_theta": {}, "epsilon_spent": {}, "seconds": {}}
         for method in METHODS:
-            t1 = time.perf_counter()
-            res = fit_private_pca(A, k, method=method, target_epsilon=eps, target_delta=delta,
-                                  row_norm=1.0,
-                                  seed=np.random.SeedSequence(
-                                      [seed, int(eps * 1000), METHODS.index(method)]))
-            rec["seconds"][method] = time.perf_counter() - t1
-            rec["sin_theta"][method] = sin_theta(res.components, V)
-            rec["epsilon_spent"][method] = res.epsilon
-            if method == "select":
-                rec["select_R"] = res.info.get("clip_radius")
-                rec["select_T"] = res.info.get("n_iter")
-                rec["select_early_exit"] = res.info.get("early_exit")
+            fit_method(A, V, k, eps, delta, seed, method, rec)
         t1 = time.perf_counter()
         err, R, T = oracle(A, S, V, k, eps, delta,
                            np.random.default_rng([seed, int(eps * 1000), 99]))
@@ -140,7 +177,12 @@ def main() -> None:
                    help="f: 1 is family 1; f < 1 is family 2 (spike theta / f on f n rows)")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--out", type=Path, default=OUT_DIR / "pca_regime.jsonl")
+    p.add_argument("--fill", action="store_true",
+                   help="add the methods missing from the records already in --out")
     args = p.parse_args()
+    if args.fill:
+        fill(args.out)
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
     if args.out.exists():

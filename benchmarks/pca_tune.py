@@ -68,7 +68,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 ag = fit_private_pca(X, args.k, method="analyze_gauss", target_epsilon=eps,
                                      target_delta=1e-6, row_norm=row_norm, seed=seed)
-                res["analyze_gauss"].append(sin_theta(ag.components, V))
+                res["analyze_gauss"].append(sin_theta(ag.basis, V))
                 for name, cfg in CONFIGS.items():
                     opts = dict(cfg)
                     if opts.get("clip_grid") == "narrow":
@@ -76,7 +76,7 @@ def main() -> None:
                     r = fit_private_pca(X, args.k, method="select", target_epsilon=eps,
                                         target_delta=1e-6,
                                         row_norm=row_norm, seed=seed, **opts)
-                    res.setdefault(name, []).append(sin_theta(r.components, V))
+                    res.setdefault(name, []).append(sin_theta(r.basis, V))
                 print(f"{cell} eps={eps:g} seed={seed}: "
                       + ", ".join(f"{m}={v[-1]:.3f}" for m, v in res.items())
                       + f" [{time.perf_counter() - t0:.0f}s]", flush=True)

@@ -75,9 +75,13 @@ def test_demo_shows_the_defaults_beside_their_baselines(capsys: pytest.CaptureFi
     rows = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 4 and parts[0] in ("auto", "analyze_gauss") and parts[1] in ("1", "4"):
-            rows[(parts[0], parts[1])] = float(parts[3])  # sin-theta, synthetic case
+        if len(parts) >= 5 and parts[0] in ("auto", "analyze_gauss") and parts[1] in ("1", "4"):
+            rows[(parts[0], parts[1])] = float(parts[4])  # sin-theta, synthetic case
     assert "(iterated)" in text and "(completed Analyze Gauss)" in text
+    # what to read comes first: captured variance, then sin-theta, explained under the table
+    header = next(ln for ln in text.splitlines() if ln.startswith("method"))
+    assert header.index("capt. var") < header.index("sin-theta")
+    assert "read this first" in text and "swaps them" in text
     for eps in ("1", "4"):
         assert rows[("auto", eps)] < 0.75 * rows[("analyze_gauss", eps)]
     fl = [ln.split() for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 ", "inf "))]

@@ -78,7 +78,7 @@ def fit(spec: str, X: np.ndarray, args: argparse.Namespace) -> tuple[np.ndarray,
         info.update(version=dpprecond.__version__, epsilon=res.epsilon, delta=res.delta,
                     privacy="(epsilon, delta)-DP, replace one row",
                     branch=res.info.get("branch"))
-        return res.components, {**info, "fit_seconds": seconds}
+        return res.basis, {**info, "fit_seconds": seconds}
     if lib == "diffprivlib":
         import diffprivlib
         from diffprivlib.models import PCA

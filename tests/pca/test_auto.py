@@ -355,6 +355,25 @@ def test_rule_prefers_the_iteration_on_a_spread_spectrum_and_not_without_a_gap()
     assert hidden.hidden and not hidden.iterate and hidden.lam_k is None
 
 
+def test_hidden_rule_iterates_on_a_flat_spike_but_fears_a_heavy_tail():
+    """None of the top k stands out: the rule compares Analyze Gauss and the iteration from
+    a random start at every plausible height. Rows of about equal norm: iterating pays;
+    1% of the rows at 4x the RMS (they could carry the spike alone): Analyze Gauss."""
+    n, d, k, s1 = 30000, 1500, 5, 6.0
+    lam = np.r_[np.full(k, 20.0 + 0.9 * s1 * math.sqrt(d - k)), np.full(d - k, 20.0)]
+    eig = _noisy_eigenvalues(lam, s1, 1)
+    kw = dict(eigvals=eig, energies=_counts(n) * 0.99, n=n, d=d, k=k, init_std=s1,
+              full_std=1.5, rest_multiplier=1.5, iter_choices=(2, 3), count_std=21.0,
+              switch_ratio=0.9, iter_calibration=1.0, count_threshold=3.0)
+    assert estimate_spectrum(eig, k, s1).n_visible == 0
+    flat = predict_errors(counts=_counts(n), **kw)
+    assert flat.hidden and flat.iterate and flat.lam_k is None
+    tail = _counts(0.99 * n)
+    tail[np.searchsorted(HIST_EDGES, 4.0, side="right")] = 0.01 * n
+    pred = predict_errors(counts=tail, **kw)
+    assert pred.hidden and not pred.iterate and "beyond" in pred.reason
+
+
 def test_row_scale_from_the_probe():
     """r^2 ~ ||a||^2 H / d through a noise-driven X0: the rows' 99th percentile norm."""
     n, d, k = 100000, 50, 3

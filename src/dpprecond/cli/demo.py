@@ -96,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     _pca_section(f"== Private top-{k} PCA of a spiked covariance, n = {n}, d = {d} "
                  f"(low coherence; rows of norm <= 1 by construction), delta = 1e-6 ==",
                  A, 1.0, SYNTHETIC_EPSILONS, args.seed)
-    print("sin-theta: sine of the largest principal angle to the exact top-5 subspace (0 is "
-          "exact, 1 orthogonal); capt. var: variance captured relative to the exact subspace.\n"
-          "auto spends the whole budget: a first release of A^T A and a private probe of the "
+    from dpprecond.cli.pca import LEGEND
+
+    print(LEGEND)
+    print("auto spends the whole budget: a first release of A^T A and a private probe of the "
           "rows decide\nbetween completing Analyze Gauss and the preconditioned clipped "
           "iteration (docs/pca.md).\n")
     _fl_section(args.seed)

@@ -112,24 +112,37 @@ _OPTION_OWNERS = {
 }
 
 
+#: What to read in the table, printed under it by ``dpprecond pca`` and ``dpprecond demo``.
+LEGEND = (
+    "capt. var: the rows' variance the private subspace captures, as a share of what the "
+    "exact top-k subspace captures (1 = as good as exact): read this first.\n"
+    "sin-theta: sine of the largest angle to the exact subspace (0 exact, 1 orthogonal). "
+    "It stays near 1 when one of the k directions is not pinned down, as on digits at "
+    "small epsilon, where the k-th and (k+1)-th eigenvalues are so close that the noise "
+    "swaps them: a subspace that mixes two directions of about equal variance still "
+    "captures most of the variance.")
+
+
 def format_table(records: list[dict[str, Any]]) -> str:
-    """Plain-text table of :func:`run_pca_table` records."""
-    header = f"{'method':<14}{'eps target':>11}{'eps spent':>11}{'sin-theta':>11}" \
-             f"{'sin-F':>9}{'capt. var':>11}{'R':>9}{'T':>5}{'fit s':>8}"
+    """Plain-text table of :func:`run_pca_table` records (captured variance first)."""
+    header = f"{'method':<14}{'eps target':>11}{'eps spent':>11}{'capt. var':>11}" \
+             f"{'sin-theta':>11}{'sin-F':>9}{'R':>9}{'T':>5}{'fit s':>8}"
     lines = [header, "-" * len(header)]
     for r in records:
         tgt = "-" if r["epsilon_target"] is None else f"{r['epsilon_target']:g}"
         spent = "inf" if math.isinf(r["epsilon"]) else f"{r['epsilon']:.4f}"
-        ag_branch = r.get("branch") == "analyze_gauss"
+        ag_branch = str(r.get("branch", "")).startswith("analyze_gauss")
         no_radius = r.get("clip_radius") is None or not math.isfinite(r["clip_radius"])
         radius = "-" if no_radius or ag_branch else f"{r['clip_radius']:.3g}"
         iters = "-" if r.get("n_iter") is None or ag_branch else str(r["n_iter"])
         secs = "-" if r.get("fit_seconds") is None else f"{r['fit_seconds']:.2f}"
         note = "  (gap test failed: no trial ran)" if r.get("early_exit") else ""
         if r.get("branch"):
-            note = f"  ({'completed Analyze Gauss' if ag_branch else 'iterated'})"
-        lines.append(f"{r['method']:<14}{tgt:>11}{spent:>11}{r['sin_theta']:>11.4f}"
-                     f"{r['sin_theta_frobenius']:>9.4f}{r['captured_variance']:>11.4f}"
+            note = "  (" + {"analyze_gauss": "completed Analyze Gauss",
+                            "analyze_gauss_rescaled": "Analyze Gauss at the rows' own scale",
+                            }.get(r["branch"], "iterated") + ")"
+        lines.append(f"{r['method']:<14}{tgt:>11}{spent:>11}{r['captured_variance']:>11.4f}"
+                     f"{r['sin_theta']:>11.4f}{r['sin_theta_frobenius']:>9.4f}"
                      f"{radius:>9}{iters:>5}{secs:>8}{note}")
     return "\n".join(lines)
 
@@ -196,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     records = run_pca_table(X, args.n_components, methods, epsilons, args.delta, row_norm,
                             args.seed, center=center, options=options, secure=args.secure)
     print(format_table(records))
+    print(LEGEND)
     clipped = records[0]["n_clipped"]
     print(f"rows scaled down to the row-norm bound: {clipped} of {X.shape[0]}")
     print("(an evaluation for the data owner: the errors against the exact answer, the clipped "

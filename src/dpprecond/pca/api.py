@@ -78,10 +78,15 @@ class PCAResult:
     total_variance : float or None
         Estimated trace of that second moment, from the same released matrix
         (post-processing, no extra budget; its noise has std ``s sqrt(d)`` for an entry
-        noise std ``s``): the denominator of :attr:`explained_variance_ratio`. ``None``
+        noise std ``s``): the denominator of ``explained_variance_ratio``. ``None``
         where ``explained_variance`` is.
     n_samples : int
         Number of rows (public).
+    explained_variance_ratio : ndarray of shape (k,) or None
+        ``explained_variance / total_variance`` in [0, 1] (post-processing of the same
+        released matrix, no extra budget). Where its noise makes the trace smaller than
+        the top-k eigenvalues, the total is raised to their sum (and negative eigenvalue
+        estimates count as 0), so the ratios never sum above 1.
     info : dict
         Public details: ``noise_multipliers`` (the accounted ones), ``scale`` (the
         calibrated factor), and the method's released choices (``clip_radius``,
@@ -105,26 +110,12 @@ class PCAResult:
     diagnostics: dict[str, Any] | None = None
     total_variance: float | None = None
     n_samples: int = 0
+    explained_variance_ratio: np.ndarray | None = None
 
     @property
     def basis(self) -> np.ndarray:
         """The components as an orthonormal basis in columns, shape (d, k)."""
         return self.components.T
-
-    @property
-    def explained_variance_ratio(self) -> np.ndarray | None:
-        """``explained_variance / total_variance``, in [0, 1] (post-processing).
-
-        Both come from the same released matrix; where its noise makes the trace smaller
-        than the top-k eigenvalues, the total is raised to their sum (and negative
-        eigenvalue estimates count as 0), so the ratios never sum above 1.
-        """
-        if self.explained_variance is None or self.total_variance is None:
-            return None
-        ev = np.clip(self.explained_variance, 0.0, None)
-        total = max(float(self.total_variance), float(ev.sum()))
-        return ev / total if total > 0 else np.zeros_like(ev)
-
 
 def check_dense(name: str, X: Any) -> np.ndarray:
     """Finite, real, dense 2-D float64 array (sparse, complex, text and 1-D input refused)."""
@@ -331,12 +322,16 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                                                                             "pld"))
     if ledger is not None and noise:
         ledger.spend(event)
-    explained = total = None
+    explained = total = ratio = None
     if out.eigvals is not None:  # in the units of X (inf if row_norm^2 overflows)
         with np.errstate(over="ignore"):
             explained = np.asarray(out.eigvals) / n * row_norm * row_norm
             if out.trace is not None:
                 total = float(out.trace) / n * row_norm * row_norm
+        if out.trace is not None:  # the ratio, from the rows' units (never overflows)
+            ev = np.clip(np.asarray(out.eigvals, dtype=np.float64), 0.0, None)
+            denom = max(float(out.trace), float(ev.sum()))
+            ratio = ev / denom if denom > 0 else np.zeros_like(ev)
     diag = None
     if diagnostics:
         warnings.warn("PCA diagnostics (rows clipped, selection trials, fit time) are "
@@ -347,4 +342,5 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     return PCAResult(components=np.ascontiguousarray(flip_signs(out.basis).T),
                      dp_event=event, epsilon=eps, delta=delta, method=spec.name,
                      mean=mean_used, explained_variance=explained, info=info,
-                     diagnostics=diag, total_variance=total, n_samples=n)
+                     diagnostics=diag, total_variance=total, n_samples=n,
+                     explained_variance_ratio=ratio)

@@ -376,6 +376,22 @@ def iteration_weights(n_iter: int) -> np.ndarray:
 # The rule
 # --------------------------------------------------------------------------------------
 
+#: Above this predicted sin-theta Analyze Gauss is taken as having found nothing: where it
+#: saturates, no completion can be worse than it by more than ``1 / SATURATED``.
+SATURATED = 0.98
+#: A hidden ``lambda_k`` lies at most this many times the detection threshold above the
+#: bulk centre (else it would show), and the rule tries the heights
+#: ``HIDDEN_FACTOR * threshold * HIDDEN_STEPS``.
+HIDDEN_FACTOR = 1.25
+HIDDEN_STEPS = 2.0 ** (-np.arange(11) / 2.0)
+#: With ``lambda_k`` hidden the probe sees the rows through a random ``X0``, i.e. their
+#: norms: if more than ``HIDDEN_TAIL`` of its energy lies beyond ``HIDDEN_TAIL_NORM`` times
+#: its RMS, those rows could carry the top k alone (a coherent spike, which clipping
+#: removes) and the rule does not iterate.
+HIDDEN_TAIL = 0.01
+HIDDEN_TAIL_NORM = 3.0
+
+
 @dataclass(frozen=True)
 class Spectrum:
     """Estimates of the eigenvalues of ``A^T A`` from those of ``M1`` (public: post-processing).
@@ -593,11 +609,17 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
     - ``R`` and ``T`` minimise the predicted iteration error over :data:`RADIUS_GRID` and
       ``iter_choices``; the rule iterates if that is below ``switch_ratio`` times Analyze
       Gauss's.
-    - A **hidden** ``lambda_k`` (inside ``M1``'s noise bulk): the rule predicts nothing and
-      takes Analyze Gauss (``hidden=True``; :func:`fit_auto` may first try the rows' own
-      scale). Neither a flat spike just below the threshold (where iterating won 1.7-1.9x
-      on issue 21's family) nor a decaying spectrum or a coherent spike (where it lost up
-      to 1.2x) can be told apart from ``M1`` and a probe through a random ``X0``.
+    - A **hidden** ``lambda_k`` (inside ``M1``'s noise bulk): if some of the top k stand
+      out, the hidden ones may sit just above ``lambda_{k+1}`` (a decaying spectrum, as for
+      images): Analyze Gauss. If none does, ``X0`` is random, the probe sees the rows'
+      norms, and a heavy tail of them (:data:`HIDDEN_TAIL`) could carry a coherent spike
+      that clipping removes: Analyze Gauss. Otherwise ``lambda_k = c + h`` with ``h``
+      unknown below ``HIDDEN_FACTOR`` times the detection threshold, and the rule takes
+      the worst case over ``h``: it iterates (from a random start) only if at every
+      height where Analyze Gauss would find something (predicted below
+      :data:`SATURATED`) the iteration is predicted below ``switch_ratio`` times it, and
+      somewhere below it at all. (Before that, :func:`fit_auto` tries the rows' own scale
+      when they lie far below their bound.)
     """
     m = d - k
     if m <= 0:
@@ -611,16 +633,29 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
     if top_share.sum() <= 0:
         return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
                           "Analyze Gauss: the probe is empty after thresholding.")
-    if spec.n_visible < k:
-        return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
-                          f"Analyze Gauss: lambda_k is hidden in M1's noise ({spec.n_visible} "
-                          f"of the top {k} stand out).", True)
-    lam_k = max(float(spec.top[-1]), 1e-300)
-    rest = np.minimum(spec.rest, lam_k)
-    e_ag = ag_error(full_std, lam_k, rest, ck)
-    start = _start_tilt(init_std, lam_k, rest, m, k)
+    hidden = spec.n_visible < k
+    if hidden:
+        tail = float(top_share[r > HIDDEN_TAIL_NORM].sum())
+        why = (f"{spec.n_visible} of the top {k} stand out: the hidden ones may sit just "
+               "above lambda_{k+1} (a decaying spectrum)" if spec.n_visible > 0 else
+               f"{tail:.1%} of the probe's energy lies beyond {HIDDEN_TAIL_NORM:g} x its RMS "
+               "(rows that could carry the top k alone)" if tail > HIDDEN_TAIL else "")
+        if why:
+            return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
+                              f"Analyze Gauss: lambda_k is hidden in M1's noise and {why}.",
+                              True)
+        h_max = HIDDEN_FACTOR * spec.threshold
+        heights = [max(spec.center, 0.0) + h_max * f for f in HIDDEN_STEPS]
+    else:
+        heights = [max(float(spec.top[-1]), 1e-300)]
+    cases = []  # per height: lambda_k, the rest, Analyze Gauss's error, the start
+    for lam_k in heights:
+        rest = np.minimum(spec.rest, lam_k)
+        start = (np.full(m, 1.0 / k) if hidden  # a random start: tan^2 = (d - k) / k
+                 else _start_tilt(init_std, lam_k, rest, m, k))
+        cases.append((lam_k, rest, ag_error(full_std, lam_k, rest, ck), start))
     unit = math.sqrt(k / n)
-    best: tuple[float, int, float, float, float] | None = None
+    best: tuple[float, float, float, int, float, float, float] | None = None
     for T in iter_choices:
         zs = rest_multiplier / np.sqrt(iteration_weights(T))
         for Rn in RADIUS_GRID:
@@ -629,23 +664,38 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
             b = float((rest_share * w).sum())
             if a <= 0:
                 continue
-            rho = rest * b / (lam_k * a)
-            if np.any(rho >= 1.0):
+            worst, found, pair = -math.inf, False, (1.0, 1.0)
+            for lam_k, rest, e_ag, start in cases:
+                rho = rest * b / (lam_k * a)
+                if np.any(rho >= 1.0):
+                    e_it = 1.0
+                else:
+                    q = iter_calibration * 2.0 * Rn * unit * zs / (math.sqrt(lam_k) * a)
+                    e_it = iteration_error(start, rho, q * q, ck)
+                found = found or e_it < switch_ratio * e_ag
+                if hidden and e_ag >= SATURATED:  # Analyze Gauss finds nothing there
+                    continue
+                if e_it / max(e_ag, 1e-300) > worst:
+                    worst, pair = e_it / max(e_ag, 1e-300), (e_ag, e_it)
+            if not found or worst == -math.inf:
                 continue
-            q = iter_calibration * 2.0 * Rn * unit * zs / (math.sqrt(lam_k) * a)
-            err = iteration_error(start, rho, q * q, ck)
-            if best is None or err < best[0]:
-                best = (err, int(T), float(Rn), a, b)
+            cand = (worst, pair[1], pair[0], int(T), float(Rn), a, b)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
     if best is None:
-        return Prediction(False, e_ag, 1.0, math.nan, 0, lam_k, lam_k1, rms,
-                          "Analyze Gauss: no clip radius keeps the iteration contracting.")
-    e_it, T, Rn, a, b = best
-    iterate = bool(e_it < switch_ratio * e_ag)
-    reason = (f"{'iteration' if iterate else 'Analyze Gauss'}: predicted sin-theta "
+        return Prediction(False, cases[0][2], 1.0, math.nan, 0, None if hidden else
+                          cases[0][0], lam_k1, rms, "Analyze Gauss: no clip radius gives "
+                          "the iteration a predicted gain.", hidden)
+    worst, e_it, e_ag, T, Rn, a, b = best
+    iterate = bool(worst < switch_ratio)
+    where = (f"lambda_k hidden in M1's noise, worst height up to {HIDDEN_FACTOR:g} x the "
+             "threshold: " if hidden else "")
+    reason = (f"{'iteration' if iterate else 'Analyze Gauss'}: {where}predicted sin-theta "
               f"{e_it:.3g} (iteration, T={T}, R={Rn:g} rms) vs {e_ag:.3g} (Analyze Gauss), "
               f"switch ratio {switch_ratio:g}.")
-    return Prediction(iterate, float(e_ag), float(e_it), Rn, T, lam_k, lam_k1, rms, reason,
-                      False, a, b)
+    return Prediction(iterate, float(e_ag), float(e_it), Rn, T,
+                      None if hidden else float(spec.top[-1]), lam_k1, rms, reason, hidden,
+                      a, b)
 
 
 # --------------------------------------------------------------------------------------
