@@ -1,4 +1,8 @@
-"""``method="auto"`` against Analyze Gauss on the regime map and on real data.
+"""``method="auto"`` against Analyze Gauss on the regime map and on real data (issue 9).
+
+Superseded for ``auto`` by ``benchmarks/pca_families.py`` (issue 21: every family, forced
+branches, the targets), which writes ``docs/pca_auto.md``; kept for the columns of the
+library's other methods. ``report`` writes between the ``tables`` markers of ``--doc``.
 
 Three modes (results are JSON lines in ``benchmarks/out/``; a rerun skips the records
 already there, so an interrupted run resumes):
@@ -46,7 +50,6 @@ from _common import OUT_DIR, environment, markdown_table
 from dpprecond.accounting import epsilon_of, gaussian
 from dpprecond.data.synthetic import coherent_spiked
 from dpprecond.pca import budget
-from dpprecond.pca.api import DEFAULT_OPTIONS
 from dpprecond.pca.auto import fit_auto
 from dpprecond.pca.baselines import analyze_gauss, dp_power_method, random_orthonormal
 from dpprecond.pca.core import (
@@ -59,6 +62,7 @@ from dpprecond.pca.core import (
     select,
     top_eigvecs,
 )
+from dpprecond.pca.methods import METHODS as LIBRARY_METHODS
 from dpprecond.pca.metrics import sin_theta
 from dpprecond.pca.rows import ClippedRows, DenseRows
 
@@ -96,7 +100,7 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         info = {"branch": res.branch, "pred_ag": p["error_analyze_gauss"],
                 "pred_it": p["error_iterate"], "radius_factor": p["radius_factor"],
                 "n_iter": res.info.get("n_iter", 0)}
-        return res.components, res.epsilon, info
+        return res.basis, res.epsilon, info
 
     def fit_ag_rdp() -> tuple[np.ndarray, float, dict]:
         plan = budget.plan_analyze_gauss(eps, DELTA)
@@ -104,7 +108,7 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return X, budget.plan_epsilon(plan, DELTA), {}
 
     def fit_fixed() -> tuple[np.ndarray, float, dict]:
-        o = DEFAULT_OPTIONS["fixed"]
+        o = LIBRARY_METHODS["fixed"].defaults
         plan = budget.plan_fixed(eps, DELTA, n_iter=o["n_iter"], init_share=o["init_share"],
                                  h_share=o["h_share"])
         z = {key: val * fp for key, val in plan.noise_multipliers.items()}
@@ -115,7 +119,7 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return X, budget.plan_epsilon(plan, DELTA), {}
 
     def fit_select() -> tuple[np.ndarray, float, dict]:
-        o = DEFAULT_OPTIONS["select"]
+        o = LIBRARY_METHODS["select"].defaults
         plan = budget.plan_select(eps, DELTA, mean_trials=o["mean_trials"],
                                   init_share=o["init_share"])
         z = {key: val * fp for key, val in plan.noise_multipliers.items()}
@@ -133,7 +137,7 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return X, epsilon_of(event, DELTA, "rdp"), {"early_exit": res.early_exit}
 
     def fit_power() -> tuple[np.ndarray, float, dict]:
-        o = DEFAULT_OPTIONS["power"]
+        o = LIBRARY_METHODS["power"].defaults
         plan = budget.plan_power(eps, DELTA, n_iter=o["n_iter"])
         X0 = random_orthonormal(S.shape[0], k, stream(7))
         X = dp_power_method(S, X0, o["n_iter"], plan.noise_multipliers["z_power"] * fp,
