@@ -467,9 +467,10 @@ def estimate_spectrum(eigvals: np.ndarray, k: int, noise_std: float) -> Spectrum
         t = t.mean() + f * (t - t.mean())
     h = _spike_height(t, e)
     # Visible: above the edge of the whole noise matrix (2 s sqrt(d), where hidden spikes
-    # leave the top eigenvalues of M1) by two entry stds (its largest eigenvalue
-    # fluctuates by about s d^(-1/6)), not only above the bottom group's own edge.
-    visible = ~np.isnan(h) & (t > max(e, 2.0 * noise_std * math.sqrt(d)) + 2.0 * noise_std)
+    # leave the top eigenvalues of M1), not only above the bottom group's own edge, by
+    # three Tracy-Widom scales s d^(-1/6) (the largest eigenvalue's fluctuation).
+    margin = 3.0 * noise_std * d ** (-1.0 / 6.0)
+    visible = ~np.isnan(h) & (t > max(e, 2.0 * noise_std * math.sqrt(d)) + margin)
     n_vis = int(np.argmin(visible)) if not visible.all() else k
     top = np.where(visible, c + np.nan_to_num(h), c + e / 2.0)
     tb = bottom - c
@@ -535,19 +536,24 @@ def ag_error(std: float, lam_k: float, rest: np.ndarray, ck: float) -> float:
     return _tan_to_sin(ck * math.sqrt(T / (1.0 - T)))
 
 
-def iteration_error(start: np.ndarray, rho: np.ndarray, noise: np.ndarray, ck: float) -> float:
+def iteration_error(start: np.ndarray, rho: np.ndarray, noise: np.ndarray, ck: float,
+                    share: np.ndarray | None = None) -> float:
     """Predicted sin-theta after the clipped steps (module doc of :func:`predict_errors`).
 
     ``start`` (d - k,): tilt^2 per direction of the starting subspace; ``rho`` (d - k,):
     contraction per step; ``noise`` (T,): the tilt^2 one step's noise adds per direction
-    at an aligned start. With tilt ``E`` (``X ~ (V_k + V_perp E) (I + E^T E)^(-1/2)``) the
-    top-k signal of a step shrinks by ``(1 + |E|^2)^(1/2)``, so its noise weighs
-    ``1 + sum_j e_j`` times more: from a random start (``tan^2 = (d - k) / k``) the first
-    steps are that much noisier (this is what makes a hidden ``lambda_k`` hard).
+    at an aligned start; ``share`` (d - k,): ``lambda_j / lambda_k``. With tilt ``E``
+    (``X ~ (V_k + V_perp E) (I + E^T E)^(-1/2)``) the top-k signal of a step shrinks by
+    ``(1 + |E|^2)^(1/2)`` while the preconditioner and the radius follow the energy ``X``
+    holds, ``(lambda_k + sum_j lambda_j e_j) / (1 + |E|^2)``: a step's noise weighs
+    ``1 + sum_j e_j lambda_j / lambda_k`` times more. From a random start (``tan^2 =
+    (d - k) / k``) the first steps are that much noisier (what makes a hidden
+    ``lambda_k`` hard).
     """
     e = start.copy()
+    w = np.ones_like(e) if share is None else share
     for q2 in noise:
-        e = rho * rho * e + q2 * (1.0 + float(e.sum()))
+        e = rho * rho * e + q2 * (1.0 + float(e @ w))
     return _tan_to_sin(ck * math.sqrt(float(e.sum())))
 
 
@@ -671,7 +677,7 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
                     e_it = 1.0
                 else:
                     q = iter_calibration * 2.0 * Rn * unit * zs / (math.sqrt(lam_k) * a)
-                    e_it = iteration_error(start, rho, q * q, ck)
+                    e_it = iteration_error(start, rho, q * q, ck, rest / lam_k)
                 found = found or e_it < switch_ratio * e_ag
                 if hidden and e_ag >= SATURATED:  # Analyze Gauss finds nothing there
                     continue
