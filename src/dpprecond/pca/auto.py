@@ -211,19 +211,19 @@ def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -
     return out
 
 
-def _block_probe(block: np.ndarray, X: np.ndarray, XB: np.ndarray, unit: float,
+def _block_probe(block: np.ndarray, X: np.ndarray, B: np.ndarray, unit: float,
                  edges: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
     """One block's term of the probe: ``[counts; rest energies]`` per bin of ``r_i / unit``.
 
     ``r_i = ||B X^T a_i||``; the rest energy of a row is ``||a_i||^2 - ||X^T a_i||^2``
     clamped to ``[0, 1]`` as computed (``X`` orthonormal, ``||a_i|| <= 1``), so each row
-    adds one indicator and one value in ``[0, 1]`` to its bin.
+    adds one indicator and one value in ``[0, 1]`` to its bin. One product with the block
+    (``X^T a_i``), then a k x k one.
     """
     P = block @ X
-    Y = block @ XB
     if scale is not None:  # the rows are scale_i * block_i (raw rows on the fast path)
         P *= scale[:, None]
-        Y *= scale[:, None]
+    Y = P @ B
     nu, pre = safe_row_norms(Y)
     with np.errstate(divide="ignore", over="ignore"):
         r = np.where(pre == 1.0, nu, nu / pre) / unit
@@ -291,7 +291,7 @@ def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.
         The released (noisy) values.
     """
     nb = edges.size + 1
-    total = _block_sum(rows, _block_probe, X, X @ B, unit, edges, shape=(2 * nb,))
+    total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,))
     out = release(total, gaussian_matrix(total.shape, std, rng), std, rng)
     return out[:nb], out[nb:]
 
