@@ -196,14 +196,16 @@ class PrivatePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
         dtype = _out_dtype(X)
         X = self._check_X(X, self.n_features_in_, "features")
         C, mu = self.components_.astype(np.float64), self.mean_.astype(np.float64)
-        return ((X.astype(np.float64) - mu) @ C.T).astype(dtype)
+        with np.errstate(over="ignore"):  # a projection beyond the float range is inf
+            return ((X.astype(np.float64) - mu) @ C.T).astype(dtype)
 
     def inverse_transform(self, X: Any) -> Any:
         """Map scores (n, n_components) back to feature space: ``X @ components_ + mean_``."""
         dtype = _out_dtype(X)
         X = self._check_X(X, self.n_components_, "components")
         C, mu = self.components_.astype(np.float64), self.mean_.astype(np.float64)
-        return (X.astype(np.float64) @ C + mu).astype(dtype)
+        with np.errstate(over="ignore"):  # a point beyond the float range is inf
+            return (X.astype(np.float64) @ C + mu).astype(dtype)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
