@@ -81,7 +81,7 @@ def test_demo_shows_the_defaults_beside_their_baselines(capsys: pytest.CaptureFi
     # what to read comes first: captured variance, then sin-theta, explained under the table
     header = next(ln for ln in text.splitlines() if ln.startswith("method"))
     assert header.index("capt. var") < header.index("sin-theta")
-    assert "read this first" in text and "swaps them" in text
+    assert "read this first" in text and "not found" in text
     for eps in ("1", "4"):
         assert rows[("auto", eps)] < 0.75 * rows[("analyze_gauss", eps)]
     fl = [ln.split() for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 ", "inf "))]
