@@ -60,7 +60,7 @@ from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.pca.budget import plan_auto
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
-from dpprecond.pca.rows import RowSource
+from dpprecond.pca.rows import RowSource, clip_unit_rows
 from dpprecond.secure import release
 
 __all__ = [
@@ -247,12 +247,7 @@ def _block_rescaled_gram(block: np.ndarray, tau: float,
     factor = (scale / tau)[:, None] if scale is not None else 1.0 / tau
     with np.errstate(over="ignore", under="ignore"):
         Y = block * factor
-    nu, pre = safe_row_norms(Y)
-    post = clip_to_radius(nu, pre, 1.0)
-    if not np.all(pre == 1.0):
-        Y *= pre[:, None]
-    with np.errstate(under="ignore"):
-        Y *= post[:, None]
+    Y, _ = clip_unit_rows(Y)
     return Y.T @ Y
 
 

@@ -74,6 +74,7 @@ __all__ = [
     "block_gram",
     "block_rows_for",
     "clip_rows",
+    "clip_unit_rows",
     "count_recentered_clipped",
     "finish_gram",
     "make_rows",
@@ -218,9 +219,9 @@ def recenter_rows(U: np.ndarray, mean: np.ndarray) -> np.ndarray:
     return recenter_rows_counted(U, mean)[0]
 
 
-def recenter_rows_counted(U: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, int]:
-    """:func:`recenter_rows`, and the number of rows it scaled down (a diagnostic)."""
-    U -= mean
+def clip_unit_rows(U: np.ndarray) -> tuple[np.ndarray, int]:
+    """Scale the rows of ``U`` above norm 1 down to norm 1, in place (as computed, every row
+    ends with norm <= 1, :mod:`dpprecond.clipping`); returns ``U`` and how many it scaled."""
     nu, pre = safe_row_norms(U)
     post = clip_to_radius(nu, pre, 1.0)
     if not np.all(pre == 1.0):
@@ -228,6 +229,12 @@ def recenter_rows_counted(U: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, 
     with np.errstate(under="ignore"):
         U *= post[:, None]
     return U, int(np.count_nonzero(nu > pre))
+
+
+def recenter_rows_counted(U: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`recenter_rows`, and the number of rows it scaled down (a diagnostic)."""
+    U -= mean
+    return clip_unit_rows(U)
 
 
 def clip_rows(raw: Any, row_norm: float, mean: np.ndarray | None) -> np.ndarray:
