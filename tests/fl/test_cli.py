@@ -58,3 +58,43 @@ def test_cli_refuses_both_levels(capsys) -> None:
 
     assert main(["fl", "--epsilon", "1", "--noise-multiplier", "2", "--rounds", "1"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+# -- issue 17, hole 1: --features pca:K keeps --secure, refuses --seed, honours --lr ------
+
+
+def _pipeline_argv(lab_file, out, *extra: str) -> list[str]:
+    return ["fl", "--data", str(lab_file), "--rounds", "3", "--features", "pca:3",
+            "--row-norm", "3", "--clients", "4", "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("features", ["pixels", "pca:3", "random:3"])
+def test_secure_refuses_seed_on_every_feature_path(lab_file, tmp_path, features,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    from dpprecond.cli import main
+
+    argv = _pipeline_argv(lab_file, tmp_path / "o", "--secure", "--seed", "1")
+    argv[argv.index("pca:3")] = features
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--secure refuses --seed" in err
+    assert not (tmp_path / "o" / "history.json").exists()
+
+
+def test_pca_features_draw_every_release_in_secure_mode(lab_file, tmp_path,
+                                                        release_spy) -> None:
+    from dpprecond.cli import main
+
+    assert main(_pipeline_argv(lab_file, tmp_path / "o", "--secure")) == 0
+    # the PCA's releases (M1, the probe, M2 or the iterations) and one message per client
+    # and round, every one from the CSPRNG and snapped
+    assert release_spy.all_secure and len(release_spy.calls) >= 3 + 3 * 4
+
+
+def test_pca_features_honour_the_learning_rate(lab_file, tmp_path) -> None:
+    from dpprecond.cli import main
+
+    out = tmp_path / "o"
+    assert main(_pipeline_argv(lab_file, out, "--algorithm", "fedgd", "--lr", "0.125")) == 0
+    hist = json.loads((out / "history.json").read_text())
+    assert hist["config"]["learning_rate"] == 0.125
