@@ -64,3 +64,25 @@ def test_parse_features() -> None:
     for bad in ("pca", "pca:0", "pca:x", "svd:4"):
         with pytest.raises(ValueError, match="features"):
             parse_features(bad)
+
+
+def test_a_capped_ledger_refuses_the_whole_plan_before_any_stage(digits) -> None:
+    """Issue 17, hole 3: with a cap of 0.8 and a target of 1, the PCA stage (0.415) was
+    released and charged before the training was refused. The whole plan (both stages) is
+    checked first: nothing is released, nothing is recorded."""
+    from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger
+
+    for features in ("pca:8", "random:8", "pixels"):
+        ledger = PrivacyLedger(1e-5, max_epsilon=0.8)
+        with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=0\.8"):
+            run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
+                         features=features, target_epsilon=1.0, row_norm=8.0,
+                         algorithm="fedgd", n_clients=4, n_rounds=3, seed=0, ledger=ledger)
+        assert ledger.n_releases == 0 and ledger.epsilon == 0.0
+    # a cap that covers the plan records both stages
+    ledger = PrivacyLedger(1e-5, max_epsilon=1.0)
+    res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
+                       features="pca:8", target_epsilon=1.0, row_norm=8.0, algorithm="fedgd",
+                       n_clients=4, n_rounds=3, seed=0, ledger=ledger)
+    assert res.ledger is ledger and ledger.n_releases == 1 + 3
+    assert ledger.epsilon == pytest.approx(1.0, rel=1e-3)

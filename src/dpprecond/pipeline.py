@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dpprecond._validation import (
     SeedLike,
@@ -45,9 +46,9 @@ from dpprecond._validation import (
     check_positive,
     check_seed,
 )
-from dpprecond.accounting import PrivacyLedger, calibrate_noise, epsilon_of, gaussian
+from dpprecond.accounting import PrivacyLedger, calibrate_noise, compose, epsilon_of, gaussian
 from dpprecond.fl import ClientData, FLConfig, make_method, simulate
-from dpprecond.fl.engine import FLResult
+from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 
@@ -89,6 +90,19 @@ def split_budget(target_epsilon: float, target_delta: float,
     eps_pca = epsilon_of(gaussian((share * precision) ** -0.5), target_delta, "pld")
     eps_fl = epsilon_of(gaussian(((1.0 - share) * precision) ** -0.5), target_delta, "pld")
     return eps_pca, eps_fl
+
+
+def _pca_plan_event(method: str, epsilon: float | None, delta: float,
+                    options: dict[str, Any] | None) -> dp_event.DpEvent:
+    """The releases the PCA stage will make, from its settings alone (the method registry's
+    plan, as :func:`dpprecond.pca.fit_private_pca` builds it)."""
+    from dpprecond.pca.methods import METHODS
+
+    spec = METHODS[method]
+    opts = spec.options(dict(options or {}))
+    if not spec.private or not opts.get("add_noise", True):
+        return dp_event.NonPrivateDpEvent()
+    return spec.plan(epsilon, delta, opts, None).event
 
 
 @dataclass
@@ -157,6 +171,9 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     ledger : PrivacyLedger, optional
         A ledger to record both stages in (for example one that already holds other
         releases on the same records); by default a new one capped at ``target_epsilon``.
+        The whole plan (the PCA's releases and every round's) is checked against its
+        ``max_epsilon`` before any data is touched
+        (:class:`~dpprecond.PrivacyBudgetExceededError`; nothing is released or recorded).
     secure : bool
         Secure mode (:mod:`dpprecond.secure`) for both stages: every noise draw from the OS
         CSPRNG and every release snapped; ``seed`` must be ``None`` (the partition then
@@ -179,17 +196,28 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     private = target_epsilon is not None and not math.isinf(target_epsilon)
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
+    eps_pca, eps_fl, V = None, target_epsilon, None
+    if kind == "pca" and private:
+        assert target_epsilon is not None
+        eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
+    level = {"target_epsilon": eps_fl} if private else {"noise_multiplier": 0.0}
+    config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
+                      weighting=weighting, accountant=accountant, **level).validated()
+    method = make_method(algorithm, learning_rate, **(method_options or {}))
+    model = LinearSoftmax(k if kind in ("pca", "random") else X_train.shape[1], n_classes)
+    if ledger is not None:  # the whole plan of both stages, before any data is touched
+        stages = [plan_event(model, method, config)]
+        if kind == "pca":
+            stages.insert(0, _pca_plan_event(pca_method if private else "exact", eps_pca,
+                                             target_delta, pca_options))
+        ledger.check(compose(stages))
     part_seq, pca_seq, fl_seq = check_seed(seed).spawn(3)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)
 
-    eps_pca, eps_fl, V = None, target_epsilon, None
     if kind == "pca":
         from dpprecond.pca import fit_private_pca
 
-        if private:
-            assert target_epsilon is not None
-            eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
         pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
                               target_epsilon=eps_pca, target_delta=target_delta,
                               row_norm=row_norm, seed=None if secure else pca_seq,
@@ -209,11 +237,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     else:
         Z_train, Z_test, desc = data.X, X_test, "the rows as they are"
     train = ClientData(Z_train, data.y, data.bounds, n_classes)
-    level = {"target_epsilon": eps_fl} if private else {"noise_multiplier": 0.0}
-    config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
-                      weighting=weighting, accountant=accountant, **level)
-    method = make_method(algorithm, learning_rate, **(method_options or {}))
-    fl = simulate(LinearSoftmax(Z_train.shape[1], n_classes), train, method, config,
+    fl = simulate(model, train, method, config,
                   X_test=Z_test, y_test=y_test, seed=None if secure else fl_seq,
                   ledger=ledger, progress=progress, secure=secure)
     total = ledger.epsilon if ledger is not None else math.inf

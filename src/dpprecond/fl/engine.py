@@ -52,7 +52,7 @@ from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secure import SECURE_ROOT
 
-__all__ = ["FLResult", "as_method", "simulate"]
+__all__ = ["FLResult", "as_method", "plan_event", "simulate"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,35 @@ def _kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, 
     return be.asarray(X_run), be.asarray(x_sq)
 
 
+def _plan(model: FLModel, method: Method,
+          config: FLConfig) -> tuple[Any, float, dict[str, float]]:
+    """The release schedule of a run, its calibrated scale and noise multipliers."""
+    method.check(config, model)
+    schedule = method.schedule(config)
+    scale = resolve_scale(schedule, config)
+    multipliers = schedule.multipliers(scale)
+    largest = max(multipliers.values()) * 2.0 * config.clip_norm
+    if config.private and largest > MAX_NOISE_STD:
+        raise ValueError(f"The noise std 2 z C = {largest:.3g} (noise multiplier "
+                         f"{max(multipliers.values()):.3g}, clip_norm {config.clip_norm:g}) "
+                         f"exceeds {MAX_NOISE_STD:g}: the run would overflow float64 and "
+                         "learn nothing. Lower noise_multiplier or clip_norm (or raise "
+                         "target_epsilon).")
+    return schedule, scale, multipliers
+
+
+def plan_event(model: FLModel, method: Method | GradientTransformation | str,
+               config: FLConfig) -> dp_event.DpEvent:
+    """Every release a run of ``method`` under ``config`` will make per record, as one event.
+
+    Computed from the settings alone (no data), exactly as :func:`simulate` plans and
+    charges the run: callers that compose a run with other releases check their whole
+    plan against a ledger with it before touching any data.
+    """
+    schedule, scale, _ = _plan(model, as_method(method), config.validated())
+    return schedule.event(scale)
+
+
 def simulate(model: FLModel, data: ClientData,
              method: Method | GradientTransformation | str, config: FLConfig, *,
              X_test: Any, y_test: Any, seed: SeedLike = None,
@@ -215,17 +244,7 @@ def simulate(model: FLModel, data: ClientData,
                          f"{data.X.shape[1]}; build the model with n_features="
                          f"{data.X.shape[1]}.")
     checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
-    method.check(config, model)
-    schedule = method.schedule(config)
-    scale = resolve_scale(schedule, config)
-    multipliers = schedule.multipliers(scale)
-    largest = max(multipliers.values()) * 2.0 * config.clip_norm
-    if config.private and largest > MAX_NOISE_STD:
-        raise ValueError(f"The noise std 2 z C = {largest:.3g} (noise multiplier "
-                         f"{max(multipliers.values()):.3g}, clip_norm {config.clip_norm:g}) "
-                         f"exceeds {MAX_NOISE_STD:g}: the run would overflow float64 and "
-                         "learn nothing. Lower noise_multiplier or clip_norm (or raise "
-                         "target_epsilon).")
+    schedule, scale, multipliers = _plan(model, method, config)
     if ledger is not None:  # refuse the whole plan before any data is touched
         ledger.check(schedule.event(scale))
 
