@@ -98,3 +98,21 @@ def test_pca_features_honour_the_learning_rate(lab_file, tmp_path) -> None:
     assert main(_pipeline_argv(lab_file, out, "--algorithm", "fedgd", "--lr", "0.125")) == 0
     hist = json.loads((out / "history.json").read_text())
     assert hist["config"]["learning_rate"] == 0.125
+
+
+@pytest.mark.parametrize("features", ["pca:3", "random:3", "pixels"])
+def test_max_epsilon_is_honoured_on_every_feature_path(lab_file, tmp_path, features,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """Issue 17, hole 2: ``--features pca:3 --max-epsilon 0.5`` spent 1.0 and exited 0."""
+    from dpprecond.cli import main
+
+    argv = _pipeline_argv(lab_file, tmp_path / "o", "--max-epsilon", "0.5")
+    argv[argv.index("pca:3")] = features
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "max_epsilon=0.5" in err and "nothing was released" in err
+    assert not (tmp_path / "o" / "history.json").exists()
+    argv[argv.index("0.5")] = "1"
+    assert main(argv) == 0
+    hist = json.loads((tmp_path / "o" / "history.json").read_text())
+    assert hist["history"][-1]["epsilon"] <= 1.0 + 1e-9

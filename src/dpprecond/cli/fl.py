@@ -180,8 +180,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
                    help="dp_accounting accountant (default: pld)")
     g.add_argument("--max-epsilon", type=float, default=None,
-                   help="refuse to start a run that would spend more than this (default: "
-                        "no cap)")
+                   help="refuse to start a run whose whole plan (the pca:K features and "
+                        "every round) would spend more than this (default: no cap)")
     g = p.add_argument_group("method")
     g.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=list(METHODS),
                    help=f"the method (default: {DEFAULT_ALGORITHM}); sofim = the paper's "
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     ds, feat = load_fl_data(args.data, args.data_path, base, args.checkpoint,
                             args.cache_dir, args.label_column, args.test_fraction)
     if kind in ("pca", "random"):
-        return _run_pipeline(args, ds, level, out)
+        return _run_pipeline(args, ds, level, out, ledger)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
@@ -315,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
-                  out: Path) -> int:
+                  out: Path, ledger: Any) -> int:
     """``--features pca:K | random:K``: private features, then training, one ledger."""
     from dpprecond.pipeline import run_pipeline
 
@@ -344,8 +344,8 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        method_options=dict(args.option), n_clients=args.clients,
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,
                        clip_norm=args.clip_norm, weighting=args.weighting,
-                       accountant=args.accountant, seed=args.seed, secure=args.secure,
-                       progress=args.progress)
+                       accountant=args.accountant, seed=args.seed, ledger=ledger,
+                       secure=args.secure, progress=args.progress)
     res.fl.config.update(data=args.data, features=res.features)
     res.fl.save_json(out / "history.json")
     plot_history({args.algorithm: res.fl.history}, out / "accuracy.png",
