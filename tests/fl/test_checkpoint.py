@@ -108,6 +108,120 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="not a readable dpprecond checkpoint"):
         load_checkpoint(bad)
-    with pytest.raises(ValueError, match="only dpprecond's own state classes"):
+    with pytest.raises(TypeError, match="only the state classes"):
         save_checkpoint(bad, {"x": __import__("collections").namedtuple("T", "a")(1)})
+
+
+# -- issue 17, hole 4: a checkpoint is data (an explicit allowlist of state classes) -------
+
+
+def _crafted(path: Path, tree: object, fmt: int = 1) -> Path:
+    import json
+
+    np.savez(path, a0=np.zeros(21), __meta__=np.array(json.dumps({"format": fmt,
+                                                                 "tree": tree})))
+    return path
+
+
+def _payload(state: object) -> dict:
+    return {"__dict__": {"fingerprint": "x", "entropy": 1, "spawn_key": [], "round": 1,
+                         "params": {"__array__": "a0"}, "state": state, "history": [],
+                         "events": []}}
+
+
+@pytest.mark.parametrize("name", ["dpprecond.cli:main", "os:system", "builtins:eval",
+                                  "dpprecond.fl.server:GradientTransformation",
+                                  "dpprecond.pca.rows:BlockScan"])
+def test_a_crafted_checkpoint_cannot_call_anything(tmp_path: Path, name: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint naming ``dpprecond.cli:main`` with ``["pca", "--help"]`` ran the CLI."""
+    import dpprecond.cli
+
+    called: list[object] = []
+    monkeypatch.setattr(dpprecond.cli, "main", lambda *a: called.append(a))
+    bad = _crafted(tmp_path / "bad.npz",
+                   _payload({"__namedtuple__": name, "fields": ["pca", "--help"]}))
+    with pytest.raises(ValueError, match="not an allowed checkpoint state class"):
         load_checkpoint(bad)
+    assert called == []
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"__namedtuple__": "SofimState", "fields": [1]}, "SofimState has"),
+    ({"__namedtuple__": "EmptyState", "fields": "abc"}, "fields"),
+    ({"__import__": "os"}, "Unknown node"),
+    ({"__array__": "missing"}, "missing"),
+    ({"__event__": {"gaussian": "abc"}}, "abc"),
+])
+def test_a_malformed_checkpoint_is_a_clear_error(tmp_path: Path, state: object,
+                                                 message: str) -> None:
+    bad = _crafted(tmp_path / "bad.npz", _payload(state))
+    with pytest.raises(ValueError, match="not a readable dpprecond checkpoint") as err:
+        load_checkpoint(bad)
+    assert message in str(err.value)
+
+
+def test_a_checkpoint_of_the_wrong_shape_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npz"
+    wrong_round = _payload({"__tuple__": []})
+    wrong_round["__dict__"]["round"] = "1"
+    for tree, fmt in ((_payload({"__tuple__": []}), 3), ([1, 2], 1), ({"__dict__": {}}, 1),
+                      (wrong_round, 2)):
+        _crafted(bad, tree, fmt)
+        with pytest.raises(ValueError, match="not a readable dpprecond checkpoint"):
+            load_checkpoint(bad)
+
+
+def test_every_methods_state_is_allowlisted(tmp_path: Path) -> None:
+    """Each method's state (what simulate checkpoints) round-trips through the allowlist."""
+    from dpprecond.fl.methods import METHODS
+
+    data, Xt, yt = _data()
+    for name in METHODS:
+        ckpt = tmp_path / f"{name}.npz"
+        states: list[dict] = []
+
+        def keep(rec, ckpt=ckpt, states=states) -> None:
+            if rec["round"] == 2:
+                states.append(load_checkpoint(ckpt))
+
+        simulate(LinearSoftmax(6, 3), data, make_method(name),
+                 FLConfig(n_rounds=3, target_epsilon=2.0), X_test=Xt, y_test=yt, seed=5,
+                 checkpoint=ckpt, checkpoint_every=1, callback=keep)
+        assert states and states[0]["round"] == 1, name
+
+
+class _Stop(Exception):
+    pass
+
+
+def _interrupted(tmp_path: Path) -> Path:
+    """A real checkpoint of round 2 of a run stopped in round 3 (checkpoints every round)."""
+    ckpt = tmp_path / "run.npz"
+
+    def stop(rec) -> None:
+        if rec["round"] == 3:
+            raise _Stop
+
+    data, Xt, yt = _data()
+    with pytest.raises(_Stop):
+        simulate(LinearSoftmax(6, 3), data, make_method("fedgd"),
+                 FLConfig(n_rounds=ROUNDS, target_epsilon=2.0), X_test=Xt, y_test=yt,
+                 seed=3, checkpoint=ckpt, checkpoint_every=1, callback=stop)
+    return ckpt
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"round": 0}, "round"), ({"round": ROUNDS}, "round"), ({"history": []}, "history"),
+    ({"params": np.zeros(5)}, "params"), ({"params": np.full(21, np.nan)}, "params"),
+])
+def test_simulate_refuses_a_tampered_checkpoint_of_its_own_run(tmp_path: Path, change: dict,
+                                                              message: str) -> None:
+    """The fingerprint matches (same run), but the state does not fit the run."""
+    ckpt = _interrupted(tmp_path)
+    state = load_checkpoint(ckpt)
+    assert state["round"] == 2
+    save_checkpoint(ckpt, {**state, **change})
+    with pytest.raises(ValueError, match=f"checkpoint {ckpt}.*{message}"):
+        _run("fedgd", seed=3, ckpt=ckpt)
+    assert ckpt.exists()  # nothing deleted: the user decides

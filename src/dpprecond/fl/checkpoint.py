@@ -10,16 +10,25 @@ same final model as an uninterrupted run.
 it (and the published model) can regenerate the noise. Keep it where the data is kept;
 :func:`dpprecond.fl.engine.simulate` deletes it when the run completes.
 
-Format: arrays are stored as ``.npy`` members; the structure (nested tuples, named tuples
-of dpprecond's own classes, dicts, scalars, DpEvents) is one JSON member. Loading never
-unpickles (``allow_pickle=False``) and only rebuilds named tuples defined in dpprecond.
+Format: arrays are stored as ``.npy`` members; the structure (nested tuples, the server
+transforms' state classes, dicts, scalars, DpEvents) is one JSON member.
+
+**A checkpoint is data, never code.** Loading never unpickles (``allow_pickle=False``),
+never imports anything named in the file, and rebuilds only the named tuples of an
+explicit allowlist (:data:`STATE_CLASSES`, the state classes of
+:mod:`dpprecond.fl.server`), by their name, with exactly their number of fields, each
+field decoded as data. Anything else (another name, a wrong field count, an unknown
+node, a missing array, a malformed event, a payload without the keys and types of a run's
+checkpoint) is a ``ValueError`` that names the file and asks for it to be deleted. Whoever
+can write the file can still change the resumed model and history (not run code): keep it
+where the data is kept.
+
 The file is written to a temporary name, flushed to disk and renamed over the target, so
 a crash leaves either the previous checkpoint or the new one, never a torn file.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -31,9 +40,29 @@ import numpy as np
 from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond.accounting import event_from_dict, event_to_dict
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
+__all__ = ["STATE_CLASSES", "load_checkpoint", "save_checkpoint"]
 
-_FORMAT = 1
+#: Version 2 names state classes by their allowlisted name; version 1 files (module:name)
+#: are still read through the same allowlist.
+_FORMAT = 2
+_READABLE = (1, 2)
+
+
+def _allowlist() -> dict[str, type]:
+    from dpprecond.fl import server
+
+    classes: tuple[type, ...] = (server.EmptyState, server.TraceState, server.SofimState,
+                                 server.AdamState, server.ScaffoldState, server.FedNewState)
+    return {cls.__name__: cls for cls in classes}
+
+
+#: The only classes a checkpoint may rebuild, by name (the server transforms' states).
+STATE_CLASSES: dict[str, type] = _allowlist()
+
+#: The payload of a run's checkpoint: key -> the type its value must have.
+PAYLOAD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "fingerprint": str, "entropy": int, "spawn_key": list, "round": int,
+    "params": np.ndarray, "history": list, "events": list}
 
 
 def _encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
@@ -46,9 +75,12 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(obj, dp_event.DpEvent):
         return {"__event__": event_to_dict(obj)}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        cls = type(obj)
-        return {"__namedtuple__": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": [_encode(v, arrays) for v in obj]}
+        name = type(obj).__name__
+        if STATE_CLASSES.get(name) is not type(obj):
+            raise TypeError(f"Cannot checkpoint a {type(obj).__module__}.{name}: only the "
+                            f"state classes {sorted(STATE_CLASSES)} are allowed "
+                            "(dpprecond.fl.checkpoint.STATE_CLASSES).")
+        return {"__namedtuple__": name, "fields": [_encode(v, arrays) for v in obj]}
     if isinstance(obj, tuple):
         return {"__tuple__": [_encode(v, arrays) for v in obj]}
     if isinstance(obj, list):
@@ -82,13 +114,42 @@ def _decode(tree: Any, arrays: Any) -> Any:
     if "__float__" in tree:
         return float(tree["__float__"])
     if "__namedtuple__" in tree:
-        module, _, name = tree["__namedtuple__"].partition(":")
-        if not module.startswith("dpprecond."):
-            raise ValueError(f"Refusing to rebuild {tree['__namedtuple__']!r} from a "
-                             "checkpoint: only dpprecond's own state classes are allowed.")
-        cls = getattr(importlib.import_module(module), name)
-        return cls(*(_decode(v, arrays) for v in tree["fields"]))
+        cls = _state_class(tree["__namedtuple__"])
+        fields = tree.get("fields")
+        if not isinstance(fields, list):
+            raise ValueError(f"the fields of a {cls.__name__} must be a list, got "
+                             f"{type(fields).__name__}")
+        if len(fields) != len(cls._fields):
+            raise ValueError(f"{cls.__name__} has {len(cls._fields)} fields {cls._fields}, "
+                             f"the file gives {len(fields)}")
+        return cls(*(_decode(v, arrays) for v in fields))
     raise ValueError(f"Unknown node in checkpoint structure: {sorted(tree)}")
+
+
+def _state_class(name: Any) -> Any:
+    """The allowlisted class a checkpoint names (``Name``, or version 1's ``module:Name``)."""
+    if isinstance(name, str):
+        module, sep, short = name.rpartition(":")
+        cls = STATE_CLASSES.get(short if sep else name)
+        if cls is not None and (not sep or module == cls.__module__):
+            return cls
+    raise ValueError(f"{name!r} is not an allowed checkpoint state class (a checkpoint is "
+                     f"data: only {sorted(STATE_CLASSES)} are rebuilt)")
+
+
+def _check_payload(payload: Any) -> dict[str, Any]:
+    """A run's checkpoint: a dict with every key of :data:`PAYLOAD_TYPES`, of its type."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"expected a dict of run state, got {type(payload).__name__}")
+    for key, kind in PAYLOAD_TYPES.items():
+        if key not in payload:
+            raise ValueError(f"the run state has no {key!r}")
+        if not isinstance(payload[key], kind) or isinstance(payload[key], bool):
+            raise ValueError(f"{key!r} must be of type {getattr(kind, '__name__', kind)}, got "
+                             f"{type(payload[key]).__name__}")
+    if "state" not in payload:
+        raise ValueError("the run state has no 'state'")
+    return payload
 
 
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> None:
@@ -108,9 +169,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))
-            if meta.get("format") != _FORMAT:
-                raise ValueError(f"unsupported checkpoint format {meta.get('format')!r}")
-            return _decode(meta["tree"], z)
+            if not isinstance(meta, dict) or meta.get("format") not in _READABLE:
+                found = meta.get("format") if isinstance(meta, dict) else meta
+                raise ValueError(f"unsupported checkpoint format {found!r}")
+            return _check_payload(_decode(meta["tree"], z))
     except FileNotFoundError:
         raise
     except Exception as exc:  # a torn or foreign file: say so, never a raw traceback

@@ -143,6 +143,28 @@ def _kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, 
     return be.asarray(X_run), be.asarray(x_sq)
 
 
+def _check_resume(path: Path, state: dict[str, Any], n_rounds: int, model: FLModel) -> None:
+    """A checkpoint of this run (same fingerprint) whose state fits the run, else ValueError."""
+    def refuse(why: str) -> None:
+        raise ValueError(f"The checkpoint {path} does not fit this run ({why}); delete it to "
+                         "start the run from the beginning.")
+
+    first = state["round"]
+    if not 1 <= first < n_rounds:
+        refuse(f"round {first} is outside 1..{n_rounds - 1}")
+    if len(state["history"]) != first or any(
+            not isinstance(h, dict) or h.get("round") != i + 1
+            for i, h in enumerate(state["history"])):
+        refuse(f"its history does not hold rounds 1..{first}")
+    params = state["params"]
+    expected = np.shape(model.init_params(np.random.default_rng(0)))
+    if params.shape != expected or params.dtype.kind != "f" or not np.all(np.isfinite(params)):
+        refuse(f"params of shape {params.shape} and dtype {params.dtype}, expected finite "
+               f"floats of shape {expected}")
+    if not all(isinstance(e, dp_event.DpEvent) for e in state["events"]):
+        refuse("its events are not DpEvents")
+
+
 def _plan(model: FLModel, method: Method,
           config: FLConfig) -> tuple[Any, float, dict[str, float]]:
     """The release schedule of a run, its calibrated scale and noise multipliers."""
@@ -266,6 +288,7 @@ def simulate(model: FLModel, data: ClientData,
             if seed is not None and (resume["entropy"], tuple(resume["spawn_key"])) != (
                     root.entropy, tuple(root.spawn_key)):
                 raise ValueError(f"The checkpoint {checkpoint} was made with another seed.")
+            _check_resume(checkpoint, resume, config.n_rounds, model)
             root = np.random.SeedSequence(resume["entropy"],
                                           spawn_key=tuple(resume["spawn_key"]))
     entropy, spawn_key = root.entropy, tuple(root.spawn_key)
