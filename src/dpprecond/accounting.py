@@ -58,7 +58,9 @@ MIN_NOISE_SCALE = 0.05
 
 
 class PrivacyBudgetExceededError(RuntimeError):
-    """Raised when a release would take the spent epsilon above the declared budget."""
+    """Raised when a ledger refuses a release: it would take the spent epsilon above the
+    declared budget, or the ledger is a detached copy that could not record it
+    (:meth:`PrivacyLedger.attach`)."""
 
 
 #: Value discretization of the PLD accountant (used for events other than compositions of
@@ -335,6 +337,16 @@ class PrivacyLedger:
     Consecutive identical events are stored as one ``SelfComposedDpEvent``, so a run of
     ``T`` identical rounds costs one accountant evaluation, not ``T``.
 
+    **One ledger, one record.** A ledger is shared by reference, never copied:
+    ``sklearn.base.clone`` (``__sklearn_clone__``), ``copy.copy`` and ``copy.deepcopy``
+    return the ledger itself, so every clone of an estimator that a model-selection tool
+    fits (``GridSearchCV``, ``cross_validate``) records in the one ledger and is refused by
+    its cap. A ledger that is pickled and loaded (for example sent to a worker process by
+    ``GridSearchCV(n_jobs=2)``, whose records would never reach the original) is a
+    *detached copy*: it reports what was recorded, but :meth:`check` and :meth:`spend`
+    refuse (:class:`PrivacyBudgetExceededError`) until :meth:`attach` declares it the
+    one live record (a ledger saved to disk and loaded in a new session).
+
     Parameters
     ----------
     delta : float
@@ -356,6 +368,41 @@ class PrivacyLedger:
                              "'rdp'.")
         self.accountant: AccountantName = accountant
         self._runs: list[list] = []  # [event, count]
+        self._detached = False
+
+    # -- identity: shared, never copied (see the class docstring) -------------------------
+
+    def __sklearn_clone__(self) -> PrivacyLedger:
+        return self
+
+    def __copy__(self) -> PrivacyLedger:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> PrivacyLedger:
+        return self
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._detached = True  # a copy: what it records would not reach the original
+
+    @property
+    def detached(self) -> bool:
+        """True for a copy made by pickling, which refuses to record until :meth:`attach`."""
+        return self._detached
+
+    def attach(self) -> PrivacyLedger:
+        """Declare this (unpickled) copy the one live record of its releases; returns self."""
+        self._detached = False
+        return self
+
+    def _refuse_if_detached(self) -> None:
+        if self._detached:
+            raise PrivacyBudgetExceededError(
+                "This PrivacyLedger is a copy made by pickling (for example sent to a worker "
+                "process by GridSearchCV(n_jobs=2) or joblib): releases recorded here would "
+                "never reach the original ledger, so nothing was released. Fit in the "
+                "ledger's own process (n_jobs=1), or, if this copy is the only one in use "
+                "(a ledger saved and loaded in a new session), call ledger.attach() first.")
 
     def __repr__(self) -> str:
         cap = "" if self.max_epsilon is None else f", max_epsilon={self.max_epsilon:g}"
@@ -393,6 +440,7 @@ class PrivacyLedger:
 
         Returns the total epsilon after ``event`` (without recording it).
         """
+        self._refuse_if_detached()
         eps = self.epsilon_with(event)
         # A relative slack absorbs the calibration tolerance of a planned schedule.
         if self.max_epsilon is not None and eps > self.max_epsilon * (1 + 1e-6):
@@ -407,6 +455,7 @@ class PrivacyLedger:
         """Record ``count`` releases of ``event`` and return the epsilon spent so far."""
         if count < 1:
             raise ValueError(f"Expected count >= 1, got count={count}.")
+        self._refuse_if_detached()
         if isinstance(event, dp_event.NoOpDpEvent):
             return self.epsilon
         full = event if count == 1 else dp_event.SelfComposedDpEvent(event, count)

@@ -35,6 +35,7 @@ def _filtered(decorator):
                options={"clip_radius": 0.5}),
     PrivatePCA(1, target_epsilon=1.0, target_delta=1e-5, row_norm=10.0, method="analyze_gauss"),
 ]))
+@pytest.mark.filterwarnings("ignore::dpprecond.pca.estimator.PrivateModelSelectionWarning")
 def test_sklearn_compatible(estimator, check):
     check(estimator)
 
@@ -197,3 +198,64 @@ def test_dask_input_gives_lazy_output(spiked):
     assert isinstance(est.inverse_transform(Z), da.Array)
     with pytest.raises(ValueError, match="features"):
         est.transform(X[:, :3])
+
+
+# -- issue 17, hole 5: sklearn.clone shares the ledger; a search says what it spends ---------
+
+
+def test_clone_shares_the_ledger_by_reference() -> None:
+    import copy
+
+    from dpprecond.accounting import PrivacyLedger
+    from dpprecond.pca.estimator import PrivateModelSelectionWarning
+
+    ledger = PrivacyLedger(1e-6, max_epsilon=3.0)
+    est = PrivatePCA(1, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, ledger=ledger)
+    with pytest.warns(PrivateModelSelectionWarning, match="spends its target_epsilon"):
+        twin = clone(est)
+    assert twin.ledger is ledger
+    assert copy.deepcopy(ledger) is ledger and copy.copy(ledger) is ledger
+
+
+def test_grid_search_spends_the_shared_ledger_and_warns(spiked) -> None:
+    """GridSearchCV ran 10 fits at epsilon 1 and the ledger still showed 0."""
+    from sklearn.model_selection import GridSearchCV
+
+    from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger
+    from dpprecond.pca.estimator import PrivateModelSelectionWarning
+
+    X = spiked[:2000]
+    ledger = PrivacyLedger(1e-6, max_epsilon=3.0)
+    est = PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, ledger=ledger)
+
+    def score(fitted, X_val, y=None) -> float:
+        return -float(np.linalg.norm(X_val - fitted.inverse_transform(fitted.transform(X_val))))
+
+    search = GridSearchCV(est, {"method": ["auto", "analyze_gauss"]}, cv=5, scoring=score,
+                          error_score="raise")
+    with pytest.warns(PrivateModelSelectionWarning, match="itself a release"), \
+            pytest.raises(PrivacyBudgetExceededError, match="max_epsilon=3"):
+        search.fit(X)
+    # every fit of a clone was recorded until the cap refused the next one
+    assert ledger.n_releases >= 3 and ledger.epsilon <= 3.0 * (1 + 1e-6)
+
+
+def test_a_pickled_ledger_is_a_detached_copy_that_refuses_to_record() -> None:
+    """A worker process of GridSearchCV(n_jobs=2) gets an unpickled copy: what it recorded
+    never reached the original. The copy refuses to record until attached explicitly."""
+    import pickle
+
+    from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger, gaussian
+
+    ledger = PrivacyLedger(1e-6, max_epsilon=3.0)
+    ledger.spend(gaussian(5.0))
+    copy = pickle.loads(pickle.dumps(ledger))
+    assert copy.epsilon == ledger.epsilon and copy.n_releases == 1
+    with pytest.raises(PrivacyBudgetExceededError, match="copy"):
+        copy.spend(gaussian(5.0))
+    with pytest.raises(PrivacyBudgetExceededError, match="copy"):
+        copy.check(gaussian(5.0))
+    assert copy.n_releases == 1 and ledger.n_releases == 1
+    copy.attach()
+    copy.spend(gaussian(5.0))
+    assert copy.n_releases == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,21 @@ from dpprecond.pca.api import DEFAULT_METHOD, check_dense, fit_private_pca
 #: The public default number of components (never derived from the data).
 DEFAULT_N_COMPONENTS = 2
 
-__all__ = ["PrivatePCA"]
+__all__ = ["PrivateModelSelectionWarning", "PrivatePCA"]
+
+
+class PrivateModelSelectionWarning(UserWarning):
+    """A private estimator was cloned: every fit of a clone spends budget (model selection)."""
+
+
+#: What a clone of a private estimator means (warned by ``__sklearn_clone__``).
+MODEL_SELECTION_NOTE = (
+    "{name} was cloned (as GridSearchCV, cross_validate and other model-selection tools "
+    "do): every fit of a clone is a new private release on the rows it is given and spends "
+    "its target_epsilon (recorded in the shared ledger when one is set, recorded nowhere "
+    "otherwise), and choosing hyperparameters by a score computed on private data is "
+    "itself a release that no ledger charges: charge it, or state that the tuning is "
+    "assumed free (docs/privacy.md).")
 
 
 def _out_dtype(X: Any) -> np.dtype:
@@ -66,8 +81,11 @@ class PrivatePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
     ledger : PrivacyLedger, default=None
         A ledger shared with other fits and runs on the same rows: the fit is refused
         before touching the data if it would exceed the ledger's ``max_epsilon``, and its
-        releases are recorded there. (``sklearn.base.clone`` copies parameters, so a clone
-        gets a copy of the ledger: pass the ledger to each estimator you fit.)
+        releases are recorded there. ``sklearn.base.clone`` shares it by reference
+        (:class:`~dpprecond.accounting.PrivacyLedger`), so every fit of a model-selection
+        tool (``GridSearchCV``, ``cross_validate``) is recorded in it and refused by its
+        cap; cloning warns (:class:`PrivateModelSelectionWarning`) that each fit spends
+        budget and that choosing hyperparameters on private data is itself a release.
     diagnostics : bool, default=False
         Also store ``diagnostics_``: values that depend on the private data beyond the
         releases (rows clipped, selection trials, fit time). They are NOT private; a
@@ -134,6 +152,11 @@ class PrivatePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
         self.ledger = ledger
         self.diagnostics = diagnostics
         self.secure = secure
+
+    def __sklearn_clone__(self) -> PrivatePCA:
+        warnings.warn(MODEL_SELECTION_NOTE.format(name=type(self).__name__),
+                      PrivateModelSelectionWarning, stacklevel=2)
+        return super().__sklearn_clone__()
 
     def fit(self, X: Any, y: Any = None) -> PrivatePCA:
         """Fit the private subspace on ``X`` of shape (n_samples, n_features); returns self."""
