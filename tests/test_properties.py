@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from dpprecond._validation import MAX_DELTA
 from dpprecond.accounting import RDP_ORDERS
 from dpprecond.pca import PrivatePCA, fit_private_pca
 from dpprecond.pca.methods import METHODS as REGISTRY
@@ -173,7 +174,8 @@ def _valid_epsilon(e: Any) -> bool:
 
 
 def _valid_delta(v: Any) -> bool:
-    return _is_real(v) and 0 < v < 1
+    """A target's delta: in (0, MAX_DELTA] (larger ones are refused, issue 17 hole 6)."""
+    return _is_real(v) and 0 < v <= MAX_DELTA
 
 
 def _valid_row_norm(r: Any) -> bool:
@@ -249,14 +251,14 @@ VALID = {
     "n_components": [1, 2, 4, 5, np.int64(2), np.uint8(1)],
     "epsilon": [5e-324, 1e-300, 1e-3, 1e-2, 0.1, 0.5, 1, 1.0, 3.7, 10, 1e6, 1e300, MAX,
                 np.float32(0.5), np.float64(2.0)],
-    "delta": [5e-324, 1e-300, 1e-100, 1e-12, 1e-5, 0.1, 0.5, 0.99, 1 - 1e-16,
-              np.float32(1e-5)],
+    "delta": [5e-324, 1e-300, 1e-100, 1e-12, 1e-5, 1e-3, MAX_DELTA, np.float32(1e-5)],
     "row_norm": [5e-324, 1e-300, 1e-3, 1, 1.0, 3.0, 1e300, MAX, np.float32(2.0)],
 }
 INVALID = {
     "n_components": [0, -1, 6, 7, True, False, 1.0, 2.5, None, "2"],
     "epsilon": [0, 0.0, -0.0, -1.0, math.inf, -math.inf, math.nan, None, True, "1", 1 + 0j],
-    "delta": [0, 0.0, 1, 1.0, -1e-5, 1.5, math.nan, math.inf, None, True, "1e-5"],
+    "delta": [0, 0.0, 1, 1.0, -1e-5, 1.5, math.nan, math.inf, None, True, "1e-5",
+              MAX_DELTA * (1 + 1e-15), 0.1, 0.5, 0.99, 1 - 1e-16],
     "row_norm": [0, 0.0, -1.0, math.inf, math.nan, None, True, "1"],
 }
 
@@ -516,7 +518,16 @@ def test_seed_errors_name_seed(seed: Any) -> None:
 def test_large_delta_and_small_epsilon_calibrate(method: str, epsilon: float,
                                                  delta: float) -> None:
     """Found by these properties ('math domain error': log(0) in calibrate_noise where
-    dp_accounting gives epsilon 0); fixed in 0723564."""
+    dp_accounting gives epsilon 0); fixed in 0723564. Deltas above MAX_DELTA are now refused
+    by the entry points (issue 17, hole 6); the calibration itself still handles them."""
+    if delta > MAX_DELTA:
+        with pytest.raises(ValueError, match="target_delta"):
+            fit_private_pca(X_SMALL, 2, method=method, target_epsilon=epsilon,
+                            target_delta=delta, row_norm=3.0, seed=0)
+        spec = REGISTRY[method]
+        plan = spec.plan(epsilon, delta, spec.options({}), None)  # the fit's calibration
+        assert min(plan.noise_multipliers.values()) > 0
+        return
     res = fit_private_pca(X_SMALL, 2, method=method, target_epsilon=epsilon,
                           target_delta=delta, row_norm=3.0, seed=0)
     assert res.epsilon <= epsilon
@@ -541,5 +552,5 @@ def test_known_select_small_epsilon_is_reachable() -> None:
 @pytest.mark.parametrize("method", ["analyze_gauss", "select"])
 def test_known_tiny_epsilon_is_a_named_error(method: str) -> None:
     with pytest.raises(ValueError, match="epsilon"):
-        fit_private_pca(X_SMALL, 1, method=method, target_epsilon=5e-324, target_delta=0.1,
+        fit_private_pca(X_SMALL, 1, method=method, target_epsilon=5e-324, target_delta=0.01,
                         row_norm=1.0, seed=0)

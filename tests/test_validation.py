@@ -242,3 +242,42 @@ def test_n_classes_is_checked_and_optional() -> None:
         check_labels("y", [-2, 1])
     with pytest.raises(ValueError, match=r"class labels 0, 1, 2"):
         check_labels("y", np.array([0, 2**63], dtype=np.uint64))
+
+
+# -- issue 17, hole 6: delta above 1/n warns, an absurd delta is refused ----------------------
+
+
+def test_delta_above_one_over_n_warns_and_an_absurd_delta_is_refused() -> None:
+    """``--delta 0.5`` and ``target_delta=1e-2`` with n = 1797 were accepted silently."""
+    from dpprecond import LargeDeltaWarning
+    from dpprecond.accounting import PrivacyLedger
+    from dpprecond.data import load_dataset
+    from dpprecond.fl import FLConfig, run_federated
+    from dpprecond.pca import fit_private_pca
+
+    ds = load_dataset("digits")
+    X = np.vstack([ds.X_train, ds.X_test])
+    assert X.shape[0] == 1797
+    with pytest.warns(LargeDeltaWarning, match=r"target_delta=0\.01 .* 1/n = 1/1797.*public"):
+        fit_private_pca(X, 2, method="analyze_gauss", target_epsilon=1.0, target_delta=1e-2,
+                        row_norm=8.0, seed=0)
+    for delta in (0.5, 0.02):
+        with pytest.raises(ValueError, match=rf"target_delta={delta}.*at most 0\.01"):
+            fit_private_pca(X, 2, target_epsilon=1.0, target_delta=delta, row_norm=8.0)
+        with pytest.raises(ValueError, match=rf"target_delta={delta}"):
+            FLConfig(target_epsilon=1.0, target_delta=delta).validated()
+        with pytest.raises(ValueError, match=rf"delta={delta}"):
+            PrivacyLedger(delta)
+    with pytest.warns(LargeDeltaWarning, match=r"1/n = 1/1437"):  # the federation's records
+        run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, 10, algorithm="fedgd",
+                      n_clients=4, seed=0, config=FLConfig(n_rounds=1, target_epsilon=1.0,
+                                                           target_delta=1e-3))
+
+
+@pytest.mark.parametrize("command", ["pca", "fl"])
+def test_cli_refuses_an_absurd_delta(command: str, capsys: pytest.CaptureFixture) -> None:
+    from dpprecond.cli import main
+
+    assert main([command, "--delta", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--delta=0.5" in err and "at most 0.01" in err

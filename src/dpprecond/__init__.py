@@ -9,11 +9,12 @@ Two systems share one accounting layer (:mod:`dpprecond.accounting`, on Google's
   rank-one Fisher preconditioner and its baselines.
 """
 
+from dpprecond._validation import LargeDeltaWarning
 from dpprecond.accounting import PrivacyBudgetExceededError
 
 __version__ = "0.1.0"
 
-__all__ = ["PrivacyBudgetExceededError", "PrivatePCA", "__version__"]
+__all__ = ["LargeDeltaWarning", "PrivacyBudgetExceededError", "PrivatePCA", "__version__"]
 
 
 def __getattr__(name: str):  # lazy: importing the package stays cheap

@@ -11,12 +11,15 @@ import datetime
 import math
 import numbers
 import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import numpy as np
 
 __all__ = [
+    "MAX_DELTA",
+    "LargeDeltaWarning",
     "SeedLike",
     "check_array",
     "check_choice",
@@ -29,6 +32,7 @@ __all__ = [
     "check_positive",
     "check_random_state",
     "check_seed",
+    "check_target_delta",
     "is_dask_array",
 ]
 
@@ -85,6 +89,52 @@ def check_delta(value: Any, name: str = "delta") -> float:
             f"Expected {name} in the open interval (0, 1), got {name}={value!r}. "
             "A common choice is delta well below 1/n, e.g. 1e-6.")
     return v
+
+
+#: The largest delta a privacy target may have. Delta is the probability that the
+#: guarantee fails outright: a mechanism that publishes every record in the clear with
+#: probability delta is (0, delta)-DP, and one that publishes each record with probability
+#: delta exposes about n * delta of them. Above 0.01 that is at least one record for any
+#: data set of more than 100 rows, so such a target is refused, not warned about.
+MAX_DELTA = 0.01
+
+
+class LargeDeltaWarning(UserWarning):
+    """A privacy target's delta is above ``1/n`` for the ``n`` records it protects."""
+
+
+def check_target_delta(value: Any, name: str = "target_delta",
+                       n_records: int | None = None) -> float:
+    """Check the delta of a privacy target: in (0, :data:`MAX_DELTA`], and below ``1/n``.
+
+    A delta outside (0, 1) or above :data:`MAX_DELTA` raises ``ValueError`` naming
+    ``name`` and the value. With ``n_records`` (the number of records the guarantee
+    protects: the rows of the data, or every client's records), a delta above
+    ``1 / n_records`` warns (:class:`LargeDeltaWarning`): the guarantee would allow a
+    mechanism that publishes about ``n delta >= 1`` records in the clear. ``n_records`` is
+    the size of the data set, which this check treats as public (it is the caller's own
+    data; the warning goes to the caller, nothing is released).
+    """
+    v = check_delta(value, name)
+    if v > MAX_DELTA:
+        raise ValueError(
+            f"{name}={value!r} is too large to protect anyone: delta is the probability that "
+            f"the guarantee fails outright, and a target must have delta at most {MAX_DELTA:g} "
+            "(and below 1/n for n records). Use a delta well below 1/n, e.g. 1e-6.")
+    if n_records is not None and n_records > 0 and v > 1.0 / n_records:
+        warnings.warn(
+            f"{name}={v:g} is above 1/n = 1/{n_records} for the n = {n_records} records it "
+            "protects: a guarantee with this delta allows publishing each record in the clear "
+            f"with probability delta, about n * delta = {n_records * v:.3g} records. n, the "
+            "size of the data, is treated as public here. Choose delta below 1/n (e.g. "
+            f"{_suggest_delta(n_records):g}).",
+            LargeDeltaWarning, stacklevel=3)
+    return v
+
+
+def _suggest_delta(n: int) -> float:
+    """A power of ten at least ten times below ``1/n``."""
+    return 10.0 ** math.floor(math.log10(1.0 / (10.0 * n)))
 
 
 def check_fraction(name: str, value: Any, *, low: float = 0.0, high: float = 1.0,

@@ -24,7 +24,7 @@ import numpy as np
 from dp_accounting import dp_event
 from scipy import optimize
 
-from dpprecond._validation import check_delta, check_epsilon
+from dpprecond._validation import check_delta, check_epsilon, check_target_delta
 
 __all__ = [
     "MAX_NOISE_SCALE",
@@ -350,7 +350,8 @@ class PrivacyLedger:
     Parameters
     ----------
     delta : float
-        The delta at which epsilons are reported.
+        The delta at which epsilons are reported, in (0, 0.01] (a cap at a larger delta
+        protects no one; :func:`dpprecond._validation.check_target_delta`).
     max_epsilon : float or None
         Maximum total epsilon at ``delta``; ``None`` records without a limit.
     accountant : {"auto", "pld", "rdp"}
@@ -360,7 +361,7 @@ class PrivacyLedger:
 
     def __init__(self, delta: float, max_epsilon: float | None = None,
                  accountant: AccountantName = "auto") -> None:
-        self.delta = check_delta(delta)
+        self.delta = check_target_delta(delta, "delta")
         self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon,
                                                                           "max_epsilon")
         if accountant not in ("auto", "pld", "rdp"):

@@ -29,7 +29,10 @@ costs nothing, so the whole budget goes to the training.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +40,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import (
+    LargeDeltaWarning,
     SeedLike,
     check_array,
     check_choice,
@@ -45,6 +49,7 @@ from dpprecond._validation import (
     check_labels,
     check_positive,
     check_seed,
+    check_target_delta,
 )
 from dpprecond.accounting import PrivacyLedger, calibrate_noise, compose, epsilon_of, gaussian
 from dpprecond.fl import ClientData, FLConfig, make_method, simulate
@@ -90,6 +95,14 @@ def split_budget(target_epsilon: float, target_delta: float,
     eps_pca = epsilon_of(gaussian((share * precision) ** -0.5), target_delta, "pld")
     eps_fl = epsilon_of(gaussian(((1.0 - share) * precision) ** -0.5), target_delta, "pld")
     return eps_pca, eps_fl
+
+
+@contextlib.contextmanager
+def _delta_checked() -> Iterator[None]:
+    """A stage of :func:`run_pipeline`, which has already checked its delta against n."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LargeDeltaWarning)
+        yield
 
 
 def _pca_plan_event(method: str, epsilon: float | None, delta: float,
@@ -191,9 +204,11 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
     n_clients = check_int("n_clients", n_clients, low=1, high=X_train.shape[0])
     row_norm = check_positive("row_norm", row_norm)
+    private = target_epsilon is not None and not math.isinf(target_epsilon)
+    if private:  # once for both stages: n, the records of all clients, is treated as public
+        check_target_delta(target_delta, "target_delta", X_train.shape[0])
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
-    private = target_epsilon is not None and not math.isinf(target_epsilon)
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
     eps_pca, eps_fl, V = None, target_epsilon, None
@@ -203,7 +218,13 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     level = {"target_epsilon": eps_fl} if private else {"noise_multiplier": 0.0}
     config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
                       weighting=weighting, accountant=accountant, **level).validated()
-    method = make_method(algorithm, learning_rate, **(method_options or {}))
+    options = dict(method_options or {})
+    if learning_rate is not None:
+        if "learning_rate" in options:
+            raise ValueError("Give the learning rate once: learning_rate= or "
+                             "method_options['learning_rate'], not both.")
+        options["learning_rate"] = learning_rate
+    method = make_method(algorithm, **options)
     model = LinearSoftmax(k if kind in ("pca", "random") else X_train.shape[1], n_classes)
     if ledger is not None:  # the whole plan of both stages, before any data is touched
         stages = [plan_event(model, method, config)]
@@ -218,11 +239,12 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     if kind == "pca":
         from dpprecond.pca import fit_private_pca
 
-        pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
-                              target_epsilon=eps_pca, target_delta=target_delta,
-                              row_norm=row_norm, seed=None if secure else pca_seq,
-                              ledger=ledger, secure=secure, clients=data.bounds, trust=trust,
-                              **(pca_options or {}))
+        with _delta_checked():
+            pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
+                                  target_epsilon=eps_pca, target_delta=target_delta,
+                                  row_norm=row_norm, seed=None if secure else pca_seq,
+                                  ledger=ledger, secure=secure, clients=data.bounds,
+                                  trust=trust, **(pca_options or {}))
         V = pca.basis
         scale = math.sqrt(k) / row_norm
         Z_train, Z_test = data.X @ V * scale, X_test @ V * scale
@@ -237,9 +259,10 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     else:
         Z_train, Z_test, desc = data.X, X_test, "the rows as they are"
     train = ClientData(Z_train, data.y, data.bounds, n_classes)
-    fl = simulate(model, train, method, config,
-                  X_test=Z_test, y_test=y_test, seed=None if secure else fl_seq,
-                  ledger=ledger, progress=progress, secure=secure)
+    with _delta_checked():
+        fl = simulate(model, train, method, config, X_test=Z_test, y_test=y_test,
+                      seed=None if secure else fl_seq, ledger=ledger, progress=progress,
+                      secure=secure)
     total = ledger.epsilon if ledger is not None else math.inf
     return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca,
                           None if V is None else np.ascontiguousarray(V.T), Z_test)

@@ -132,7 +132,8 @@ DOMAINS: dict[str, tuple[list[Any], list[Any], list[str]]] = {
     "n_rounds": ([1, 2, 3, np.int64(2)], [0, -1, 1.5, True, None], ["n_rounds"]),
     "clip_norm": ([1e-300, 1e-3, 1.0, 10.0, 1e300, MAX],
                   [0, -1.0, math.nan, math.inf, None, "1"], ["clip_norm"]),
-    "target_delta": ([1e-300, 1e-12, 1e-5, 0.1, 0.5], [0, 1, 1.0, math.nan, -1e-5, None],
+    "target_delta": ([1e-300, 1e-12, 1e-5, 1e-3, 0.01],
+                     [0, 1, 1.0, math.nan, -1e-5, None, 0.0100001, 0.1, 0.5],
                      ["target_delta"]),
     "privacy": ([("target_epsilon", 0.5), ("target_epsilon", 1.0), ("target_epsilon", 8.0),
                  ("noise_multiplier", 0.0), ("noise_multiplier", 0.7),
@@ -421,10 +422,18 @@ def test_known_zero_feature_training_data_names_x_train() -> None:
 
 
 def test_large_delta_calibrates() -> None:
-    """Found by these properties ('math domain error'); fixed in 0723564."""
+    """Found by these properties ('math domain error'); fixed in 0723564. A delta of 0.5 is
+    now refused by FLConfig (issue 17, hole 6); the calibration itself still handles it."""
+    from dpprecond.fl.accounting import Schedule, calibrate
+
+    with pytest.raises(ValueError, match="target_delta"):
+        run_federated(X_TEST, Y_TEST, X_TEST, Y_TEST, 3, algorithm="fedgd", n_clients=2,
+                      config=FLConfig(n_rounds=1, clip_norm=1.0, target_epsilon=1.0,
+                                      target_delta=0.5), seed=0)
+    assert calibrate(Schedule("rounds", 1), 1.0, 0.5) > 0
     res = run_federated(X_TEST, Y_TEST, X_TEST, Y_TEST, 3, algorithm="fedgd", n_clients=2,
                         config=FLConfig(n_rounds=1, clip_norm=1.0, target_epsilon=1.0,
-                                        target_delta=0.5), seed=0)
+                                        target_delta=0.01), seed=0)
     assert res.epsilon <= 1.0
 
 

@@ -68,9 +68,9 @@ def test_estimator_validates_at_fit_not_init():
     with pytest.raises(ValueError, match="n_components"):
         est.fit(X)
     with pytest.raises(ValueError, match="epsilon"):
-        PrivatePCA(2, target_epsilon=-1.0, target_delta=0.1, row_norm=1.0).fit(X)
+        PrivatePCA(2, target_epsilon=-1.0, target_delta=1e-6, row_norm=1.0).fit(X)
     with pytest.raises(TypeError, match=r"Unknown option\(s\) \['clip_radius'\]"):
-        PrivatePCA(2, target_epsilon=1.0, target_delta=0.1, row_norm=1.0, method="select",
+        PrivatePCA(2, target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, method="select",
                    options={"clip_radius": 0.1}).fit(X)
 
 

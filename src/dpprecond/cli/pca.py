@@ -185,6 +185,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``pca`` sub-command."""
+    from dpprecond._validation import check_epsilon, check_target_delta
+
+    epsilons = [check_epsilon(e, "--epsilon") for e in (args.epsilon or [1.0])]
+    check_target_delta(args.delta, "--delta")  # before the data is read
     X, domain_bound, desc = load_pca_matrix(args.data, args.data_path)
     row_norm = args.row_norm if args.row_norm is not None else domain_bound
     if row_norm is None:
@@ -195,10 +199,6 @@ def run(args: argparse.Namespace) -> int:
     methods = args.method or [DEFAULT_METHOD]
     if "all" in methods:
         methods = list(PRIVATE_METHODS)
-    from dpprecond._validation import check_delta, check_epsilon
-
-    epsilons = [check_epsilon(e, "--epsilon") for e in (args.epsilon or [1.0])]
-    check_delta(args.delta, "--delta")
     options = {key: val for key, val in (("clip_radius", args.clip_radius),
                                          ("n_iter", args.n_iter),
                                          ("mean_trials", args.mean_trials)) if val is not None}

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from dpprecond._validation import MAX_DELTA
+
 __all__ = [
     "DATASET_NAMES",
     "ExperimentFile",
@@ -84,7 +86,7 @@ class PrivacyTable(_Table):
     """``[privacy]``: the epsilon grid, delta, clipping and accountant."""
 
     epsilons: list[Epsilon] = Field(default=[1.0], min_length=1)
-    delta: Annotated[Number, Field(gt=0, lt=1)] = 1e-5
+    delta: Annotated[Number, Field(gt=0, le=MAX_DELTA)] = 1e-5
     clip_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] = 10.0
     accountant: Literal["pld", "rdp"] = "pld"
 

@@ -8,10 +8,10 @@ from typing import Literal
 
 from dpprecond._validation import (
     check_choice,
-    check_delta,
     check_fraction,
     check_int,
     check_positive,
+    check_target_delta,
 )
 from dpprecond.fl.accounting import MECHANISMS, check_privacy_level
 from dpprecond.fl.backend import BACKENDS
@@ -41,7 +41,9 @@ class FLConfig:
         run is ``(target_epsilon, target_delta)``-DP. Give exactly one of
         ``target_epsilon`` and ``noise_multiplier``.
     target_delta : float
-        Delta (default 1e-5, as in the paper).
+        Delta (default 1e-5, as in the paper), at most 0.01; :func:`~dpprecond.fl.simulate`
+        warns when it is above ``1/n`` for the ``n`` records of all clients
+        (:class:`~dpprecond.LargeDeltaWarning`).
     noise_multiplier : float or None
         Explicit z instead of a target; the reported epsilon is what it spends.
         ``noise_multiplier=0`` is the one way to ask for a non-private run (logged as a
@@ -94,7 +96,7 @@ class FLConfig:
         check_int("n_rounds", self.n_rounds, low=1)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
         check_privacy_level(self.target_epsilon, self.noise_multiplier)
-        check_delta(self.target_delta, "target_delta")
+        check_target_delta(self.target_delta, "target_delta")
         check_choice("mechanism", self.mechanism, MECHANISMS)
         check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
         check_int("local_steps", self.local_steps, low=1)

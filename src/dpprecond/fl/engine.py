@@ -39,7 +39,14 @@ from dp_accounting import dp_event
 from tqdm.auto import tqdm
 
 from dpprecond._threads import serial_blas
-from dpprecond._validation import SeedLike, check_array, check_int, check_labels, check_seed
+from dpprecond._validation import (
+    SeedLike,
+    check_array,
+    check_int,
+    check_labels,
+    check_seed,
+    check_target_delta,
+)
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
 from dpprecond.fl.backend import get_backend
@@ -266,6 +273,8 @@ def simulate(model: FLModel, data: ClientData,
                          f"{data.X.shape[1]}; build the model with n_features="
                          f"{data.X.shape[1]}.")
     checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
+    if config.private:  # n, the records of all clients, is treated as public
+        check_target_delta(config.target_delta, "target_delta", data.X.shape[0])
     schedule, scale, multipliers = _plan(model, method, config)
     if ledger is not None:  # refuse the whole plan before any data is touched
         ledger.check(schedule.event(scale))

@@ -22,12 +22,12 @@ from dpprecond._validation import (
     SeedLike,
     check_array,
     check_choice,
-    check_delta,
     check_epsilon,
     check_int,
     check_matrix_lazy,
     check_positive,
     check_seed,
+    check_target_delta,
 )
 from dpprecond.accounting import PrivacyLedger, epsilon_of
 from dpprecond.pca.core import flip_signs
@@ -188,7 +188,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     target_epsilon : float
         Target epsilon (> 0); ignored (may be ``None``) for ``method="exact"``.
     target_delta : float
-        Target delta in (0, 1).
+        Target delta, in (0, 0.01] (:data:`dpprecond._validation.MAX_DELTA`); above
+        ``1/n`` it warns (:class:`~dpprecond.LargeDeltaWarning`; ``n``, the number of rows,
+        is treated as public).
     row_norm : float
         Public bound on the l2 norm of the raw rows (> 0). Required: never derived from
         the data.
@@ -257,7 +259,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                          "rows of X (e.g. from the data's documented range). It is never "
                          "derived from the data, which would leak private information.")
     row_norm = check_positive("row_norm", row_norm)
-    delta = check_delta(target_delta, "target_delta")
+    delta = check_target_delta(target_delta, "target_delta", n)
     if spec.private:
         target_epsilon = check_epsilon(target_epsilon, "target_epsilon")
     elif target_epsilon is not None:

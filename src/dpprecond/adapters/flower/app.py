@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Context
 
-from dpprecond._validation import check_int
+from dpprecond._validation import check_int, check_target_delta
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
@@ -75,6 +75,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         raise ValueError(f"Set exactly one of run config target-epsilon and noise-multiplier, "
                          f"got target-epsilon={run_config.get('target-epsilon', '')!r} and "
                          f"noise-multiplier={run_config.get('noise-multiplier', '')!r}.")
+    check_target_delta(run_config.get("target-delta", 1e-5), "target-delta")
     return FLConfig(
         n_rounds=run_config.get("n-rounds", 20), clip_norm=run_config.get("clip-norm", 10.0),
         target_epsilon=eps, noise_multiplier=z,
@@ -127,6 +128,8 @@ def strategy_from_run_config(context: Context) -> DPFedStrategy:
     else:
         ds = PartitionedDataset.from_run_config(rc).dataset()
         model = LinearSoftmax(ds.n_features, ds.n_classes)
+        if config.private:  # the federation's records are the dataset's training rows
+            check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
         if rc.get("evaluate", True):
             X_test, y_test = ds.X_test, ds.y_test
     noise_seed = rc.get("noise-seed", "")
