@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import dp_accounting
 import pytest
@@ -185,3 +186,27 @@ def test_calibration_stops_at_the_smallest_scale_for_tiny_sampling_rates() -> No
     assert epsilon_of(event(z), 1e-5, "pld") <= 1.0
     # a large epsilon for a Gaussian: the smallest scale, spending less than asked
     assert calibrate_noise(gaussian, 1e4, 1e-5, "pld") == MIN_NOISE_SCALE
+
+
+# -- issue 17, hole 7: a target beyond the noise floor is said, not silently undershot ------
+
+
+def test_a_target_beyond_the_noise_floor_warns_with_what_is_spent() -> None:
+    """``target_epsilon=1000`` spent 294 without a word (the calibration's noise floor)."""
+    from dpprecond.accounting import MIN_NOISE_SCALE, NoiseFloorWarning
+    from dpprecond.data import load_dataset
+    from dpprecond.fl import FLConfig, run_federated
+    from dpprecond.pca import fit_private_pca
+
+    ds = load_dataset("digits")
+    with pytest.warns(NoiseFloorWarning, match=r"epsilon=1000 .*=0\.05 .* epsilon=294\.\d+ "):
+        res = fit_private_pca(ds.X_train, 2, method="analyze_gauss", target_epsilon=1000.0,
+                              target_delta=1e-6, row_norm=8.0, seed=0)
+    assert res.epsilon == pytest.approx(epsilon_of(gaussian(MIN_NOISE_SCALE), 1e-6, "pld"))
+    with pytest.warns(NoiseFloorWarning, match="epsilon=1000"):
+        run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, 10, algorithm="fedgd",
+                      n_clients=2, seed=0, config=FLConfig(n_rounds=1, target_epsilon=1000.0))
+    with warnings.catch_warnings():  # a target the floor can meet exactly: no warning
+        warnings.simplefilter("error", NoiseFloorWarning)
+        fit_private_pca(ds.X_train, 2, method="analyze_gauss", target_epsilon=10.0,
+                        target_delta=1e-6, row_norm=8.0, seed=0)

@@ -16,6 +16,7 @@ dp_accounting's default relation; sensitivities are never hidden in the accounta
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -29,6 +30,7 @@ from dpprecond._validation import check_delta, check_epsilon, check_target_delta
 __all__ = [
     "MAX_NOISE_SCALE",
     "MIN_NOISE_SCALE",
+    "NoiseFloorWarning",
     "PrivacyBudgetExceededError",
     "PrivacyLedger",
     "calibrate_noise",
@@ -55,6 +57,10 @@ RDP_ORDERS: tuple[float, ...] = tuple(
 MAX_NOISE_SCALE = 1e12
 #: Smallest noise scale :func:`calibrate_noise` returns (see there).
 MIN_NOISE_SCALE = 0.05
+
+
+class NoiseFloorWarning(UserWarning):
+    """A target epsilon beyond what :data:`MIN_NOISE_SCALE` allows: less is spent."""
 
 
 class PrivacyBudgetExceededError(RuntimeError):
@@ -227,10 +233,11 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
 
     The search never goes below :data:`MIN_NOISE_SCALE`: when that scale already meets the
     target, it is returned and the mechanism spends less than ``epsilon`` (the epsilon
-    reported for it is its own, smaller one). Below it the PLD accountant's memory and time
-    grow as ``1/scale^2`` for subsampled events (a Poisson rate of 1e-6 used to walk the
-    scale down to 1e-6 and run out of 20 GB), and a noise std of 5% of the sensitivity
-    protects next to nothing anyway.
+    reported for it is its own, smaller one), and a :class:`NoiseFloorWarning` says so,
+    naming the target and what is spent (``target_epsilon=1000`` used to spend 294 without
+    a word). Below it the PLD accountant's memory and time grow as ``1/scale^2`` for
+    subsampled events (a Poisson rate of 1e-6 used to walk the scale down to 1e-6 and run
+    out of 20 GB), and a noise std of 5% of the sensitivity protects next to nothing anyway.
     """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
@@ -257,6 +264,16 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     else:
         while eps_at(lo) <= epsilon:
             if lo <= MIN_NOISE_SCALE:
+                spent = eps_at(MIN_NOISE_SCALE)
+                if spent < epsilon * (1.0 - rel_tol):
+                    warnings.warn(
+                        f"epsilon={epsilon:g} is beyond the noise floor: the calibration "
+                        f"never uses a noise scale below MIN_NOISE_SCALE={MIN_NOISE_SCALE:g} "
+                        f"(a noise std of {MIN_NOISE_SCALE:g} times the sensitivity), which "
+                        f"already spends only epsilon={spent:.6g} at delta={delta:g}. The "
+                        "mechanism spends (and reports) that, less than asked (less noise "
+                        "would protect next to nothing).", NoiseFloorWarning,
+                        stacklevel=2)
                 return MIN_NOISE_SCALE
             hi, lo = lo, max(lo / 2.0, MIN_NOISE_SCALE)
     # log(epsilon) is closer to linear in log(scale); a zero epsilon (large delta) is
