@@ -5,8 +5,12 @@ public feature extractor, :func:`run_pipeline` builds the features privately:
 
 1. the training data is split among the clients (as in :func:`dpprecond.fl.run_federated`);
 2. **federated private PCA** (:func:`dpprecond.pca.fit_private_pca` with ``clients=``) on
-   the clients' rows, with a share ``pca_share`` of the budget: every client adds its own
-   noise (``trust="local"``, no trusted party) or shares of it under secure aggregation;
+   the clients' rows, with a share ``pca_share`` of the budget. ``trust="local"`` (no
+   trusted party): every client adds its own noise, so each client's message meets the
+   target on its own (the aggregate carries ``sqrt(K)`` times the central noise).
+   ``trust="secure-aggregation"`` (an assumption): each client adds a share of std
+   ``std / sqrt(K)``, so only the sum meets the target, and only if a secure-aggregation
+   protocol reveals nothing but the sum (none runs here; :mod:`dpprecond.pca.federated`);
 3. every record is projected on the released components and publicly rescaled,
    ``z = V^T x sqrt(k) / row_norm`` (``V`` released, ``k`` and ``row_norm`` public: a
    row-wise post-processing of the release and of the record itself);

@@ -106,3 +106,52 @@ def test_noise_off_gives_the_exact_subspace_and_select_is_refused(data: np.ndarr
     with pytest.raises(ValueError, match="trust"):
         fit_private_pca(data, 2, method="analyze_gauss", target_epsilon=1.0,
                         target_delta=1e-6, row_norm=1.0, clients=BOUNDS, trust="none")
+
+
+# -- issue 17, hole 8: every statement of the trust models is true -------------------------
+
+
+def _trust_texts() -> dict[str, str]:
+    """Every place that states what the trust models guarantee (whitespace normalized)."""
+    import argparse
+    from pathlib import Path
+
+    import dpprecond.pca.federated as federated
+    import dpprecond.pipeline as pipeline
+    from dpprecond.cli import fl as cli_fl
+
+    parser = argparse.ArgumentParser()
+    cli_fl.register(parser.add_subparsers())
+    fl_parser = parser._subparsers._group_actions[0].choices["fl"]  # type: ignore[union-attr]
+    trust_help = next(a.help for a in fl_parser._actions if "--trust" in a.option_strings)
+    docs = Path(__file__).resolve().parents[2] / "docs" / "pca.md"
+    section = docs.read_text().split("## Federated PCA", 1)[1].split("\n## ", 1)[0]
+    texts = {"fit_private_pca": fit_private_pca.__doc__, "pca.federated": federated.__doc__,
+             "dpprecond.pipeline": pipeline.__doc__, "dpprecond fl --trust": trust_help,
+             "docs/pca.md": section}
+    return {name: " ".join(str(t).split()) for name, t in texts.items()}
+
+
+def test_every_statement_of_the_trust_models_is_true() -> None:
+    """``fit_private_pca``'s docstring said that under secure aggregation each client's
+    release meets the target: each share has std / sqrt(K), only the sum does."""
+    for name, text in _trust_texts().items():
+        assert "each client's release meets the target" not in text, name
+        # local: a client's own message meets the target; secure aggregation: only the sum
+        assert "on its own" in text, name
+        assert "only the sum" in text, name
+        assert "sqrt(K)" in text, name
+    # ... and those statements hold: a client's share alone is a Gaussian mechanism with
+    # multiplier z / sqrt(K), far above the target; its own local message has z itself
+    from dpprecond.accounting import calibrate_noise, epsilon_of, gaussian
+
+    z = calibrate_noise(gaussian, 1.0, 1e-6, "pld")
+    K = BOUNDS.size - 1
+    assert epsilon_of(gaussian(z / math.sqrt(K)), 1e-6, "pld") > 1.9
+    assert epsilon_of(gaussian(z), 1e-6, "pld") <= 1.0
+    streams = np.random.default_rng(0).spawn(K)
+    draws = LocalNoise(streams).standard_normal(200_000)  # each client adds std 1
+    with pytest.raises(ValueError, match="trust='secure-aggregation' applies to federated"):
+        fit_private_pca(np.eye(3), 1, method="analyze_gauss", target_epsilon=1.0,
+                        target_delta=1e-6, row_norm=1.0, trust="secure-aggregation")
+    assert draws.var() == pytest.approx(K, rel=6 * math.sqrt(2 / 200_000))

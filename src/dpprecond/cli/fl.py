@@ -132,8 +132,11 @@ def register(subparsers: Any) -> None:
     g.add_argument("--pca-method", default="auto", choices=["auto", "analyze_gauss", "fixed"],
                    help="the federated PCA of pca:K features (default: auto)")
     g.add_argument("--trust", default="local", choices=["local", "secure-aggregation"],
-                   help="who adds the PCA noise: every client (local, default) or shares "
-                        "under secure aggregation")
+                   help="who adds the pca:K noise: every client its own (local, default: "
+                        "each client's message meets the target on its own; the aggregate "
+                        "has sqrt(K) times the noise), or shares of std/sqrt(K) under an "
+                        "assumed secure aggregation (only the sum meets the target, and only "
+                        "if the protocol reveals nothing else; none runs here)")
     g.add_argument("--row-norm", type=float, default=None,
                    help="public bound on a row's l2 norm, for pca:K (default: sqrt(d) for the "
                         "built-in image data, whose features lie in [-1, 1]; required for "

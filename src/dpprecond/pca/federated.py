@@ -10,19 +10,22 @@ and the server adds the parts. Who adds the noise is the trust model:
 
 ``trust="local"`` (no trusted party)
     Every client adds its own Gaussian noise with the *central* standard deviation to its
-    part before sending it, so each client's message is on its own a Gaussian mechanism
-    with the central noise multiplier ``z`` on its records: the guarantee holds against the
-    server and everyone else, and the accounting is the central one (events and epsilon
-    unchanged). The aggregate then carries ``K`` independent noises: ``sqrt(K)`` times the
-    central noise std (:class:`LocalNoise` draws them, one stream per client).
+    part before sending it, so each client's message meets the target on its own: it is a
+    Gaussian mechanism with the central noise multiplier ``z`` on the client's records, and
+    the guarantee holds against the server and everyone else; the accounting is the central
+    one (events and epsilon unchanged). The aggregate then carries ``K`` independent
+    noises: ``sqrt(K)`` times the central noise std (:class:`LocalNoise` draws them, one
+    stream per client).
 ``trust="secure-aggregation"`` (an assumption: the server sees only the sum)
-    Every client adds ``N(0, std^2 / K)``; a secure aggregation protocol reveals only the
-    sum, which carries exactly the central noise, so the guarantee is the central one
-    *provided* the protocol hides the individual messages (and the clients are honest about
-    their noise). The simulator draws the clients' shares jointly from the central stream,
-    coupled so that they sum to the central draw: the shares are independent
-    ``N(0, std^2 / K)`` (see :func:`split_noise`), and a run equals the central computation
-    for the same seed up to the summation order.
+    Every client adds a share ``N(0, std^2 / K)``, so a client's message alone is a
+    Gaussian mechanism with multiplier ``z / sqrt(K)`` and does *not* meet the target:
+    only the sum, which carries exactly the central noise, does, and the guarantee holds
+    only if a secure aggregation protocol reveals nothing but the sum to the server (and
+    the clients add their shares honestly). No such protocol runs in this library: the
+    simulation adds the central noise to the sum of the clients' parts, which is the law of
+    the sum of ``K`` independent shares (so a run equals the central computation for the
+    same seed, up to the summation order). :func:`split_noise` forms shares that sum to a
+    central draw, for a deployment that runs a real protocol.
 
 Methods: every release of ``auto``, ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``)
 is a sum over rows (``auto``'s probe is a histogram: a sum of per-row indicator vectors),
