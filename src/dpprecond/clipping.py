@@ -98,8 +98,11 @@ def safe_row_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return nu, pre
 
 
-def clip_to_radius(nu: np.ndarray, pre: np.ndarray, radius: float) -> np.ndarray:
+def clip_to_radius(nu: np.ndarray, pre: np.ndarray,
+                   radius: float | np.ndarray) -> np.ndarray:
     """``post`` such that ``(x_i pre_i) post_i = x_i min(1, radius / ||x_i||) SHRINK``.
+
+    ``radius`` is one radius for every row, or an array of one radius per row.
 
     ``radius = inf`` gives ``post = SHRINK / pre`` (no clipping). A zero row gets
     ``post = SHRINK / pre`` (it stays zero). Apply as ``(X * pre) * post``, never as

@@ -157,3 +157,37 @@ def test_mean_sensitivity_2_over_n_hit():
     change = np.linalg.norm(A.mean(axis=0) - B.mean(axis=0))
     assert change == pytest.approx(mean_sensitivity(n), rel=1e-12)
     assert mean_sensitivity(n) == pytest.approx(2.0 / n)
+
+
+# -- issue 17, hole 9: run_trials' Z is a sum of clipped per-row terms, within its slack ----
+
+
+def test_run_trials_z_is_within_the_rounding_bound_of_the_clipped_sum(monkeypatch):
+    """Z used to be formed as ``S X B - sum_clipped a_i (y_i - c_i)^T``: per-row terms of
+    norm up to ``||B||_2`` instead of ``R``, so its rounding could exceed the slack the noise
+    is inflated by (``gamma_m n R`` for terms of norm ``R``; here the old error was 177 times
+    that). With ``||B||_2 = 31`` and ``R = 1e-9`` the computed Z must stay within
+    ``rounding_slack() / 2 * R`` of the exact sum of the clipped rows ``a_i c_i^T``,
+    ``c_i = y_i min(1, R / ||y_i||) SHRINK`` (computed in extended precision)."""
+    import dpprecond.pca.core as core
+    from dpprecond.clipping import SHRINK
+    from dpprecond.pca.rows import ClippedRows
+
+    n, R = 1000, 1e-9
+    t = 1e-3 * np.random.default_rng(3).uniform(0.5, 1.5, n)
+    rows = ClippedRows.from_data(np.stack([t, np.sqrt(1.0 - t**2)], axis=1), 1.0)
+    S = rows.gram()
+    X0 = np.eye(2)[:, :1]
+    seen = []
+    real = core.orthonormalize
+    monkeypatch.setattr(core, "orthonormalize", lambda Z: seen.append(Z.copy()) or real(Z))
+    core.run_trials(rows, S, X0, [core.TrialSpec(R, 1, 0.0, 0.0, np.random.default_rng(0))])
+    # the exact release for the same public B (post-processing of H = X0^T S X0, noiseless)
+    H = X0.T @ S @ X0
+    B, b_norm = core._preconditioner(0.5 * (H + H.T), 1e-12 * max(float(np.trace(H)), 1e-300))
+    assert b_norm > 25.0
+    A = rows.materialize().astype(np.longdouble)
+    Y = A @ (X0 @ B).astype(np.longdouble)
+    exact = A.T @ (Y * np.minimum(1.0, R / np.abs(Y)) * np.longdouble(SHRINK))
+    err = float(np.abs(seen[0].astype(np.longdouble) - exact).max())
+    assert err <= rows.rounding_slack() / 2 * R, (err, rows.rounding_slack() / 2 * R)

@@ -22,11 +22,11 @@ Noise std is ``noise_multiplier * sensitivity``; a noise multiplier of ``0`` swi
 noise off (non-private reference runs).
 
 Cost: ``S = A^T A`` is computed once (it is needed by Algorithm 1 and by the score).
-An iteration of Algorithm 2 makes at most one pass over ``A`` (``A X_t B``, only over the
-rows that can be clipped, see :func:`run_trials`); ``H = X_t^T S X_t`` and
-``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T`` give ``H`` and ``Z`` exactly with
-a correction over the clipped rows only. All live trials of the selection are stacked
-side by side, so a single GEMM ``A [X_1 B_1 ... X_L B_L]`` serves them all.
+An iteration of Algorithm 2 makes one pass over ``A``: ``H = X_t^T S X_t`` from ``S``, and
+``Z = sum_i a_i c_i^T`` summed block by block from the clipped rows themselves (every
+term of norm <= R, so the rounding bound of the noise covers it; see :func:`run_trials`).
+All live trials of the selection are stacked side by side, so each block is multiplied
+once by ``[X_1 B_1 ... X_L B_L]`` for all of them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import numpy as np
 from scipy import linalg
 
 from dpprecond._threads import serial_blas
+from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import DenseRows, RowSource
 from dpprecond.secure import release
@@ -50,6 +51,7 @@ __all__ = [
     "SelectionResult",
     "TrialSpec",
     "clip_grid",
+    "clipped_products",
     "flip_signs",
     "iteration_grid",
     "noise_bound",
@@ -227,6 +229,51 @@ def _preconditioner(H: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
     return (V / np.sqrt(w)) @ V.T, float(1.0 / np.sqrt(w[0]))
 
 
+def clipped_products(block: np.ndarray, XB: np.ndarray, radii: np.ndarray, k: int,
+                     scale: np.ndarray | None = None) -> np.ndarray:
+    """One block's terms of ``Z_j = sum_i a_i c_ij^T`` for stacked trials, and clip counts.
+
+    ``XB = [X_1 B_1 ... X_m B_m]`` (d x mk, public), ``radii`` the trials' ``R_j``; with
+    ``scale`` the rows are ``scale_i block_i`` (the row-scaled fast path of
+    :meth:`ClippedRows.block_sum`). ``c_ij = clip_Rj(B_j X_j^T a_i)`` with
+    :func:`dpprecond.clipping.clip_to_radius` (overflow-safe, ``||c_ij|| <= R_j`` as
+    computed). Returns a flat array: the ``d x mk`` sum, then the ``m`` counts of clipped
+    rows (a diagnostic, not a release).
+    """
+    m = radii.size
+    Y = block @ XB
+    if scale is not None:
+        Y *= scale[:, None]
+    Y3 = Y.reshape(-1, k)  # one row per (row, trial)
+    nu, pre = safe_row_norms(Y3)
+    R = np.tile(radii, block.shape[0])
+    post = clip_to_radius(nu, pre, R)
+    C = Y3 * pre[:, None]
+    with np.errstate(under="ignore"):
+        C *= post[:, None]
+    C = C.reshape(block.shape[0], m * k)
+    if scale is not None:
+        C *= scale[:, None]
+    with np.errstate(divide="ignore", over="ignore"):
+        counts = (nu > R * pre).reshape(-1, m).sum(axis=0).astype(np.float64)
+    return np.concatenate([(block.T @ C).ravel(), counts])
+
+
+def _clipped_sums(rows: RowSource, XB: np.ndarray, radii: np.ndarray,
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(Z, clipped counts)`` of :func:`clipped_products` summed over all rows (one pass)."""
+    d, mk = XB.shape
+    size = d * mk + radii.size
+    if hasattr(rows, "block_sum"):
+        flat = rows.block_sum(clipped_products, XB, radii, k, shape=(size,), row_scaled=True)
+    else:  # a RowSource without its own pass: blocks read with rows.rows
+        n = rows.shape[0]
+        flat = np.zeros(size)
+        for lo in range(0, n, 8192):
+            flat += clipped_products(rows.rows(np.arange(lo, min(n, lo + 8192))), XB, radii, k)
+    return flat[:d * mk].reshape(d, mk), flat[d * mk:].astype(np.int64)
+
+
 def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                trials: list[TrialSpec], *,
                max_batch_columns: int = 1024) -> tuple[list[np.ndarray], np.ndarray]:
@@ -244,15 +291,16 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
        ``a c^T - a' c'^T`` with ``||a||, ||a'|| <= 1``, ``||c||, ||c'|| <= R``).
     5. ``X_{t+1}`` = Q of the thin QR of ``Z`` (signs fixed).
 
-    Computation (exact, cheaper than the formulas): ``H`` uses ``X_t^T S X_t`` with the
-    precomputed ``S = A^T A``; ``A^T C = S X_t B - sum_{i clipped} a_i (y_i - c_i)^T``.
-    Only rows with ``||a_i|| ||B||_2 > R`` can be clipped (because
-    ``||y_i|| = ||a_i^T X B|| <= ||a_i|| ||B||_2``; the screening is exact), so
-    ``y_i`` is computed for those candidate rows only: one GEMM of the candidates (or of all
-    of ``A`` when they are more than a quarter of the rows) with the stacked
-    ``[X_1 B_1 ... X_L B_L]`` of all live trials (trials sorted by ``T``; the live ones are
-    those with ``T > t``; groups of at most ``max_batch_columns`` columns). At worst this is
-    one pass over ``A`` per iteration (two when most rows are clipped).
+    Computation: ``H`` uses ``X_t^T S X_t`` with the precomputed ``S = A^T A`` (its per-row
+    terms ``y y^T`` have norm <= 1, the scale of the rounding bound). ``Z`` is summed from
+    the clipped rows themselves, ``sum_i a_i c_i^T``, one block of rows at a time
+    (:func:`clipped_products`), so every term has norm <= ``R`` and the float64 sum is within
+    the rounding bound the noise is inflated by (:meth:`ClippedRows.rounding_slack`); it is
+    never formed as ``S X B`` minus a correction over the clipped rows, whose per-row terms
+    reach ``||B||_2`` and whose rounding that bound does not cover (issue 17, hole 9). One
+    pass over ``A`` per iteration serves every live trial: each block is multiplied once by
+    the stacked ``[X_1 B_1 ... X_L B_L]`` (trials sorted by ``T``; the live ones are those
+    with ``T > t``; groups of at most ``max_batch_columns`` columns).
 
     Returns
     -------
@@ -262,8 +310,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
         Rows clipped in each trial's last iteration (diagnostic; not a private release).
     """
     rows = DenseRows(A) if isinstance(A, np.ndarray) else A
-    norms = rows.norms
-    n, d = rows.shape
+    d = rows.shape[1]
     k = X0.shape[1]
     L = len(trials)
     out: list[np.ndarray] = [X0.copy() for _ in range(L)]
@@ -275,12 +322,9 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
         t_max = trials[group[0]].n_iter
         for t in range(t_max):
             live = [i for i in group if trials[i].n_iter > t]
-            m = len(live)
             Xs = np.concatenate([out[i] for i in live], axis=1)  # d x mk
             SX = S @ Xs
             XB = np.empty_like(Xs)
-            Z = np.empty_like(Xs)
-            thresholds = np.empty(m)
             for j, i in enumerate(live):
                 tr = trials[i]
                 sl = slice(j * k, (j + 1) * k)
@@ -290,33 +334,12 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 H = release(H, symmetric_gaussian(k, sH, tr.rng), sH, tr.rng)
                 amp = float(getattr(tr.rng, "noise_amplification", 1.0))  # LocalNoise
                 floor = tr.h_floor_factor * sH * amp if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
-                B, b_norm = _preconditioner(H, floor)
+                B, _ = _preconditioner(H, floor)
                 XB[:, sl] = Xs[:, sl] @ B
-                Z[:, sl] = SX[:, sl] @ B
-                thresholds[j] = tr.clip_radius / b_norm
             radii = np.array([trials[i].clip_radius for i in live])
-            # margin: rounding in ||B||_2 and in the norms never excludes a clipped row
-            cand = np.flatnonzero(norms > thresholds.min() * (1 - 1e-9))
-            clipped_count = np.zeros(m, dtype=np.int64)
-            if cand.size:
-                full = 4 * cand.size > n  # many candidates: one GEMM over all of X
-                block = None if full else rows.rows(cand)
-                Y = rows.times(XB) if full else block @ XB  # the one GEMM with A
-                Y3 = Y.reshape(-1, m, k)
-                ynorm = np.sqrt(np.einsum("nmk,nmk->nm", Y3, Y3))
-                clipped = ynorm > radii  # rows whose y_i is scaled down to norm R
-                clipped_count = clipped.sum(axis=0)
-                hit = np.flatnonzero(clipped.any(axis=1))
-                if hit.size:
-                    # y_i - c_i = (1 - R/||y_i||) y_i on clipped entries, 0 elsewhere
-                    excess = np.where(clipped, 1.0 - radii / np.maximum(ynorm, radii), 0.0)
-                    if full and 4 * hit.size > n:
-                        Y3 *= excess[:, :, None]
-                        Z -= rows.t_times(Y)
-                    else:
-                        D = (Y3[hit] * excess[hit][:, :, None]).reshape(hit.size, m * k)
-                        Ah = rows.rows(hit) if block is None else block[hit]
-                        Z -= Ah.T @ D
+            # Z = sum_i a_i c_i^T from the clipped rows themselves: every per-row term has
+            # norm <= R (never S X B minus a correction, whose terms reach ||B||_2)
+            Z, clipped_count = _clipped_sums(rows, XB, radii, k)
             for j, i in enumerate(live):
                 tr = trials[i]
                 Zj = Z[:, j * k:(j + 1) * k]
