@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dpprecond.cli import main
+from tests.strict_json import load_strict
 
 
 def test_pca_digits_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -87,3 +88,54 @@ def test_demo_shows_the_defaults_beside_their_baselines(capsys: pytest.CaptureFi
     fl = [ln.split() for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 ", "inf "))]
     assert [r[0] for r in fl] == ["1", "4", "inf"] and all(len(r) == 3 for r in fl)
     assert "sofim-lagged" in text and "fedgd" in text
+
+
+# -- issue 17, hole 10: one strict JSON format for every output, with the released values --
+
+
+def test_pca_json_is_strict_and_holds_the_released_components(tmp_path: Path) -> None:
+    """``dpprecond pca --json`` wrote bare Infinity/NaN and no components."""
+    out = tmp_path / "r.json"
+    assert main(["pca", "-k", "2", "--method", "auto", "--method", "analyze_gauss",
+                 "--epsilon", "1", "--seed", "0", "--json", str(out)]) == 0
+    payload = load_strict(out)
+    exact, *fits = payload["results"]
+    assert exact["epsilon"] is None and exact["components"] is None  # not a release
+    for r in fits:
+        V = np.array(r["components"])
+        assert V.shape == (2, 64) and np.allclose(V @ V.T, np.eye(2), atol=1e-9)
+        assert len(r["explained_variance"]) == 2 and 0 < r["epsilon"] <= 1.0
+    from dpprecond.cli.pca import load_pca_matrix
+    from dpprecond.pca import fit_private_pca
+
+    X, row_norm, _ = load_pca_matrix("digits")
+    res = fit_private_pca(X, 2, method="auto", target_epsilon=1.0, target_delta=1e-6,
+                          row_norm=row_norm, seed=0)
+    np.testing.assert_allclose(np.array(fits[0]["components"]), res.components, atol=1e-12)
+
+
+@pytest.mark.parametrize("features", ["pixels", "pca:3"])
+def test_fl_history_is_strict_and_holds_the_released_model(lab_file: Path, tmp_path: Path,
+                                                           features: str) -> None:
+    """FL outputs wrote epsilons as "inf" strings, and no model."""
+    out = tmp_path / "o"
+    assert main(["fl", "--data", str(lab_file), "--rounds", "2", "--clients", "3",
+                 "--epsilon", "inf", "--features", features, "--row-norm", "3",
+                 "--out", str(out)]) == 0
+    hist = load_strict(out / "history.json")
+    assert hist["epsilon"] is None and hist["history"][-1]["epsilon"] is None
+    assert len(hist["params"]) == (5 if features == "pixels" else 3) * 3 + 3
+    if features == "pca:3":
+        assert np.array(hist["pca_components"]).shape == (3, 5)
+    else:
+        assert "pca_components" not in hist
+
+
+def test_experiment_run_of_a_binary_file_names_the_file(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """``experiment run file.npy`` ended in a bare "'utf-8' codec can't decode"."""
+    bad = tmp_path / "file.npy"
+    np.save(bad, np.zeros(3))
+    assert main(["experiment", "run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "not a TOML experiment file" in err

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any, Literal
 import numpy as np
 from dp_accounting import dp_event
 
+from dpprecond._files import write_json
 from dpprecond._validation import (
     LargeDeltaWarning,
     SeedLike,
@@ -139,6 +141,20 @@ class PipelineResult:
     def final_accuracy(self) -> float:
         """Test accuracy after the last round."""
         return self.fl.final_accuracy
+
+    def to_dict(self) -> dict[str, Any]:
+        """The training's :meth:`FLResult.to_dict` with the pipeline's releases and totals:
+        ``features``, ``total_epsilon`` (both stages, from the ledger), ``pca_epsilon`` and
+        the released ``pca_components`` (for ``pca:K`` features)."""
+        out = {**self.fl.to_dict(), "features": self.features,
+               "total_epsilon": self.epsilon, "pca_epsilon": self.pca_epsilon}
+        if self.components is not None:
+            out["pca_components"] = self.components
+        return out
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_dict` as strict JSON, atomically (docs/outputs.md)."""
+        write_json(path, self.to_dict())
 
 
 def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes: int, *,

@@ -165,6 +165,14 @@ def test_tiny_sweep_resumes_and_reports(tmp_path: Path) -> None:
     assert len(rows_csv) == total
     assert {r["epsilon"] for r in rows_csv} == {"2", "non-private"}
     assert len(json.loads((md.parent / "results.json").read_text())) == total
+    # every output is strict JSON (docs/outputs.md): non-private epsilons are null
+    from tests.strict_json import load_strict
+
+    assert len(load_strict(md.parent / "results.json")) == total  # type: ignore[arg-type]
+    for path in (cfg.output / "runs").glob("*.json"):
+        rec = load_strict(path)
+        assert isinstance(rec, dict) and (rec["epsilon_spent"] is None) == (
+            rec["spec"]["epsilon"] is None)
 
 
 def test_parallel_jobs_give_the_same_runs(tmp_path: Path) -> None:

@@ -123,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
 def tune(args: argparse.Namespace) -> int:
     """``experiment tune``."""
-    import json
-
+    from dpprecond._files import write_json
     from dpprecond.experiments.runner import load_records, run_experiment
     from dpprecond.experiments.tuning import NOT_CHARGED, select_best, tuned_config_text
 
@@ -136,7 +135,7 @@ def tune(args: argparse.Namespace) -> int:
     best = select_best(cfg, load_records(cfg, tuning=True))
     out = Path(cfg.report_dir or cfg.output)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tuning.json").write_text(json.dumps(best, indent=1), encoding="utf-8")
+    write_json(out / "tuning.json", best)  # strict JSON (docs/outputs.md)
     source = Path(args.config)
     tuned = source.with_name(f"{source.stem}-tuned.toml")
     text = tuned_config_text(cfg, best)

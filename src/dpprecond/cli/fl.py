@@ -353,7 +353,7 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        accountant=args.accountant, seed=args.seed, ledger=ledger,
                        secure=args.secure, progress=args.progress)
     res.fl.config.update(data=args.data, features=res.features)
-    res.fl.save_json(out / "history.json")
+    res.save_json(out / "history.json")
     plot_history({args.algorithm: res.fl.history}, out / "accuracy.png",
                  f"{args.data}, {args.features}, K={args.clients}")
     total = "inf (non-private)" if math.isinf(res.epsilon) else f"{res.epsilon:.4f}"

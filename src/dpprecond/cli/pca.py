@@ -8,7 +8,6 @@ everything as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -74,10 +73,12 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
                           row_norm=row_norm, center=ref_center, diagnostics=True)
     A = preprocess(X, row_norm, center=ref_center).A
     V = ref.basis
+    # the exact subspace is the evaluation's reference, not a release: it is not written
     records = [{"method": "exact", "epsilon_target": None, "epsilon": math.inf,
                 "delta": delta, "sin_theta": 0.0, "sin_theta_frobenius": 0.0,
                 "captured_variance": 1.0, "n_clipped": ref.diagnostics["n_clipped"],
-                "fit_seconds": ref.diagnostics["fit_seconds"]}]
+                "fit_seconds": ref.diagnostics["fit_seconds"], "components": None,
+                "explained_variance": None}]
     opts = options or {}
     for method in methods:
         for eps in epsilons:
@@ -100,6 +101,8 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
                 "branch": res.info.get("branch"),
                 "n_clipped": res.diagnostics["n_clipped"],
                 "fit_seconds": seconds,
+                # the releases: components (d x k) and the released eigenvalue estimates
+                "components": res.components, "explained_variance": res.explained_variance,
             })
     return records
 
@@ -176,7 +179,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the noise, for reproducible research only (anyone who knows "
                         "it can regenerate the noise); default: fresh OS entropy")
-    p.add_argument("--json", dest="json_path", help="write all results to this JSON file")
+    p.add_argument("--json", dest="json_path",
+                   help="write all results, with every fit's released components, to this "
+                        "strict JSON file (docs/outputs.md)")
     p.add_argument("--secure", action="store_true",
                    help="secure mode: noise from the OS CSPRNG, snapped releases; refuses "
                         "--seed (docs/privacy.md)")
@@ -216,17 +221,11 @@ def run(args: argparse.Namespace) -> int:
           "rows and the times use the private data and are not private; only the fitted "
           "components and the epsilons are releases)")
     if args.json_path:
+        from dpprecond._files import write_json
+
         payload = {"data": desc, "k": args.n_components, "delta": args.delta,
                    "row_norm": row_norm, "seed": args.seed, "center": args.center,
                    "results": records}
-        Path(args.json_path).write_text(json.dumps(payload, indent=2, default=_json_default))
+        write_json(args.json_path, payload, indent=2)  # strict JSON (docs/outputs.md)
         print(f"wrote {args.json_path}")
     return 0
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and math.isinf(obj):
-        return "inf"
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")

@@ -236,6 +236,10 @@ def load_config(path: str | os.PathLike) -> ExperimentConfig:
             raw = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML ({exc}).") from None
+    except UnicodeDecodeError as exc:  # a binary file (an .npy, a zip...)
+        raise ValueError(f"{path} is not a TOML experiment file: it is not UTF-8 text "
+                         f"({exc.reason} at byte {exc.start}); give an experiment .toml "
+                         "(see experiments/).") from None
     return parse_config(raw, base_dir=path.parent, source=str(path))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dpprecond._files import write_json
 from dpprecond.experiments.config import ExperimentConfig, expand_runs, run_id
 from dpprecond.experiments.runner import DataCache, load_records
 from dpprecond.experiments.stats import mcnemar_exact, rounds_to_reach
@@ -176,7 +177,7 @@ def _write_csv_json(out: Path, recs: list[dict[str, Any]]) -> None:
                         r["n_releases"], f"{r['seconds']:.3f}",
                         json.dumps(s["params"], sort_keys=True)])
     clean = [{k: v for k, v in r.items() if k != "predictions"} for r in recs]
-    (out / "results.json").write_text(json.dumps(clean), encoding="utf-8")
+    write_json(out / "results.json", clean, indent=None)  # strict JSON (docs/outputs.md)
 
 
 def _final_accuracy_series(cfg: ExperimentConfig, recs: list[dict[str, Any]],

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpprecond._files import atomic_write, remove_stale_temps
+from dpprecond._files import atomic_write, remove_stale_temps, write_json
 from dpprecond._validation import check_int
 from dpprecond.experiments.config import (
     ExperimentConfig,
@@ -175,10 +175,7 @@ def _save_run(runs_dir: Path, record: dict[str, Any], pred: np.ndarray) -> None:
     """
     rid = record["id"]
     atomic_write(runs_dir / f"{rid}.npy", lambda fh: np.save(fh, pred))
-    def write_json(fh: Any) -> None:
-        fh.write(json.dumps(record).encode())
-
-    atomic_write(runs_dir / f"{rid}.json", write_json)
+    write_json(runs_dir / f"{rid}.json", record, indent=None)
 
 
 _WORKER_CACHE: DataCache | None = None

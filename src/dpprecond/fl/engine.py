@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ import numpy as np
 from dp_accounting import dp_event
 from tqdm.auto import tqdm
 
+from dpprecond._files import write_json
 from dpprecond._threads import serial_blas
 from dpprecond._validation import (
     SeedLike,
@@ -92,24 +92,16 @@ class FLResult:
         return len(self.events)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (parameters omitted)."""
+        """The run as written to disk: privacy figures, settings, history and the released
+        model (``params``, the final parameters: post-processing of the releases)."""
         return {"noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
                 "delta": self.delta, "n_releases": self.n_releases, "config": self.config,
-                "history": self.history}
+                "history": self.history, "params": self.params}
 
     def save_json(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` as JSON (``inf`` written as the string "inf")."""
-        def fix(v: Any) -> Any:
-            if isinstance(v, float) and not math.isfinite(v):
-                return str(v)
-            if isinstance(v, dict):
-                return {k: fix(x) for k, x in v.items()}
-            if isinstance(v, list):
-                return [fix(x) for x in v]
-            return v
-
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(fix(self.to_dict()), fh, indent=1)
+        """Write :meth:`to_dict` as strict JSON, atomically (:func:`dpprecond._files.
+        write_json`: a non-private run's ``epsilon`` is ``null``; docs/outputs.md)."""
+        write_json(path, self.to_dict())
 
 
 def as_method(method: Method | GradientTransformation | str) -> Method:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Context
 
+from dpprecond._files import atomic_write
 from dpprecond._validation import check_int, check_target_delta
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
@@ -151,8 +152,8 @@ def _save(result: FLResult, context: Context) -> None:
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     result.config.update(algorithm=context.run_config.get("algorithm", "sofim"))
-    result.save_json(path / "result.json")
-    np.save(path / "params.npy", result.params)
+    result.save_json(path / "result.json")  # strict JSON, atomic (docs/outputs.md)
+    atomic_write(path / "params.npy", lambda fh: np.save(fh, result.params))
     logger.info("wrote %s and %s", path / "result.json", path / "params.npy")
 
 
