@@ -101,10 +101,13 @@ def test_pca_auto_forms_every_release_through_release(monkeypatch: pytest.Monkey
 def test_fl_secure_mode_including_poisson_masks() -> None:
     X, y, Xt, yt = make_problem(n=200)
     for mech, extra in (("full-batch", {}), ("poisson", {"sampling_rate": 0.5})):
-        res = run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=4, seed=1,
+        res = run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=4,
                             config=FLConfig(n_rounds=2, target_epsilon=2.0, mechanism=mech,
                                             **extra), secure=True)
         assert np.all(np.isfinite(res.params))
+    with pytest.raises(ValueError, match="refuses seeds"):
+        run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=4, seed=1,
+                      config=FLConfig(n_rounds=1, target_epsilon=2.0), secure=True)
     from dpprecond.fl import ClientData, make_method, simulate
     from dpprecond.fl.models import LinearSoftmax
     from dpprecond.fl.partition import iid_partition

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from dp_accounting import dp_event
 
 from dpprecond._files import write_json
 from dpprecond._validation import (
@@ -109,19 +108,6 @@ def _delta_checked() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LargeDeltaWarning)
         yield
-
-
-def _pca_plan_event(method: str, epsilon: float | None, delta: float,
-                    options: dict[str, Any] | None) -> dp_event.DpEvent:
-    """The releases the PCA stage will make, from its settings alone (the method registry's
-    plan, as :func:`dpprecond.pca.fit_private_pca` builds it)."""
-    from dpprecond.pca.methods import METHODS
-
-    spec = METHODS[method]
-    opts = spec.options(dict(options or {}))
-    if not spec.private or not opts.get("add_noise", True):
-        return dp_event.NonPrivateDpEvent()
-    return spec.plan(epsilon, delta, opts, None).event
 
 
 @dataclass
@@ -249,8 +235,11 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     if ledger is not None:  # the whole plan of both stages, before any data is touched
         stages = [plan_event(model, method, config)]
         if kind == "pca":
-            stages.insert(0, _pca_plan_event(pca_method if private else "exact", eps_pca,
-                                             target_delta, pca_options))
+            from dpprecond.pca.api import planned_event
+
+            stages.insert(0, planned_event(pca_method if private else "exact",
+                                           target_epsilon=eps_pca, target_delta=target_delta,
+                                           **(pca_options or {})))
         ledger.check(compose(stages))
     part_seq, pca_seq, fl_seq = check_seed(seed).spawn(3)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["load_fl_data", "plot_history", "privacy_level", "register", "run"]
 
@@ -126,12 +126,12 @@ def register(subparsers: Any) -> None:
                    help="pixels or resnet20 (fixed features of the built-in image data), "
                         "pca:K (private federated PCA to K dims, charged to the budget: "
                         "--pca-share) or random:K (a fixed random map, free); default pixels")
-    g.add_argument("--pca-share", type=float, default=0.2,
+    g.add_argument("--pca-share", type=float, default=None,
                    help="share of the budget's Gaussian precision spent on pca:K features "
                         "(default: 0.2)")
-    g.add_argument("--pca-method", default="auto", choices=["auto", "analyze_gauss", "fixed"],
+    g.add_argument("--pca-method", default=None, choices=["auto", "analyze_gauss", "fixed"],
                    help="the federated PCA of pca:K features (default: auto)")
-    g.add_argument("--trust", default="local", choices=["local", "secure-aggregation"],
+    g.add_argument("--trust", default=None, choices=["local", "secure-aggregation"],
                    help="who adds the pca:K noise: every client its own (local, default: "
                         "each client's message meets the target on its own; the aggregate "
                         "has sqrt(K) times the noise), or shares of std/sqrt(K) under an "
@@ -280,6 +280,12 @@ def run(args: argparse.Namespace) -> int:
 
     kind = args.features if args.features in ("pixels", "resnet20") else \
         parse_features(args.features)[0]
+    pca_only = [flag for flag, value in (("--trust", args.trust), ("--pca-share", args.pca_share),
+                                         ("--pca-method", args.pca_method)) if value is not None]
+    if pca_only and kind != "pca":
+        raise ValueError(f"{', '.join(pca_only)} apply to --features pca:K only (the private "
+                         f"PCA features), not to --features {args.features}; drop them or use "
+                         "pca:K.")
     base = args.features if kind in ("pixels", "resnet20") else "pixels"
     ds, feat = load_fl_data(args.data, args.data_path, base, args.checkpoint,
                             args.cache_dir, args.label_column, args.test_fraction)
@@ -330,6 +336,11 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
         raise ValueError("--features pca:K/random:K split a target epsilon between the PCA "
                          "and the training (Gaussian releases only): use --epsilon (or inf) "
                          "with --mechanism full-batch.")
+    from dpprecond.pipeline import DEFAULT_PCA_METHOD
+
+    pca_share = 0.2 if args.pca_share is None else args.pca_share
+    pca_method = args.pca_method or DEFAULT_PCA_METHOD
+    trust: Literal["local", "secure-aggregation"] = args.trust or "local"
     row_norm = args.row_norm
     if row_norm is None:
         if args.data not in BUILT_IN:
@@ -337,15 +348,15 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                              "public bound on the l2 norm of its rows.")
         row_norm = math.sqrt(ds.X_train.shape[1])
     eps = level.get("target_epsilon")
-    print(f"{ds!r}; features {args.features} (pca share {args.pca_share:g}, trust "
-          f"{args.trust}, row_norm {row_norm:g}); algorithm={args.algorithm}, "
+    print(f"{ds!r}; features {args.features} (pca share {pca_share:g}, trust "
+          f"{trust}, row_norm {row_norm:g}); algorithm={args.algorithm}, "
           f"K={args.clients}, T={args.rounds}, "
           f"{'non-private' if eps is None else f'epsilon={eps:g}'}, delta={args.delta}")
     start = time.perf_counter()
     res = run_pipeline(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                        features=args.features, target_epsilon=eps, target_delta=args.delta,
-                       row_norm=row_norm, pca_share=args.pca_share,
-                       pca_method=args.pca_method, trust=args.trust,
+                       row_norm=row_norm, pca_share=pca_share, pca_method=pca_method,
+                       trust=trust,
                        algorithm=args.algorithm, learning_rate=args.lr,
                        method_options=dict(args.option), n_clients=args.clients,
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,

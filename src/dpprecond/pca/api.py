@@ -38,7 +38,7 @@ from dpprecond.pca.rows import make_rows, mean_sensitivity
 from dpprecond.secure import SecureGenerator, release
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
-           "fit_private_pca"]
+           "fit_private_pca", "planned_event"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,26 @@ def _check_center(center: Any, d: int) -> str | np.ndarray | None:
         raise ValueError(f"Expected center to be None, 'private' or a public mean of shape "
                          f"({d},), got shape {mean.shape}.")
     return mean
+
+
+def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
+                  target_delta: float, center: str | np.ndarray | None = None,
+                  **options: Any) -> dp_event.DpEvent:
+    """What :func:`fit_private_pca` with these settings will release, from them alone.
+
+    The method registry's budget plan (the same one the fit checks its ledger against),
+    computed without any data: callers that compose several fits or stages check their
+    whole plan against a ledger with it before touching the data. A non-private setting
+    (``method="exact"``, ``add_noise=False``) is a ``NonPrivateDpEvent``.
+    """
+    spec = METHODS[check_choice("method", method, list(METHODS))]
+    opts = spec.options(options)
+    if not spec.private or not opts.get("add_noise", True):
+        return dp_event.NonPrivateDpEvent()
+    delta = check_target_delta(target_delta, "target_delta")
+    epsilon = check_epsilon(target_epsilon, "target_epsilon")
+    mean_share = opts.get("mean_share") if isinstance(center, str) else None
+    return spec.plan(epsilon, delta, opts, mean_share).event
 
 
 def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,

@@ -165,6 +165,10 @@ class PrivatePCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimato
                             f"{type(self.options).__name__}.")
         if not isinstance(self.diagnostics, bool):
             raise TypeError(f"Expected diagnostics to be a bool, got {self.diagnostics!r}.")
+        if self.secure is True and self.random_state is not None:
+            raise ValueError(f"secure=True refuses seeds (got random_state="
+                             f"{self.random_state!r}): a seeded fit's noise can be regenerated "
+                             "by whoever knows the seed.")
         result = fit_private_pca(X, self.n_components, method=self.method,
                                  target_epsilon=self.target_epsilon,
                                  target_delta=self.target_delta, row_norm=self.row_norm,

@@ -46,11 +46,35 @@ from dpprecond.fl.engine import FLResult
 from dpprecond.fl.methods import METHODS, Method, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax
 
-__all__ = ["OPTIONS_TABLE", "client_app", "config_from_run_config", "method_from_run_config",
-           "server_app", "strategy_from_run_config"]
+__all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "check_run_config", "client_app",
+           "config_from_run_config", "method_from_run_config", "server_app",
+           "strategy_from_run_config"]
 
 #: The run-config table of the method's options (``method-options.<name>``).
 OPTIONS_TABLE = "method-options"
+
+#: Every run-config key the app reads (besides ``method-options.*``); any other key is an
+#: error naming it (a typo such as ``max-epsilon`` spelt ``max_epsilon``, or a control the
+#: Flower app does not have, such as ``trust``, must not be silently ignored).
+RUN_CONFIG_KEYS = (
+    "algorithm", "n-clients", "n-rounds", "clip-norm", "target-epsilon", "noise-multiplier",
+    "target-delta", "max-epsilon", "mechanism", "sampling-rate", "local-steps", "local-lr",
+    "weighting", "accountant", "secure", "round-timeout", "connect-timeout", "min-replies",
+    "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
+    "partition-seed", "n-features", "n-classes", "noise-seed")
+
+
+def check_run_config(run_config: dict[str, Any]) -> None:
+    """Refuse a run-config key the app does not read (``ValueError`` naming it)."""
+    import difflib
+
+    for key in run_config:
+        if key in RUN_CONFIG_KEYS or key.startswith(OPTIONS_TABLE + "."):
+            continue
+        close = difflib.get_close_matches(key, RUN_CONFIG_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"Unknown run config key {key!r}{hint}: the dpprecond Flower app "
+                         f"reads {sorted(RUN_CONFIG_KEYS)} and method-options.*.")
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +144,7 @@ def method_from_run_config(run_config: dict[str, Any]) -> Method:
 def strategy_from_run_config(context: Context) -> DPFedStrategy:
     """Build the run's :class:`DPFedStrategy` from ``context.run_config``."""
     rc = dict(context.run_config)
+    check_run_config(rc)
     config = config_from_run_config(rc)
     method = method_from_run_config(rc)
     X_test = y_test = None
