@@ -215,6 +215,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         check_target_delta(target_delta, "target_delta", X_train.shape[0])
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
+    check_choice("trust", trust, ("local", "secure-aggregation"))
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
     eps_pca, eps_fl, V = None, target_epsilon, None

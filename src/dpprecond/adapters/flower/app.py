@@ -35,7 +35,7 @@ import numpy as np
 from flwr.app import Context
 
 from dpprecond._files import atomic_write
-from dpprecond._validation import check_int, check_target_delta
+from dpprecond._validation import check_choice, check_int, check_positive, check_target_delta
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
@@ -92,6 +92,26 @@ def _optional_float(run_config: dict[str, Any], key: str) -> float | None:
                          f"{value!r}.") from None
 
 
+def _bool(run_config: dict[str, Any], key: str, default: bool) -> bool:
+    value = run_config.get(key, default)
+    if not isinstance(value, bool):  # bool("false") is True: never guess
+        raise TypeError(f"Expected run config {key} to be true or false, got {value!r}.")
+    return value
+
+
+def _int(run_config: dict[str, Any], key: str, default: int, low: int) -> int:
+    return check_int(key, run_config.get(key, default), low=low)
+
+
+def _positive(run_config: dict[str, Any], key: str, default: float) -> float:
+    return check_positive(key, run_config.get(key, default))
+
+
+def _noise_seed(run_config: dict[str, Any]) -> int | None:
+    value = run_config.get("noise-seed", "")
+    return None if value in ("", None) else check_int("noise-seed", value, low=0)
+
+
 def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
     """The :class:`~dpprecond.fl.simulator.FLConfig` described by a Flower run config."""
     eps = _optional_float(run_config, "target-epsilon")
@@ -126,7 +146,7 @@ def method_from_run_config(run_config: dict[str, Any]) -> Method:
     ``TypeError`` (from :func:`~dpprecond.fl.methods.make_method`) for a set option that
     the chosen algorithm does not have.
     """
-    name = str(run_config.get("algorithm", "sofim"))
+    name = check_choice("algorithm", run_config.get("algorithm", "sofim"), list(METHODS))
     known = {k for m in METHODS for k in method_options(m)}
     prefix = OPTIONS_TABLE + "."
     options: dict[str, Any] = {}
@@ -156,18 +176,18 @@ def strategy_from_run_config(context: Context) -> DPFedStrategy:
         model = LinearSoftmax(ds.n_features, ds.n_classes)
         if config.private:  # the federation's records are the dataset's training rows
             check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
-        if rc.get("evaluate", True):
+        if _bool(rc, "evaluate", True):
             X_test, y_test = ds.X_test, ds.y_test
-    noise_seed = rc.get("noise-seed", "")
-    seed = None if noise_seed in ("", None) else int(noise_seed)
+    seed = _noise_seed(rc)
     max_eps = _optional_float(rc, "max-epsilon")
+    if max_eps is not None:
+        max_eps = check_positive("max-epsilon", max_eps)
     ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps)
-    secure = bool(rc.get("secure", False))
     return DPFedStrategy(model, method, config, check_int("n-clients", rc.get("n-clients")),
                          X_test=X_test, y_test=y_test, seed=seed,
-                         ledger=ledger, secure=secure,
-                         connect_timeout=float(rc.get("connect-timeout", 120.0)),
-                         min_replies=int(rc.get("min-replies", 1)))
+                         ledger=ledger, secure=_bool(rc, "secure", False),
+                         connect_timeout=_positive(rc, "connect-timeout", 120.0),
+                         min_replies=_int(rc, "min-replies", 1, low=1))
 
 
 def _save(result: FLResult, context: Context) -> None:
@@ -185,7 +205,7 @@ def _save(result: FLResult, context: Context) -> None:
 #: ServerApp configured by the run config (``flwr run``).
 server_app = make_server_app(
     strategy_from_run_config,
-    round_timeout=lambda ctx: float(ctx.run_config.get("round-timeout", 600.0)),
+    round_timeout=lambda ctx: _positive(dict(ctx.run_config), "round-timeout", 600.0),
     on_result=_save)
 
 #: ClientApp: data from the run config (``data``) or the node's own file (``node-file``);

@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond._validation import check_array, check_int, check_labels
+from dpprecond._validation import (
+    check_array,
+    check_choice,
+    check_int,
+    check_labels,
+    check_positive,
+)
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData
 from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.data.base import Dataset
@@ -81,8 +87,9 @@ class PartitionedDataset:
         path = run_config.get("data-path", "") or None
         return cls(name=str(run_config.get("data", "digits")), data_path=path,
                    features=str(run_config.get("features", "pixels")),
-                   partition=str(run_config.get("partition", "iid")),
-                   alpha=float(run_config.get("alpha", 0.5)),
+                   partition=check_choice("partition", run_config.get("partition", "iid"),
+                                          ["iid", "dirichlet"]),
+                   alpha=check_positive("alpha", run_config.get("alpha", 0.5)),
                    seed=check_int("partition-seed", run_config.get("partition-seed", 0), low=0))
 
     def dataset(self) -> Dataset:
