@@ -305,3 +305,153 @@ def test_extreme_norm_pair_against_the_old_gram_is_a_violation(gram: str) -> Non
     else:
         assert not res.violation
         assert res.epsilon_lower_bound < 0.5
+
+
+# --------------------------------------------------------------------------------------
+# 4. Audits with power (issue 17): auto's releases on the production path, federated PCA
+#    in both trust models, the pipeline end to end, and the power of an audit's size
+# --------------------------------------------------------------------------------------
+
+
+def test_largest_certifiable_bound_and_the_runs_for_power() -> None:
+    from dpprecond.audit import heldout_for_power, largest_certifiable_bound
+
+    for claim, delta in ((1.0, 1e-5), (1.0, 1e-2), (4.0, 1e-3)):
+        n = heldout_for_power(claim, delta, 0.9)
+        assert largest_certifiable_bound(claim, n, delta) >= 0.9 * claim
+        assert largest_certifiable_bound(claim, int(n / 1.2), delta) < 0.9 * claim
+    # more runs, more power; never above the claim
+    bounds = [largest_certifiable_bound(1.0, 10**k, 1e-5) for k in (4, 6, 8)]
+    assert bounds == sorted(bounds) and bounds[-1] < 1.0
+
+
+def test_probe_pair_reaches_2_and_the_case_is_probes_release() -> None:
+    """The pair moves the probe's vector by its sensitivity 2 (to 1e-8), and the audited
+    release is ``pca.auto.probe``'s own for the same stream."""
+    from dpprecond.pca.auto import HIST_EDGES, probe
+
+    case = audit_cases.probe_case(CLAIM, DELTA)
+    info = case.info
+    assert np.linalg.norm(info["change"]) == pytest.approx(2.0, rel=1e-8)
+    out = []
+    for A in case.pair:
+        rows = ClippedRows.from_data(A, 1.0)
+        counts, energies = probe(rows, info["X"], info["B"], info["unit"], HIST_EDGES,
+                                 2.0 * info["noise_multiplier"], np.random.default_rng(3))
+        out.append(np.concatenate([counts, energies]) @ info["direction"])
+    for X, value in zip(case.pair, out, strict=True):
+        audited = case.mechanism(X, np.random.default_rng(3), 1)
+        # BatchNoise draws shape (1, size) from the same stream as probe's (size,)
+        assert audited[0] == pytest.approx(value, rel=1e-12)
+
+
+def test_audit_probe() -> None:
+    case = audit_cases.probe_case(CLAIM, DELTA)
+    res = audit(case.mechanism, case.pair, n_runs=20_000, delta=DELTA, batch=True,
+                claimed_epsilon=case.claimed_epsilon, seed=8)
+    _check(res, case)
+    assert res.epsilon_lower_bound > 0
+
+
+def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
+    """For the same stream, the audited M1 and M2 are fit_auto's own first and third
+    releases (recorded by secure.observe_releases), in its Analyze Gauss completion."""
+    from dpprecond.pca.auto import coupled_symmetric_noise, fit_auto
+    from dpprecond.pca.rows import DenseRows
+    from dpprecond.secure import observe_releases
+
+    case = audit_cases.auto_coupled_case(CLAIM, DELTA)
+    A = case.pair[0]
+    S = ClippedRows.from_data(A, 1.0).gram()
+    with observe_releases() as seen:
+        fit_auto(DenseRows(A), S, 1, epsilon=None, delta=DELTA,
+                 rng=np.random.default_rng(9), noise_multiplier=case.info["z"],
+                 branch="analyze_gauss")
+    assert len(seen) == 3  # M1, the probe, M2
+    coupled = coupled_symmetric_noise(2, case.info["std_ag"], case.info["std1"],
+                                      np.random.default_rng(9))
+    np.testing.assert_array_equal(seen[0][0], S + coupled.first)
+    np.testing.assert_allclose(seen[2][0], S + coupled.second, rtol=0, atol=1e-12)
+    assert seen[0][1] == case.info["std1"]
+
+
+def test_audit_auto_coupled() -> None:
+    """The two coupled releases audited together: below the claim, and the statistic moves
+    by the pair's mu in noise standard deviations (the pair is tight for the claim)."""
+    from dpprecond.audit import sample_statistics
+
+    case = audit_cases.auto_coupled_case(CLAIM, DELTA)
+    assert case.pair_epsilon == pytest.approx(case.claimed_epsilon, rel=1e-6)  # tight pair
+    rngs = [np.random.default_rng(s) for s in (10, 11)]
+    null, alt = (sample_statistics(case.mechanism, X, 20_000, g, batch=True)
+                 for X, g in zip(case.pair, rngs, strict=True))
+    shift = (alt.mean() - null.mean()) / null.std()
+    assert shift == pytest.approx(case.pair_mu, abs=5 * math.sqrt(2 / 20_000))
+    res = threshold_audit(null, alt, DELTA, claimed_epsilon=case.claimed_epsilon)
+    _check(res, case)
+
+
+@pytest.mark.parametrize("trust", ["local", "secure-aggregation"])
+def test_federated_case_releases_what_fit_private_pca_releases(trust: str) -> None:
+    """The audited release is fit_private_pca(clients=, trust=)'s (same stream), and under
+    local trust the aggregate carries sqrt(K) times the central noise."""
+    from dpprecond.pca.federated import FederatedRows, LocalNoise
+    from dpprecond.secure import observe_releases
+
+    case = audit_cases.federated_pca_case(trust, CLAIM, DELTA)
+    D, bounds = case.pair[0], case.info["bounds"]
+    with observe_releases() as seen:
+        res = fit_private_pca(D, 2, method="analyze_gauss", target_epsilon=CLAIM,
+                              target_delta=DELTA, row_norm=1.0, seed=12, clients=bounds,
+                              trust=trust)
+    assert res.epsilon == pytest.approx(audit_cases.pca_init_case(CLAIM, DELTA)
+                                        .claimed_epsilon, rel=1e-12)  # each message
+    rows = FederatedRows.from_data(D, bounds, 1.0)
+    stream = np.random.default_rng(12).spawn(3)[1]
+    source = LocalNoise(stream.spawn(3)) if trust == "local" else stream
+    z = case.info["z0"] * (1 + rows.rounding_slack())
+    M = private_init(rows.gram(), 2, z, source).M
+    np.testing.assert_allclose(seen[0][0], M, rtol=1e-12, atol=1e-12)
+    noise = np.array([private_init(np.zeros((2, 2)), 1, 1.0, LocalNoise(
+        np.random.default_rng(s).spawn(3)) if trust == "local" else
+        np.random.default_rng(s)).M[0, 1] for s in range(3000)])
+    expected = math.sqrt(2.0) * (math.sqrt(3) if trust == "local" else 1.0)
+    assert noise.std() == pytest.approx(expected, rel=6 / math.sqrt(2 * 3000))
+
+
+@pytest.mark.parametrize("trust", ["local", "secure-aggregation"])
+def test_audit_federated_pca(trust: str) -> None:
+    case = audit_cases.federated_pca_case(trust, CLAIM, DELTA)
+    res = audit(case.mechanism, case.pair, n_runs=20_000, delta=DELTA, batch=True,
+                claimed_epsilon=case.claimed_epsilon, seed=13)
+    _check(res, case)
+
+
+def test_audit_pipeline_end_to_end() -> None:
+    """run_pipeline's every release, seen by observe_releases: the claim is its reported
+    total; the statistic (the releases' log-likelihood ratio) separates the pair."""
+    case = audit_cases.pipeline_case(CLAIM, 1e-2)
+    X, y = case.pair[0]
+    from dpprecond.pipeline import run_pipeline
+    from dpprecond.secure import observe_releases
+
+    with observe_releases() as seen:
+        res = run_pipeline(X, y, case.info["X_test"], case.info["y_test"], 2, seed=0,
+                           **case.info["kw"])
+    # the statistic's features are the pipeline's own (orientation of the components)
+    np.testing.assert_allclose(case.info["features"](case.info["X_test"], res.components),
+                               res.test_features, rtol=1e-12, atol=1e-12)
+    assert res.epsilon == pytest.approx(case.claimed_epsilon, rel=1e-4)  # what it reports
+    assert res.epsilon <= case.claimed_epsilon
+    assert len(seen) == 3 + 1  # M1, the probe, M2; one client message per round
+    rng = np.random.default_rng(14)
+    a = np.array([case.mechanism(case.pair[0], rng) for _ in range(150)])
+    b = np.array([case.mechanism(case.pair[1], rng) for _ in range(150)])
+    # the log-likelihood ratio: mean 0 under D, mu^2 under D', std mu (tolerance: 5 std
+    # errors of a mean over 150 runs)
+    mu = case.pair_mu
+    assert abs(a.mean()) < 5 * mu / math.sqrt(150)
+    assert b.mean() - a.mean() == pytest.approx(mu**2, abs=5 * mu * math.sqrt(2 / 150))
+    res_audit = audit(case.mechanism, case.pair, n_runs=400, delta=1e-2, batch=False,
+                      claimed_epsilon=case.claimed_epsilon, seed=15)
+    _check(res_audit, case)

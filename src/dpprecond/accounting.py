@@ -15,6 +15,7 @@ dp_accounting's default relation; sensitivities are never hidden in the accounta
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -196,6 +197,7 @@ def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: floa
     return _accountant_epsilon(repr(event), event, delta, kind)
 
 
+@functools.lru_cache(maxsize=65536)  # calibrations revisit the same scales on every fit
 def _exact_gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
     with np.errstate(divide="ignore", over="ignore", under="ignore"):
         return float(dp_accounting.get_epsilon_gaussian(noise_multiplier, delta))

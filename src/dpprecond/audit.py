@@ -52,6 +52,8 @@ __all__ = [
     "clopper_pearson_upper",
     "epsilon_lower_bound",
     "gaussian_audit_ceiling",
+    "heldout_for_power",
+    "largest_certifiable_bound",
     "sample_statistics",
     "threshold_audit",
 ]
@@ -325,6 +327,39 @@ def gaussian_audit_ceiling(mu: float, n_heldout: int, delta: float,
     fp = np.round(n * stats.norm.sf(t))
     fn = np.round(n * stats.norm.cdf(t - mu))
     return float(np.max(epsilon_lower_bound(fp, n, fn, n, delta, confidence)))
+
+
+def largest_certifiable_bound(claimed_epsilon: float, n_heldout: int, delta: float,
+                              confidence: float = 0.95) -> float:
+    """The bound an audit with ``n_heldout`` runs per side could certify at most, typically,
+    if the mechanism were exactly at its claim: :func:`gaussian_audit_ceiling` of the
+    Gaussian mechanism whose epsilon at ``delta`` is ``claimed_epsilon``.
+
+    It measures the power of the audit's size, whatever the pair: an audit whose largest
+    certifiable bound is far below the claim could not see a violation of that size. (What
+    a given pair can show at most is its own Gaussian's epsilon, ``AuditCase.pair_epsilon``.)
+    """
+    from dpprecond.accounting import calibrate_noise, gaussian
+
+    claimed_epsilon = check_positive("claimed_epsilon", claimed_epsilon)
+    z = calibrate_noise(gaussian, claimed_epsilon, check_delta(delta), "pld", rel_tol=1e-6)
+    return gaussian_audit_ceiling(1.0 / z, n_heldout, delta, confidence)
+
+
+def heldout_for_power(claimed_epsilon: float, delta: float, fraction: float = 0.9,
+                      confidence: float = 0.95) -> int:
+    """The fewest held-out runs per side whose :func:`largest_certifiable_bound` reaches
+    ``fraction`` of the claim (a search over powers of ``2^(1/8)``, rounded up to a
+    thousand)."""
+    fraction = check_fraction("fraction", fraction, low_open=True, high_open=True)
+    target = fraction * check_positive("claimed_epsilon", claimed_epsilon)
+    n = 1000.0
+    while largest_certifiable_bound(claimed_epsilon, int(n), delta, confidence) < target:
+        n *= 2.0 ** 0.125
+        if n > 1e12:
+            raise ValueError(f"No audit of up to 1e12 runs reaches {fraction:g} of "
+                             f"claimed_epsilon={claimed_epsilon:g} at delta={delta:g}.")
+    return int(math.ceil(n / 1000.0) * 1000)
 
 
 def _check_stats(name: str, values: Any) -> np.ndarray:

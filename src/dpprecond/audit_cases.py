@@ -20,7 +20,13 @@ Cases:
 - :func:`selection_case`: the noisy score of Algorithm 3 (:func:`~dpprecond.pca.core.select`);
 - :func:`fl_message_case`: one client message of full-batch DP-FedGD
   (:func:`dpprecond.fl.client.full_batch_messages`, :class:`~dpprecond.fl.models.LinearSoftmax`);
-- :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.engine.simulate`.
+- :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.engine.simulate`;
+- :func:`probe_case`: ``auto``'s probe, counts and rest energies per bin
+  (:func:`dpprecond.pca.auto.probe`);
+- :func:`auto_coupled_case`: ``auto``'s two coupled releases of ``A^T A`` (``M1``, ``M2``);
+- :func:`federated_pca_case`: federated PCA's release under each trust model;
+- :func:`pipeline_case`: :func:`dpprecond.pipeline.run_pipeline` end to end, every release
+  observed (:func:`dpprecond.secure.observe_releases`).
 """
 
 from __future__ import annotations
@@ -40,12 +46,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AuditCase",
+    "BatchNoise",
+    "auto_coupled_case",
+    "federated_pca_case",
     "fl_message_case",
     "fl_run_case",
     "gram_release_statistics",
     "iteration_case",
     "pca_init_case",
     "pca_plan",
+    "pipeline_case",
+    "probe_case",
     "selection_case",
     "upper_triangle",
 ]
@@ -414,3 +425,267 @@ def fl_run_case(epsilon: float = 1.0, delta: float = 1e-5, *, n_rounds: int = 3,
                      math.sqrt(n_rounds) / z,
                      {"noise_multiplier": z, "n_rounds": n_rounds, "clip_norm": clip_norm,
                       "learning_rate": learning_rate, "config": config, "model": model})
+
+
+# --------------------------------------------------------------------------------------
+# auto's releases on the production path, federated PCA, the pipeline (issue 17)
+# --------------------------------------------------------------------------------------
+
+
+class BatchNoise:
+    """A noise source that draws a batch of ``n`` independent draws per call.
+
+    Stands in for the generator of a release whose value is computed once (the same data in
+    every run): ``standard_normal(size)`` returns shape ``(n, *size)``, so the library's
+    ``value + noise`` (:func:`dpprecond.secure.release`) broadcasts to ``n`` releases, each
+    with exactly the noise law of one call.
+    """
+
+    def __init__(self, rng: np.random.Generator, n: int) -> None:
+        self.rng, self.n = rng, int(n)
+
+    def standard_normal(self, size: Any = None) -> np.ndarray:
+        """``n`` draws of shape ``size``: an array of shape ``(n, *size)``."""
+        shape = () if size is None else tuple(np.atleast_1d(size))
+        return self.rng.standard_normal((self.n, *shape))
+
+
+def probe_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 40,
+               b: float = 1e9, eps: float = 1e-4) -> AuditCase:
+    """``auto``'s probe: the counts and rest energies per bin of :func:`dpprecond.pca.auto.
+    probe`, on the production path.
+
+    The release is the probe's own: its per-block vector (:func:`dpprecond.pca.auto.
+    _block_probe`, summed by the rows' own pass, as ``probe`` sums it) plus Gaussian noise
+    of std ``2 z`` through :func:`dpprecond.secure.release`; a test checks that for one run
+    it equals ``probe``'s release for the same stream. (``probe`` splits the released
+    vector into counts and energies; the audit keeps it whole, and batches the runs with
+    :class:`BatchNoise`.) The noise multiplier is calibrated for one Gaussian release at
+    ``(epsilon, delta)``. Pair (the sensitivity, 2): public ``X = e1``, ``B = b``
+    (``k = 1``, ``d = 3``); the changed row is ``e2`` in ``D`` (no top-k part: bin 0, rest
+    energy 1) and ``sqrt(1 - eps^2) e2 + eps e1`` in ``D'`` (preconditioned norm ``b eps``:
+    the top bin, rest energy ``1 - eps^2``), so the vector moves by
+    ``sqrt(1 + 1 + 1 + (1 - eps^2)^2) -> 2``. Statistic: the release on that change.
+    """
+    from dpprecond.pca.auto import HIST_EDGES, _block_probe, _block_sum
+    from dpprecond.pca.noise import gaussian_matrix
+    from dpprecond.pca.rows import ClippedRows
+    from dpprecond.secure import release
+
+    unit = math.sqrt(1.0 / n)
+    z = calibrate_noise(gaussian, epsilon, delta, "pld")
+    rest = np.zeros((n - 1, 3))
+    rest[:, 2] = np.random.default_rng(0).uniform(0.1, 0.9, n - 1)  # fixed rows, bin 0
+    a = np.eye(3)[1]
+    a2 = math.sqrt(1.0 - eps * eps) * np.eye(3)[1] + eps * np.eye(3)[0]
+    D, D2 = np.vstack([a, rest]), np.vstack([a2, rest])
+    X, B = np.eye(3)[:, :1], b * np.eye(1)
+    size = 2 * (HIST_EDGES.size + 1)
+
+    def noiseless(A: np.ndarray) -> np.ndarray:
+        rows = ClippedRows.from_data(A, 1.0)
+        return _block_sum(rows, _block_probe, X, B, unit, HIST_EDGES, shape=(size,))
+
+    change = noiseless(D2) - noiseless(D)
+    direction = change / np.linalg.norm(change)
+
+    def mechanism(A: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        total = noiseless(A)
+        std = 2.0 * z
+        noise = gaussian_matrix((size,), std, BatchNoise(rng, n_runs))  # type: ignore[arg-type]
+        return release(total, noise, std, rng) @ direction
+
+    return AuditCase("PCA auto: the probe (counts and rest energies per bin)", mechanism,
+                     True, (D, D2), epsilon_of(gaussian(z), delta, "pld"), delta,
+                     float(np.linalg.norm(change)) / (2.0 * z),
+                     {"noise_multiplier": z, "direction": direction, "X": X, "B": B,
+                      "unit": unit, "change": change})
+
+
+def auto_coupled_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100,
+                      chunk: int = 64) -> AuditCase:
+    """``auto``'s two releases of ``A^T A``, drawn coupled, through the production functions.
+
+    The noise multipliers are :func:`~dpprecond.pca.budget.plan_auto`'s for ``(epsilon,
+    delta)`` with ``auto``'s default shares: ``M1 = A^T A + first`` (multiplier
+    ``z / sqrt(init_share)``) and, in the Analyze Gauss completion, ``M2 = A^T A + second``
+    (``z / sqrt(rest)``), the pair drawn by
+    :func:`~dpprecond.pca.auto.coupled_symmetric_noise` and released by
+    :func:`dpprecond.secure.release`, exactly as :func:`~dpprecond.pca.auto.fit_auto` does
+    (a test checks that, for the same stream, the releases are ``fit_auto``'s). The claim
+    is the composition of those two releases; the probe between them is audited by
+    :func:`probe_case`. Pair and batching as :func:`pca_init_case` (``c`` runs are the
+    diagonal blocks of one release of ``I_c (x) S``). Statistic: the inverse-variance
+    combination of the two releases' projections (the sufficient statistic of the pair).
+    """
+    from dpprecond.pca.auto import AUTO_DEFAULTS, coupled_symmetric_noise
+    from dpprecond.pca.budget import plan_auto
+    from dpprecond.secure import release
+
+    s1, sc = AUTO_DEFAULTS["init_share"], AUTO_DEFAULTS["probe_share"]
+    rest = 1.0 - s1 - sc
+    z = plan_auto(epsilon, delta).noise_multipliers["z_pca"]
+    z1, zr = z / math.sqrt(s1), z / math.sqrt(rest)
+    std1, std_ag = SQRT2 * z1, SQRT2 * z / math.sqrt(s1 + rest)
+    base = pca_init_case(epsilon, delta, n=n)
+    direction = base.info["direction"]
+    d = base.pair[0].shape[1]
+
+    def mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        S = _library_gram(X)
+        out = np.empty(n_runs)
+        for lo in range(0, n_runs, chunk):
+            c = min(chunk, n_runs - lo)
+            big = np.kron(np.eye(c), S)
+            coupled = coupled_symmetric_noise(c * d, std_ag, std1, rng)
+            M1 = release(big, coupled.first, std1, rng)
+            M2 = release(big, coupled.second, math.sqrt(coupled.var_second), rng)
+            v1, v2 = coupled.var_first, coupled.var_second
+            stats = []
+            for M in (M1, M2):
+                blocks = M.reshape(c, d, c, d)[np.arange(c), :, np.arange(c), :]
+                stats.append(upper_triangle(blocks) @ direction)
+            out[lo:lo + c] = (stats[0] / v1 + stats[1] / v2) / (1.0 / v1 + 1.0 / v2)
+        return out
+
+    event = compose([gaussian(z1), gaussian(zr)])
+    return AuditCase("PCA auto: M1 and M2 of A^T A, coupled (Analyze Gauss completion)",
+                     mechanism, True, base.pair, epsilon_of(event, delta, "pld"), delta,
+                     math.sqrt(1.0 / z1**2 + 1.0 / zr**2),
+                     {"z": z, "z1": z1, "zr": zr, "std1": std1, "std_ag": std_ag,
+                      "direction": direction})
+
+
+def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
+                       n: int = 99, n_clients: int = 3, chunk: int = 64) -> AuditCase:
+    """Federated PCA's first release (``A^T A`` plus noise) in a trust model.
+
+    The production path of ``fit_private_pca(clients=...)``: the clients' parts are summed
+    by :class:`~dpprecond.pca.federated.FederatedRows` (the changed row is client 0's), the
+    noise multiplier is the registry's Analyze Gauss plan, and the noise is drawn by
+    :func:`~dpprecond.pca.core.private_init` from the source ``fit_private_pca`` builds:
+    under ``trust="local"`` a :class:`~dpprecond.pca.federated.LocalNoise` of ``K`` client
+    streams (every client adds the central std), under ``"secure-aggregation"`` the central
+    stream. The claim audited is what the server sees: for secure aggregation the central
+    release (the target); for local trust the aggregate of ``K`` client messages, each
+    carrying the central noise, i.e. the Gaussian mechanism with multiplier ``z sqrt(K)``
+    (each client's own message meets the target; the aggregate, its post-processing
+    together with the other clients' noise, meets this stronger claim). Batching as
+    :func:`pca_init_case`.
+    """
+    from dpprecond.pca.core import private_init
+    from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
+
+    if trust not in TRUST_MODELS:
+        raise ValueError(f"Unknown trust={trust!r}; expected one of {list(TRUST_MODELS)}.")
+    base = pca_init_case(epsilon, delta, n=n)
+    plan, claim, _ = pca_plan("analyze_gauss", epsilon, delta)
+    z0 = plan.noise_multipliers["z0"]
+    bounds = np.linspace(0, n, n_clients + 1).astype(np.int64)
+    amp = math.sqrt(n_clients) if trust == "local" else 1.0
+    if trust == "local":
+        claim = epsilon_of(gaussian(z0 * amp), delta, "pld")
+    direction = base.info["direction"]
+    d = base.pair[0].shape[1]
+
+    def mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        S = FederatedRows.from_data(X, bounds, 1.0).gram()
+        source: Any = LocalNoise(rng.spawn(n_clients)) if trust == "local" else rng
+        out = np.empty(n_runs)
+        for lo in range(0, n_runs, chunk):
+            c = min(chunk, n_runs - lo)
+            M = private_init(np.kron(np.eye(c), S), 1, z0, source).M
+            if M is None:  # private_init always keeps its release
+                raise RuntimeError("private_init returned no released matrix.")
+            blocks = M.reshape(c, d, c, d)[np.arange(c), :, np.arange(c), :]
+            out[lo:lo + c] = upper_triangle(blocks) @ direction
+        return out
+
+    view = ("the aggregate of 3 clients' messages" if trust == "local"
+            else "the sum, under secure aggregation")
+    return AuditCase(f"Federated PCA, trust={trust}: {view}", mechanism, True, base.pair,
+                     claim, delta, 1.0 / (z0 * amp),
+                     {"z0": z0, "bounds": bounds, "trust": trust, "direction": direction})
+
+
+def pipeline_case(epsilon: float = 1.0, delta: float = 1e-2, *, clip_norm: float = 0.5,
+                  row_norm: float = 3.0, n_rounds: int = 1) -> AuditCase:
+    """The pipeline end to end: :func:`dpprecond.pipeline.run_pipeline`, every release seen.
+
+    Each run is one call of ``run_pipeline`` (private federated PCA to ``k = d = 2``
+    features with the default ``auto``, then full-batch DP-FedGD; one client, so the
+    federated PCA is the central one; the default ``pca_share``) with an explicit seed. The
+    audit observes what an attacker of the whole pipeline sees: every release, recorded by
+    :func:`dpprecond.secure.observe_releases` (``M1``, the probe, ``M2``, then each round's
+    client message). Pair: the changed record is ``(row_norm e1, 0)`` in ``D`` and
+    ``(row_norm e2, 1)`` in ``D'`` (the other record is the same): the PCA rows move by the
+    Gram sensitivity ``sqrt(2)``, and the record's clipped gradient at the zero model
+    changes by ``sqrt(8/3) C`` (of the sensitivity ``2C``) whatever the released
+    components. Statistic: the sum over releases of ``<r - m_D, m_D' - m_D> / std^2``, with
+    ``m`` the noiseless release on each dataset given the public values before it (the
+    components for the messages) and ``std`` the release's recorded noise std: the
+    log-likelihood ratio of the Gaussian releases (the probe, 1% of the PCA's precision,
+    is left out). The claim is the total ``run_pipeline`` reports (one ledger over both
+    stages).
+    """
+    from dpprecond.fl.accounting import Schedule, calibrate
+    from dpprecond.fl.models import LinearSoftmax
+    from dpprecond.pca.auto import AUTO_DEFAULTS
+    from dpprecond.pca.budget import plan_auto
+    from dpprecond.pipeline import run_pipeline, split_budget
+    from dpprecond.secure import observe_releases
+
+    fixed = np.array([[row_norm / 2, row_norm / 2]])
+    D = (np.vstack([[row_norm, 0.0], fixed]), np.array([0, 1]))
+    D2 = (np.vstack([[0.0, row_norm], fixed]), np.array([1, 1]))
+    X_test, y_test = np.vstack([D[0], D2[0]]), np.array([0, 1, 1, 1])
+    model = LinearSoftmax(2, 2)
+    kw: dict[str, Any] = {"features": "pca:2", "target_epsilon": epsilon, "target_delta": delta,
+          "row_norm": row_norm, "algorithm": "fedgd", "n_clients": 1,
+          "n_rounds": n_rounds, "clip_norm": clip_norm, "learning_rate": 1e-6}
+    grams = [_library_gram(X / row_norm) for X, _ in (D, D2)]
+
+    def features(X: np.ndarray, components: np.ndarray) -> np.ndarray:
+        """The pipeline's features: the rows on the released components (k x d, as rows),
+        rescaled by ``sqrt(k) / row_norm``."""
+        return X @ components.T * (math.sqrt(components.shape[0]) / row_norm)
+
+    def gradient(X: np.ndarray, y: np.ndarray, components: np.ndarray) -> np.ndarray:
+        return model.clipped_grad_sums(model.init_params(np.random.default_rng(0)),
+                                       features(X, components), y, np.array([0, len(y)]),
+                                       clip_norm)[0]
+
+    def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator) -> float:
+        seed = np.random.SeedSequence(int(rng.integers(0, 2**63)))
+        with observe_releases() as seen:
+            res = run_pipeline(data[0], data[1], X_test, y_test, 2, seed=seed, **kw)
+        V = res.components  # (k, d): the released components, as rows
+        if V is None or len(seen) != 3 + n_rounds:  # pragma: no cover - guards the indexing
+            raise RuntimeError(f"run_pipeline released {len(seen)} values, expected M1, the "
+                               f"probe, M2 and {n_rounds} client message(s)")
+        stat = 0.0
+        for i, (value, std) in enumerate(seen):
+            if i in (0, 2):  # M1, M2: the Gram matrix of the scaled rows
+                m0, m1 = grams
+            elif i == 1:  # the probe: left out
+                continue
+            else:  # a round's client message, at the (still zero) model
+                m0, m1 = gradient(*D, V), gradient(*D2, V)
+                value = value.ravel()
+            shift = upper_triangle(m1 - m0) if i in (0, 2) else m1 - m0
+            centred = upper_triangle(value - m0) if i in (0, 2) else value - m0
+            stat += float(centred @ shift) / std**2
+        return stat
+
+    eps_pca, eps_fl = split_budget(epsilon, delta, 0.2)
+
+    z = plan_auto(eps_pca, delta).noise_multipliers["z_pca"]
+    share = AUTO_DEFAULTS["init_share"] + (1.0 - AUTO_DEFAULTS["init_share"]
+                                           - AUTO_DEFAULTS["probe_share"])
+    z_fl = calibrate(Schedule("rounds", n_rounds), eps_fl, delta)
+    mu_fl = math.sqrt(n_rounds) * math.sqrt(8.0 / 3.0) / (2.0 * z_fl)
+    mu = math.sqrt(share / z**2 + mu_fl**2)
+    return AuditCase("Pipeline end to end (pca:2 features, then DP-FedGD)", mechanism, False,
+                     (D, D2), epsilon, delta, mu,
+                     {"z_pca": z, "z_fl": z_fl, "eps_pca": eps_pca, "eps_fl": eps_fl,
+                      "kw": kw, "features": features, "X_test": X_test, "y_test": y_test})

@@ -35,13 +35,21 @@ noise) and costs time (``os.urandom`` and four samples per draw).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SECURE_ROOT", "SecureGenerator", "SecureRoot", "is_secure", "release", "snap"]
+__all__ = ["SECURE_ROOT", "SecureGenerator", "SecureRoot", "is_secure", "observe_releases",
+           "release", "snap"]
+
+#: The lists that :func:`observe_releases` blocks fill (empty outside one).
+_OBSERVERS: contextvars.ContextVar[tuple[list[Any], ...]] = contextvars.ContextVar(
+    "dpprecond_release_observers", default=())
 
 _TWO53 = float(2**53)
 #: Snapping grid relative to the noise std: Lambda = 2^(floor(log2 std) - 24).
@@ -164,9 +172,28 @@ def release(value: Any, noise: Any, noise_std: float, rng: Any) -> Any:
     """``value + noise``: the one place a noisy release is formed.
 
     With a :class:`SecureGenerator` the sum is snapped (:func:`snap`); otherwise it is the
-    plain float64 sum. ``value`` is not modified.
+    plain float64 sum. ``value`` is not modified. Inside :func:`observe_releases` a copy of
+    every release is recorded.
     """
     out = value + noise
     if is_secure(rng):
         out = snap(out, noise_std)
+    for seen in _OBSERVERS.get():
+        seen.append((np.array(out, copy=True), float(noise_std)))
     return out
+
+
+@contextlib.contextmanager
+def observe_releases() -> Iterator[list[tuple[np.ndarray, float]]]:
+    """Record ``(released value, noise std)`` of every release made inside the block.
+
+    For audits and tests: every mechanism forms its releases with :func:`release`, so the
+    list holds, in order, exactly what a run released (an attacker's view of it), whatever
+    entry point made them. Thread- and context-local (a ``contextvars`` variable).
+    """
+    seen: list[tuple[np.ndarray, float]] = []
+    token = _OBSERVERS.set((*_OBSERVERS.get(), seen))
+    try:
+        yield seen
+    finally:
+        _OBSERVERS.reset(token)
