@@ -143,8 +143,38 @@ class EntryPoint:
     covers: tuple[str, ...] = ()
 
 
-class PrivatePCARow(EntryPoint):
+class ApiRow(EntryPoint):
+    """A Python entry point: :meth:`run` makes its releases with the given keywords; the
+    secure, seed and ledger cells are the same for all of them."""
+
+    seed_name = "seed"
+    #: A cap below the plan (target epsilon 1) and the releases a covering cap records.
+    low_cap, releases = 0.5, 0
+
+    def run(self, c: Cell, **kw: Any) -> Any:
+        raise NotImplementedError
+
+    def secure(self, c: Cell) -> None:
+        c.secure_and_not(lambda s: self.run(c, secure=s))
+
+    def secure_seed(self, c: Cell) -> None:
+        with refused(ValueError, "refuses seeds", f"{self.seed_name}=1"):
+            self.run(c, secure=True, **{self.seed_name: 1})
+
+    def ledger(self, c: Cell) -> None:
+        low = PrivacyLedger(1e-5, max_epsilon=self.low_cap)
+        with refused(PrivacyBudgetExceededError, f"max_epsilon={self.low_cap:g}"):
+            self.run(c, ledger=low)
+        assert low.n_releases == 0  # the whole plan was refused before any release
+        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
+        self.run(c, ledger=ok)
+        assert ok.n_releases == self.releases if self.releases else ok.n_releases > 0
+        assert ok.epsilon <= 1.0 * (1 + 1e-6)
+
+
+class PrivatePCARow(ApiRow):
     covers = ("dpprecond.PrivatePCA", "dpprecond.pca.PrivatePCA")
+    seed_name = "random_state"
 
     @staticmethod
     def est(**kw: Any) -> Any:
@@ -153,34 +183,21 @@ class PrivatePCARow(EntryPoint):
         return PrivatePCA(2, **{"target_epsilon": 1.0, "target_delta": 1e-5,
                                 "row_norm": ROW_NORM, **kw})
 
-    def secure(self, c: Cell) -> None:
-        c.secure_and_not(lambda s: self.est(secure=s).fit(PCA_X))
-
-    def secure_seed(self, c: Cell) -> None:
-        with refused(ValueError, "refuses seeds", "random_state=1"):
-            self.est(secure=True, random_state=1).fit(PCA_X)
-
-    def ledger(self, c: Cell) -> None:
-        low = PrivacyLedger(1e-5, max_epsilon=0.5)
-        with refused(PrivacyBudgetExceededError, "max_epsilon=0.5"):
-            self.est(ledger=low).fit(PCA_X)
-        assert low.n_releases == 0
-        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
-        self.est(ledger=ok).fit(PCA_X)
-        assert ok.n_releases > 0 and ok.epsilon <= 1.0 + 1e-9
+    def run(self, c: Cell, **kw: Any) -> Any:
+        return self.est(**kw).fit(PCA_X)
 
     def delta(self, c: Cell) -> None:
         with refused(ValueError, "target_delta=0.5"):
-            self.est(target_delta=0.5).fit(PCA_X)
+            self.run(c, target_delta=0.5)
         with warns_delta():
-            self.est(target_delta=0.01).fit(PCA_X)
+            self.run(c, target_delta=0.01)
 
     def trust(self, c: Cell) -> None:
         with refused(TypeError, "trust"):
             self.est(trust="secure-aggregation")
 
 
-class FitPCARow(EntryPoint):
+class FitPCARow(ApiRow):
     """``fit_private_pca`` on one kind of input; with clients unless said otherwise."""
 
     covers = ("dpprecond.pca.fit_private_pca",)
@@ -189,50 +206,34 @@ class FitPCARow(EntryPoint):
     def data(self, c: Cell) -> Any:
         return PCA_X
 
-    def fit(self, c: Cell, **kw: Any) -> Any:
+    def run(self, c: Cell, **kw: Any) -> Any:
         from dpprecond.pca import fit_private_pca
 
         kw = {"target_epsilon": 1.0, "target_delta": 1e-5, "row_norm": ROW_NORM,
               "clients": self.clients, **kw}
         return fit_private_pca(self.data(c), 2, **kw)
 
-    def secure(self, c: Cell) -> None:
-        c.secure_and_not(lambda s: self.fit(c, secure=s))
-
-    def secure_seed(self, c: Cell) -> None:
-        with refused(ValueError, "refuses seeds", "seed=1"):
-            self.fit(c, secure=True, seed=1)
-
-    def ledger(self, c: Cell) -> None:
-        low = PrivacyLedger(1e-5, max_epsilon=0.5)
-        with refused(PrivacyBudgetExceededError, "max_epsilon=0.5"):
-            self.fit(c, ledger=low)
-        assert low.n_releases == 0
-        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
-        res = self.fit(c, ledger=ok)
-        assert ok.n_releases > 0 and ok.epsilon == pytest.approx(res.epsilon)
-
     def delta(self, c: Cell) -> None:
         with refused(ValueError, "target_delta=0.5"):
-            self.fit(c, target_delta=0.5)
+            self.run(c, target_delta=0.5)
         with pytest.warns(LargeDeltaWarning, match="1/240"):  # n: every client's rows
-            self.fit(c, target_delta=0.01)
+            self.run(c, target_delta=0.01)
 
     def trust(self, c: Cell) -> None:
         for bounds in (BOUNDS, None):
             self.clients = bounds
             if bounds is None:
                 with refused(ValueError, "trust='secure-aggregation'", "federated"):
-                    self.fit(c, trust="secure-aggregation")
+                    self.run(c, trust="secure-aggregation")
                 continue
             with c.local_noise_count() as count:
-                local = self.fit(c, trust="local", seed=3)
+                local = self.run(c, trust="local", seed=3)
             assert count[0] == 3 and local.info["trust"] == "local"
             with c.local_noise_count() as count:
-                shared = self.fit(c, trust="secure-aggregation", seed=3)
+                shared = self.run(c, trust="secure-aggregation", seed=3)
             assert count[0] == 0 and shared.info["trust"] == "secure-aggregation"
             self.clients = None
-            central = self.fit(c, seed=3)  # the sum of the shares is the central noise
+            central = self.run(c, seed=3)  # the sum of the shares is the central noise
             np.testing.assert_allclose(shared.components, central.components, atol=1e-9)
         self.clients = type(self).clients
 
@@ -261,32 +262,17 @@ class FitPCAMemmapRow(FitPCARow):
         return np.load(path, mmap_mode="r")
 
 
-class RunFederatedRow(EntryPoint):
+class RunFederatedRow(ApiRow):
     covers = ("dpprecond.fl.run_federated",)
+    releases = 2  # one per round
 
-    def run(self, *, target_delta: float = 1e-5, **kw: Any) -> Any:
+    def run(self, c: Cell | None = None, *, target_delta: float = 1e-5, **kw: Any) -> Any:
         from dpprecond.fl import FLConfig, run_federated
 
         config = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=1.0,
                           target_delta=target_delta)
         return run_federated(FL_X, FL_Y, FL_XT, FL_YT, 3, algorithm="fedgd", n_clients=3,
                              config=config, **kw)
-
-    def secure(self, c: Cell) -> None:
-        c.secure_and_not(lambda s: self.run(secure=s))
-
-    def secure_seed(self, c: Cell) -> None:
-        with refused(ValueError, "refuses seeds", "seed=1"):
-            self.run(secure=True, seed=1)
-
-    def ledger(self, c: Cell) -> None:
-        low = PrivacyLedger(1e-5, max_epsilon=0.5)
-        with refused(PrivacyBudgetExceededError, "max_epsilon=0.5"):
-            self.run(ledger=low)
-        assert low.n_releases == 0
-        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
-        res = self.run(ledger=ok)
-        assert ok.n_releases == 2 and ok.epsilon == pytest.approx(res.epsilon)
 
     def delta(self, c: Cell) -> None:
         with refused(ValueError, "target_delta=0.5"):
@@ -302,7 +288,7 @@ class RunFederatedRow(EntryPoint):
 class SimulateRow(RunFederatedRow):
     covers = ("dpprecond.fl.simulate",)
 
-    def run(self, *, target_delta: float = 1e-5, **kw: Any) -> Any:
+    def run(self, c: Cell | None = None, *, target_delta: float = 1e-5, **kw: Any) -> Any:
         from dpprecond.fl import ClientData, FLConfig, simulate
         from dpprecond.fl.models import LinearSoftmax
 
@@ -313,31 +299,16 @@ class SimulateRow(RunFederatedRow):
                         y_test=FL_YT, **kw)
 
 
-class RunPipelineRow(EntryPoint):
+class RunPipelineRow(ApiRow):
     covers = ("dpprecond.pipeline.run_pipeline",)
+    low_cap, releases = 0.8, 1 + 2  # 0.8: above the PCA stage's 0.415, below the whole
 
-    def run(self, **kw: Any) -> Any:
+    def run(self, c: Cell | None = None, **kw: Any) -> Any:
         from dpprecond.pipeline import run_pipeline
 
         kw = {"features": "pca:2", "target_epsilon": 1.0, "row_norm": ROW_NORM,
               "algorithm": "fedgd", "n_clients": 3, "n_rounds": 2, "clip_norm": 1.0, **kw}
         return run_pipeline(FL_X, FL_Y, FL_XT, FL_YT, 3, **kw)
-
-    def secure(self, c: Cell) -> None:
-        c.secure_and_not(lambda s: self.run(secure=s))
-
-    def secure_seed(self, c: Cell) -> None:
-        with refused(ValueError, "refuses seeds", "seed=1"):
-            self.run(secure=True, seed=1)
-
-    def ledger(self, c: Cell) -> None:
-        low = PrivacyLedger(1e-5, max_epsilon=0.8)
-        with refused(PrivacyBudgetExceededError, "max_epsilon=0.8"):
-            self.run(ledger=low)
-        assert low.n_releases == 0  # the whole plan, not only the PCA stage
-        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
-        self.run(ledger=ok)
-        assert ok.n_releases == 1 + 2 and ok.epsilon <= 1.0 * (1 + 1e-6)
 
     def delta(self, c: Cell) -> None:
         with refused(ValueError, "target_delta=0.5"):
@@ -357,15 +328,11 @@ class RunPipelineRow(EntryPoint):
         assert count[0] == 0
 
 
-class CliPcaRow(EntryPoint):
-    covers = ("pca",)
+class CliRow(EntryPoint):
+    """A CLI command: :meth:`argv` builds its command line; secure and seed cells shared."""
 
     def argv(self, c: Cell, *extra: str) -> list[str]:
-        path = c.tmp / "m.npy"
-        if not path.exists():
-            np.save(path, PCA_X)
-        return ["pca", "--data", str(path), "--row-norm", str(ROW_NORM), "-k", "2",
-                "--method", "analyze_gauss", "--epsilon", "1", "--delta", "1e-5", *extra]
+        raise NotImplementedError
 
     def secure(self, c: Cell) -> None:
         def run(s: bool) -> None:
@@ -375,6 +342,17 @@ class CliPcaRow(EntryPoint):
     def secure_seed(self, c: Cell) -> None:
         assert_cli_refused(c.cli(self.argv(c, "--secure", "--seed", "1")),
                            "--secure refuses --seed")
+
+
+class CliPcaRow(CliRow):
+    covers = ("pca",)
+
+    def argv(self, c: Cell, *extra: str) -> list[str]:
+        path = c.tmp / "m.npy"
+        if not path.exists():
+            np.save(path, PCA_X)
+        return ["pca", "--data", str(path), "--row-norm", str(ROW_NORM), "-k", "2",
+                "--method", "analyze_gauss", "--epsilon", "1", "--delta", "1e-5", *extra]
 
     def ledger(self, c: Cell) -> None:
         out = c.tmp / "r.json"
@@ -396,7 +374,7 @@ class CliPcaRow(EntryPoint):
         assert "--trust" in c.capsys.readouterr().err
 
 
-class CliFlRow(EntryPoint):
+class CliFlRow(CliRow):
     """``dpprecond fl`` on a labelled file, with the features of :attr:`features`."""
 
     covers = ("fl",)
@@ -406,15 +384,6 @@ class CliFlRow(EntryPoint):
         return ["fl", "--data", str(c.lab), "--rounds", "2", "--clients", "3",
                 "--features", self.features, "--row-norm", "3", "--algorithm", "fedgd",
                 "--out", str(c.tmp / "o"), *extra]
-
-    def secure(self, c: Cell) -> None:
-        def run(s: bool) -> None:
-            assert c.cli(self.argv(c, *(["--secure"] if s else [])))[0] == 0
-        c.secure_and_not(run)
-
-    def secure_seed(self, c: Cell) -> None:
-        assert_cli_refused(c.cli(self.argv(c, "--secure", "--seed", "1")),
-                           "--secure refuses --seed")
 
     def ledger(self, c: Cell) -> None:
         hist = c.tmp / "o" / "history.json"
