@@ -18,8 +18,8 @@ the paper's full-batch mechanism, noise calibrated with the PLD accountant, unif
 
 All SOFIM forms use beta 0.9, rho 0.5 and bias correction (the published settings).
 ``s^2 = aggregate_noise_variance(z, C, sizes)`` with ``z`` from
-``FLConfig.resolve_noise_multiplier()``; it is public (a function of z, C and the client
-sizes), so the option costs no privacy.
+``dpprecond.fl.accounting.resolve_noise_multiplier(config)``; it is public (a function of z,
+C and the client sizes), so the option costs no privacy.
 
 Protocol. Seed ``s`` gives ``sim, part, val = SeedSequence(s).spawn(3)`` (as in
 :mod:`dpprecond.experiments.runner`): ``part`` draws the partition, ``sim`` the model
@@ -65,6 +65,7 @@ from dpprecond.data import load_dataset
 from dpprecond.experiments.runner import validation_split
 from dpprecond.features import featurize
 from dpprecond.fl import server
+from dpprecond.fl.accounting import resolve_noise_multiplier
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 from dpprecond.fl.simulator import ClientData, FLConfig, simulate
@@ -144,7 +145,7 @@ def one_run(prob: Problem, phase: str, partition: str, eps: float, method: str, 
     data = ClientData.from_partition(X, y, parts, prob.n_classes)
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, target_epsilon=eps,
                       target_delta=args.delta, accountant="pld")
-    z = config.resolve_noise_multiplier()
+    z = resolve_noise_multiplier(config)
     s2 = server.aggregate_noise_variance(z, args.clip_norm, data.sizes)
     optimizer = METHODS[method][0](lr, s2)
     start = time.perf_counter()
@@ -456,7 +457,7 @@ def diagnose(args: argparse.Namespace) -> str:
     data = ClientData.from_partition(prob.X_train, prob.y_train, parts, prob.n_classes)
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, target_epsilon=eps,
                       target_delta=args.delta, accountant="pld")
-    z = config.resolve_noise_multiplier()
+    z = resolve_noise_multiplier(config)
     s2 = server.aggregate_noise_variance(z, args.clip_norm, data.sizes)
     model = LinearSoftmax(data.X.shape[1], prob.n_classes)
     init_seq, noise_root = sim.spawn(2)  # the streams simulate() uses

@@ -39,15 +39,16 @@ from dpprecond.adapters.flower import (
 from dpprecond.adapters.flower.app import config_from_run_config, method_from_run_config
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
-from dpprecond.adapters.flower.server_side import release_events
 from dpprecond.fl import METHODS, ClientData, FLConfig, make_method, method_options, run_federated
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import resolve_scale
 from dpprecond.fl.engine import simulate
+from dpprecond.fl.local_steps import local_step_deltas, updated_controls
 from dpprecond.fl.methods import Method
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import FedNewState
+from dpprecond.fl.tasks import GradientTask, LocalStepsTask, SecondMomentTask
 from dpprecond.secure import SecureGenerator
 
 SEED = 7
@@ -165,12 +166,14 @@ def _replay(name: str, dropped: dict[int, set[int]]) -> np.ndarray:
         for t in range(1, T + 1):
             rows = present(t)
             correction = (state.control - c_i) if method.control_variates else None
-            dy = client_mod.local_step_deltas(model, params, *args, z["z"], gens(t),
-                                              local_steps=method.local_steps,
-                                              local_lr=method.local_lr, correction=correction)
+            dy = local_step_deltas(model, params, *args, z["z"], gens(t),
+                                   local_steps=method.local_steps, local_lr=method.local_lr,
+                                   correction=correction)
             dc = None
             if method.control_variates:
-                c_new = method.updated_controls(c_i, state.control, dy)
+                c_new = updated_controls(c_i, state.control, dy,
+                                         local_steps=method.local_steps,
+                                         local_lr=method.local_lr)
                 dc = np.zeros_like(c_i)
                 dc[rows] = c_new[rows] - c_i[rows]
                 c_i[rows] = c_new[rows]  # a client left out keeps its c_i
@@ -367,12 +370,12 @@ def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_ap
         _assert_same_run(result, _reference(digits, "sofim", config), config.mechanism)
 
 
-def test_release_events_compose_to_the_calibrated_schedule():
+def test_schedule_releases_compose_to_the_calibrated_schedule():
     for name in METHODS:
         method = make_method(name)
         schedule = method.schedule(CONFIG)
         scale = resolve_scale(schedule, CONFIG)
-        setup, per_round = release_events(schedule, schedule.multipliers(scale))
+        setup, per_round = schedule.releases(schedule.multipliers(scale))
         ledger = PrivacyLedger(CONFIG.target_delta, accountant=CONFIG.accountant)
         for event, count in setup + per_round * T:
             ledger.spend(event, count)
@@ -410,7 +413,7 @@ def test_a_late_scaffold_reply_leaves_the_clients_control_variate_unchanged(digi
     np.testing.assert_allclose(result.params, _replay("scaffold", {2: {1}}), rtol=RTOL,
                                atol=ATOL)
     # c is the mean of the clients' committed c_i (each pending one was aggregated in round 3)
-    controls = [grid.contexts[n].state["dpprecond-control"]["pending"].numpy()
+    controls = [grid.contexts[n].state["dpprecond-state"]["pending"].numpy()
                 for n in grid.nodes]
     np.testing.assert_allclose(strategy.server_.state.control, np.mean(controls, axis=0),
                                rtol=1e-9, atol=1e-15)
@@ -454,10 +457,11 @@ def test_fednew_admm_runs_over_the_repliers_of_a_round(digits, seeded_app):
 
     strategy.server_.update = recording  # type: ignore[method-assign]
     result = strategy.run(grid, timeout=1)
-    np.testing.assert_array_equal(states[1].duals[0], states[0].duals[0])
-    assert np.abs(states[1].duals[1] - states[0].duals[1]).max() > 0
-    for s in states:
-        np.testing.assert_allclose(s.duals.sum(axis=0), 0.0, atol=1e-12)
+    duals = [state[1].duals for state in states]  # (solvers, FedNewState, members)
+    np.testing.assert_array_equal(duals[1][0], duals[0][0])
+    assert np.abs(duals[1][1] - duals[0][1]).max() > 0
+    for d in duals:
+        np.testing.assert_allclose(d.sum(axis=0), 0.0, atol=1e-12)
     np.testing.assert_allclose(result.params, _replay("fednew", {2: {0}}), rtol=RTOL,
                                atol=ATOL)
 
@@ -521,7 +525,7 @@ def test_strategy_validates_its_settings(digits):
                                                sampling_rate=0.5), K)
     with pytest.raises(TypeError, match="FLConfig"):
         DPFedStrategy(model, "sofim", {"n_rounds": 2}, K)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="GradientMethod, LocalStepsMethod"):
+    with pytest.raises(TypeError, match="client and server halves"):
         DPFedStrategy(model, Method(), CONFIG, K)
     with pytest.raises(ValueError, match="n_clients"):
         DPFedStrategy(model, "sofim", CONFIG, 0)
@@ -552,8 +556,8 @@ def test_seed_tree_is_the_engines(digits):
     for mine, engine in ((tree.init, init), (tree.noise, noise), (tree.setup, setup),
                          (tree.partition, part)):
         assert (mine.entropy, mine.spawn_key) == (engine.entropy, engine.spawn_key)
-    grad = RoundRequest(3, "gradient", 1.0, 1.0)
-    moment = RoundRequest(0, "second-moment", 1.0, 1.0)
+    grad = RoundRequest(3, GradientTask(1.0, 1.0))
+    moment = RoundRequest(0, SecondMomentTask(1.0, 1.0))
     assert client_rng(SEED, grad, 2).random() == client_mod.stream(noise, 2, 2).random()
     assert client_rng(SEED, moment, 2).random() == client_mod.stream(setup, 0, 2).random()
 
@@ -579,8 +583,8 @@ def _released(reply: Message) -> np.ndarray:
 def test_unseeded_clients_draw_fresh_noise_and_seeds_need_the_nodes_consent(digits):
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
-    for msg in (_train_message(params, RoundRequest(1, "gradient", 1.0, 1.3)),
-                _train_message(None, RoundRequest(0, "second-moment", 8.0, 1.3))):
+    for msg in (_train_message(params, RoundRequest(1, GradientTask(1.0, 1.3))),
+                _train_message(None, RoundRequest(0, SecondMomentTask(8.0, 1.3)))):
         a = _released(train_reply(msg, _context({}), load))
         b = _released(train_reply(msg, _context({}), load))
         assert np.abs(a - b).max() > 1e-3  # OS entropy: two calls, two noise draws
@@ -595,15 +599,15 @@ def test_unseeded_clients_draw_fresh_noise_and_seeds_need_the_nodes_consent(digi
 
 
 def test_secure_mode_at_the_client(digits, seeded_app):
-    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0, secure=True), 0),
+    assert isinstance(client_rng(None, RoundRequest(1, GradientTask(1.0, 1.0), secure=True), 0),
                       SecureGenerator)
-    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0), 0, secure=True),
+    assert isinstance(client_rng(None, RoundRequest(1, GradientTask(1.0, 1.0)), 0, secure=True),
                       SecureGenerator)
-    assert isinstance(client_rng(None, RoundRequest(1, "gradient", 1.0, 1.0), 0),
+    assert isinstance(client_rng(None, RoundRequest(1, GradientTask(1.0, 1.0)), 0),
                       np.random.Generator)
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
-    msg = _train_message(params, RoundRequest(1, "gradient", 1.0, 1.3))
+    msg = _train_message(params, RoundRequest(1, GradientTask(1.0, 1.3)))
     with pytest.raises(ValueError, match="Secure mode refuses seeded noise"):
         train_reply(msg, _context({"secure-noise": True}), load, noise_seed=SEED)
     # A secure run: every client's noise from the CSPRNG (the seeded app refuses, so the
@@ -623,30 +627,30 @@ def test_secure_mode_at_the_client(digits, seeded_app):
 def test_client_guards(digits):
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
-    msg = _train_message(params, RoundRequest(1, "gradient", 1.0, 0.5))
+    msg = _train_message(params, RoundRequest(1, GradientTask(1.0, 0.5)))
     with pytest.raises(ValueError, match="min-noise-multiplier=1"):
         train_reply(msg, _context({"min-noise-multiplier": 1.0}), load)
-    moment = _train_message(None, RoundRequest(0, "second-moment", 8.0, 0.5))
+    moment = _train_message(None, RoundRequest(0, SecondMomentTask(8.0, 0.5)))
     with pytest.raises(ValueError, match="min-noise-multiplier=1"):
         train_reply(moment, _context({"min-noise-multiplier": 1.0}), load)
     nobody = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(ValueError, match="--node-config"):
         train_reply(msg, nobody, load)
     with pytest.raises(ValueError, match="needs 650 finite"):
-        train_reply(_train_message(np.zeros(3), RoundRequest(1, "gradient", 1.0, 0.5)),
+        train_reply(_train_message(np.zeros(3), RoundRequest(1, GradientTask(1.0, 0.5))),
                     _context({}), load)
-    scaffold = RoundRequest(2, "local-steps", 1.0, 1.0, local_steps=2, control_variates=True,
+    scaffold = RoundRequest(2, LocalStepsTask(1.0, 1.0, local_steps=2, control_variates=True),
                             accepted_round=1)
     with pytest.raises(ValueError, match="no 'control' array"):  # SCAFFOLD without c
         train_reply(_train_message(params, scaffold), _context({}), load)
     with pytest.raises(ValueError, match="clip_norm"):
-        RoundRequest(1, "gradient", float("inf"), 1.0).validated()
+        RoundRequest(1, GradientTask(float("inf"), 1.0)).validated()
     with pytest.raises(ValueError, match="local_steps=1"):
-        RoundRequest(1, "gradient", 1.0, 1.0, local_steps=2).validated()
+        RoundRequest(1, GradientTask(1.0, 1.0, local_steps=2)).validated()
     with pytest.raises(ValueError, match="setup round"):
-        RoundRequest(1, "second-moment", 1.0, 1.0).validated()
+        RoundRequest(1, SecondMomentTask(1.0, 1.0)).validated()
     with pytest.raises(ValueError, match="accepted_round"):
-        RoundRequest(2, "local-steps", 1.0, 1.0, accepted_round=2).validated()
+        RoundRequest(2, LocalStepsTask(1.0, 1.0), accepted_round=2).validated()
     with pytest.raises(ValueError, match="missing"):
         RoundRequest.from_config({"server-round": 1})
 

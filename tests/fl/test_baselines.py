@@ -15,7 +15,7 @@ from dp_accounting import dp_event
 
 from dpprecond import accounting
 from dpprecond.fl import FLConfig, make_method, simulate
-from dpprecond.fl.accounting import Schedule, calibrate
+from dpprecond.fl.accounting import Schedule, calibrate, resolve_noise_multiplier
 from dpprecond.fl.client import covariance_sensitivity, second_moment_releases
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import sgd
@@ -136,7 +136,7 @@ def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
     assert fc.n_releases == T + 1
     # The totals, recomputed from the raw events with dp_accounting, meet the target and
     # are tight (calibration is for each method's own schedule).
-    fedgd_z = FLConfig(n_rounds=T, target_epsilon=2.0, accountant="rdp").resolve_noise_multiplier()
+    fedgd_z = resolve_noise_multiplier(FLConfig(n_rounds=T, target_epsilon=2.0, accountant="rdp"))
     for ev in (sc.events, fc.events, [accounting.gaussian(fedgd_z)] * T):
         eps = accounting.epsilon_of(dp_event.ComposedDpEvent(ev), 1e-5, "rdp")
         assert 2.0 * (1 - 1e-3) <= eps <= 2.0 + 1e-9

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from dpprecond.fl import ClientData, FLConfig, run_federated, simulate
+from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import dirichlet_partition, make_partition
-from dpprecond.fl.server import make_optimizer
 
 CONFIG = FLConfig(n_rounds=1, target_epsilon=None, noise_multiplier=1.0)
 
@@ -61,7 +61,7 @@ def test_simulate_checks_the_model_against_client_data(client_data: ClientData,
                                                        problem: tuple) -> None:
     _, _, X_te, y_te = problem
     with pytest.raises(ValueError, match=r"model has 4 classes"):
-        simulate(LinearSoftmax(X_te.shape[1], 4), client_data, make_optimizer("fedgd", 0.1),
+        simulate(LinearSoftmax(X_te.shape[1], 4), client_data, make_method("fedgd", 0.1),
                  CONFIG, X_test=X_te, y_test=y_te, seed=0)
 
 

@@ -375,7 +375,7 @@ def test_noise_aware_shapes_and_state() -> None:
     assert upd.shape == (p,)
     arrays = [x for s in state for x in s if isinstance(x, np.ndarray)]
     assert arrays and all(a.size <= p for a in arrays)
-    opt2 = server.make_optimizer("sofim-momentum", 0.1, noise_variance=0.1)
+    opt2 = server.sofim(0.1, precondition="momentum", noise_variance=0.1)
     upd2, _ = opt2.update(np.ones(p), opt2.init(theta), theta)
     assert upd2.shape == (p,) and np.isfinite(upd2).all()
 

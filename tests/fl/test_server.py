@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dpprecond.fl import server
+from dpprecond.fl.methods import make_method
 
 
 def dense_H(m: np.ndarray, rho: float) -> np.ndarray:
@@ -119,6 +120,6 @@ def test_bad_sofim_parameters(kwargs: dict) -> None:
         server.sofim(**kwargs)
 
 
-def test_unknown_algorithm() -> None:
-    with pytest.raises(ValueError, match="algorithm"):
-        server.make_optimizer("scaffold")
+def test_unknown_method() -> None:
+    with pytest.raises(ValueError, match="method"):
+        make_method("scafold")

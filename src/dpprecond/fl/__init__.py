@@ -3,15 +3,18 @@
 The layout follows the architecture (one round engine; methods are configurations of it):
 
 - :mod:`dpprecond.fl.client`: what a client sends (clipping, its own Gaussian noise): the
-  full-batch, local-steps, Poisson and client-level mechanisms and the one-off covariance
-  release;
+  full-batch, Poisson and client-level mechanisms and the one-off covariance release;
+  :mod:`dpprecond.fl.local_steps`: the baselines' per-client local steps;
+- :mod:`dpprecond.fl.tasks`: the client halves of the methods (what a client computes and
+  releases in a phase), which the engine and the Flower adapter both run;
 - :mod:`dpprecond.fl.server`: server transforms as ``(init, update)`` pairs, including the
   DP-FedSOFIM rank-one Fisher preconditioner (:func:`~dpprecond.fl.server.sofim`) and the
   baselines' server steps;
 - :mod:`dpprecond.fl.accounting`: those releases as DpEvents (release schedules) and their
   calibration through :mod:`dpprecond.accounting`;
 - :mod:`dpprecond.fl.methods`: every named algorithm (DP-FedGD, the SOFIM forms, Adam, Yogi,
-  DP-FedAvg, DP-SCAFFOLD, DP-FedFC, DP-FedNew) as (schedule, mechanism, transform);
+  DP-FedAvg, DP-SCAFFOLD, DP-FedFC, DP-FedNew), one module per family, each a release
+  schedule, a client half and a server half, and the registry;
 - :mod:`dpprecond.fl.engine`: the one round loop (:func:`simulate`), with the ledger and
   crash-safe checkpoints;
 - :mod:`dpprecond.fl.simulator`: :func:`run_federated`, partition + model + method + engine;
@@ -31,7 +34,7 @@ from dpprecond.fl.methods import METHODS, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax, TorchModel
 from dpprecond.fl.module_validator import UnsupportedModuleError, fix_module, validate_module
 from dpprecond.fl.partition import dirichlet_partition, iid_partition, make_partition
-from dpprecond.fl.server import adam, chain, make_optimizer, sgd, sofim, yogi
+from dpprecond.fl.server import adam, chain, sgd, sofim, yogi
 from dpprecond.fl.simulator import DEFAULT_ALGORITHM, run_federated
 
 __all__ = [
@@ -49,7 +52,6 @@ __all__ = [
     "fix_module",
     "iid_partition",
     "make_method",
-    "make_optimizer",
     "make_partition",
     "method_options",
     "round_event",

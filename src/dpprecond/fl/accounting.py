@@ -36,27 +36,21 @@ import logging
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from dp_accounting import dp_event
 
 from dpprecond import accounting
-from dpprecond._validation import (
-    check_choice,
-    check_epsilon,
-    check_fraction,
-    check_int,
-    check_positive,
-)
-
-if TYPE_CHECKING:
-    from dpprecond.fl.config import FLConfig
+from dpprecond._validation import check_choice, check_fraction, check_int
+from dpprecond.fl.config import MECHANISMS, FLConfig, Mechanism, check_privacy_level
 
 __all__ = [
     "MECHANISMS",
+    "Releases",
     "Schedule",
     "calibrate",
     "check_privacy_level",
+    "resolve_noise_multiplier",
     "resolve_scale",
     "round_event",
     "training_event",
@@ -64,31 +58,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Mechanism = Literal["full-batch", "poisson", "client-level"]
-MECHANISMS: tuple[str, ...] = ("full-batch", "poisson", "client-level")
-
-
-def check_privacy_level(target_epsilon: float | None,
-                        noise_multiplier: float | None) -> None:
-    """Exactly one of ``target_epsilon`` and ``noise_multiplier`` (``0``: non-private).
-
-    Raises ``ValueError`` when both or neither are given, naming both, and checks the one
-    given (``target_epsilon > 0`` finite, ``noise_multiplier >= 0`` finite).
-    """
-    if target_epsilon is not None and noise_multiplier is not None:
-        raise ValueError(
-            f"Give target_epsilon or noise_multiplier, not both (got "
-            f"target_epsilon={target_epsilon!r}, noise_multiplier={noise_multiplier!r}): "
-            "target_epsilon calibrates the noise, noise_multiplier sets it (0 = non-private).")
-    if target_epsilon is None and noise_multiplier is None:
-        raise ValueError("Give the privacy level: target_epsilon=... (the noise is calibrated "
-                         "to it) or noise_multiplier=... (explicit noise; noise_multiplier=0 "
-                         "asks for a non-private run).")
-    if target_epsilon is not None:
-        check_epsilon(target_epsilon, "target_epsilon")
-    else:
-        check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
-
+#: Releases of one client as ``(event, count)`` pairs, in order.
+Releases = list[tuple[dp_event.DpEvent, int]]
 
 def round_event(noise_multiplier: float, mechanism: Mechanism = "full-batch", *,
                 sampling_rate: float = 1.0, local_steps: int = 1) -> dp_event.DpEvent:
@@ -149,6 +120,25 @@ class Schedule:
         return {"z_cov": scale / math.sqrt(s),
                 "z_grad": scale * math.sqrt(self.n_rounds / (1.0 - s))}
 
+    def releases(self, multipliers: dict[str, float]) -> tuple[Releases, Releases]:
+        """What one client releases: ``(setup, per round)`` as ``(event, count)`` pairs.
+
+        The one derivation of the per-release events, which the engine and the Flower
+        adapter record in their ledgers: one mechanism release per round (``"rounds"``),
+        ``steps`` full-batch Gaussians per round (``"local-steps"``), or one
+        ``Gaussian(z_cov)`` setup release and one ``Gaussian(z_grad)`` per round
+        (``"covariance"``). Composed over ``n_rounds`` rounds they are :meth:`event` at the
+        scale the multipliers came from (a test pins both).
+        """
+        if self.kind == "rounds":
+            return [], [(round_event(multipliers["z"], self.mechanism,
+                                     sampling_rate=self.sampling_rate,
+                                     local_steps=self.steps), 1)]
+        if self.kind == "local-steps":
+            return [], [(round_event(multipliers["z"]), self.steps)]
+        return ([(round_event(multipliers["z_cov"]), 1)],
+                [(round_event(multipliers["z_grad"]), 1)])
+
     def event(self, scale: float) -> dp_event.DpEvent:
         """All releases of one client over the run, composed."""
         if self.kind == "rounds":
@@ -192,3 +182,13 @@ def resolve_scale(schedule: Schedule, config: FLConfig) -> float:
         raise ValueError("Give target_epsilon or noise_multiplier (FLConfig.validated()).")
     return calibrate(schedule, float(config.target_epsilon), float(config.target_delta),
                      config.accountant)
+
+
+def resolve_noise_multiplier(config: FLConfig) -> float:
+    """The noise multiplier of a gradient method's run: explicit or calibrated.
+
+    Methods with another release schedule (local steps, a covariance release) calibrate
+    their own :meth:`Schedule`; this is the one-release-per-round schedule of the config's
+    mechanism.
+    """
+    return resolve_scale(Schedule.rounds(config), config)

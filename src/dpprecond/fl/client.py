@@ -15,10 +15,8 @@ privacy unit, sensitivity and accounting of each mechanism are in
   noisy gradient ``(theta - y_L) / (local_lr * local_steps)``.
 - :func:`client_level_aggregate`: client-level, replace-one client. Each client's whole
   update is clipped to ``C``, the server (trusted) adds ``N(0, (2 z C)^2)`` once to the sum.
-- :func:`local_step_deltas` (DP-FedAvg, DP-SCAFFOLD): record-level, replace-one.
-  ``local_steps`` full-batch steps, each on the paper's noisy clipped mean gradient
-  (sensitivity ``2C``, noise ``N(0, (2 z C)^2)``), optionally corrected by a control-variate
-  term; every step is one release (``Gaussian(z)``).
+- the local steps of DP-FedAvg, DP-SCAFFOLD and DP-FedProx, each a full-batch message of
+  this module at the client's local iterate: :mod:`dpprecond.fl.local_steps`.
 - :func:`second_moment_releases` (DP-FedFC, DP-FedNew): record-level, replace-one. A one-off
   release of each client's feature second moment, rows of ``[x, 1]`` clipped to ``C_x``
   (sensitivity ``sqrt(2) C_x^2`` of the upper triangle; event ``Gaussian(z_cov)``).
@@ -41,11 +39,12 @@ from dpprecond.fl.models import FLModel, clip_rows_safely
 from dpprecond.secure import SecureGenerator, SecureRoot, release
 
 __all__ = [
+    "add_client_noise",
     "client_level_aggregate",
     "clip_feature_rows",
     "covariance_sensitivity",
     "full_batch_messages",
-    "local_step_deltas",
+    "noise_inflation",
     "poisson_local_messages",
     "round_generators",
     "second_moment_releases",
@@ -72,17 +71,25 @@ def round_generators(root: np.random.SeedSequence, round_index: int,
     return [stream(root, round_index, i) for i in range(n_clients)]
 
 
-def _fp(model: FLModel, X: np.ndarray, bounds: np.ndarray) -> float:
+def noise_inflation(model: FLModel, X: np.ndarray, bounds: np.ndarray) -> float:
     """``1 +`` the model's bound on the rounding of a client's clipped sum, relative to the
-    sensitivity (:func:`dpprecond.fl.kernels.rounding_slack`); noise stds are multiplied
-    by it so that the computed sums meet the accounted sensitivity."""
+    sensitivity (:func:`dpprecond.fl.kernels.rounding_slack`).
+
+    The one place the federated mechanisms account for rounding: every noise std of a
+    clipped-sum release is the accounted ``z * sensitivity`` times this factor, so that the
+    computed sums meet the accounted sensitivity. The calibration (the noise multiplier
+    ``z`` and every epsilon) never sees it.
+    """
     slack = getattr(model, "rounding_slack", None)
     if slack is None or len(bounds) < 2:
         return 1.0
     return 1.0 + slack(int(np.diff(bounds).max(initial=1)), X.dtype)
 
 
-def _add_noise(S: np.ndarray, std: float, rngs: list[np.random.Generator]) -> np.ndarray:
+def add_client_noise(S: np.ndarray, std: float,
+                     rngs: list[np.random.Generator]) -> np.ndarray:
+    """Release row ``i`` of ``S`` (client ``i``'s clipped sum) with its own ``N(0, std^2 I)``
+    drawn from ``rngs[i]`` (in place, through :func:`dpprecond.secure.release`)."""
     if std > 0:
         for i, rng in enumerate(rngs):  # each client draws from its own stream
             S[i] = release(S[i], std * rng.standard_normal(S.shape[1]), std, rng)
@@ -101,9 +108,9 @@ def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
     """
     sizes = np.diff(bounds).astype(np.float64)
     S = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
-    std = noise_multiplier * 2.0 * clip_norm * _fp(model, X, bounds) if noise_multiplier \
-        else 0.0
-    S = _add_noise(S, std, rngs)
+    std = noise_multiplier * 2.0 * clip_norm * noise_inflation(model, X, bounds) \
+        if noise_multiplier else 0.0
+    S = add_client_noise(S, std, rngs)
     return S / sizes[:, None]
 
 
@@ -122,7 +129,8 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     sizes = np.diff(bounds)
     expected = sampling_rate * sizes.astype(np.float64)
     Y = np.tile(params, (n_clients, 1))
-    std = noise_multiplier * clip_norm * _fp(model, X, bounds) if noise_multiplier else 0.0
+    std = noise_multiplier * clip_norm * noise_inflation(model, X, bounds) \
+        if noise_multiplier else 0.0
     for _ in range(local_steps):
         if sampling_rate < 1.0:
             mask = np.concatenate([rng.random(int(m)) < sampling_rate
@@ -133,7 +141,7 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
             S = model.clipped_grad_sums(Y, X[idx], y[idx], sub_bounds, clip_norm)
         else:
             S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm)
-        S = _add_noise(S, std, rngs)
+        S = add_client_noise(S, std, rngs)
         Y -= local_lr * (S / expected[:, None])
     return (params - Y) / (local_lr * local_steps)
 
@@ -164,38 +172,6 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
         total = release(total, std * server_rng.standard_normal(total.shape[0]), std,
                         server_rng)
     return total / n_clients
-
-
-def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                      bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                      rngs: list[np.random.Generator], *, local_steps: int, local_lr: float,
-                      correction: np.ndarray | None = None,
-                      x_sq_norms: np.ndarray | None = None) -> np.ndarray:
-    """Every client's model change after ``local_steps`` noisy full-batch steps, (K, p).
-
-    Client ``i`` starts from ``params`` and repeats ``y <- y - local_lr (g~ + c_i)`` where
-    ``g~ = (sum_x clip_C(grad l(y; x)) + N(0, (2 z C)^2 I)) / |D_i|`` is the paper's message
-    at its local iterate and ``c_i`` the optional control-variate correction
-    (``correction[i]``, public to the client: a function of its earlier releases and of
-    server broadcasts). Returns ``y_L - params``.
-
-    Privacy unit: one record, replace-one; every step is a Gaussian release with
-    sensitivity ``2C`` and noise multiplier ``z``: ``local_steps`` events ``Gaussian(z)``
-    per round. Client ``i`` draws its steps' noise from ``rngs[i]`` in step order.
-    """
-    n_clients = len(bounds) - 1
-    sizes = np.diff(bounds).astype(np.float64)[:, None]
-    std = 2.0 * noise_multiplier * clip_norm * _fp(model, X, bounds) if noise_multiplier \
-        else 0.0
-    Y = np.tile(params, (n_clients, 1))
-    for _ in range(local_steps):
-        S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
-        S = _add_noise(S, std, rngs)
-        G = S / sizes
-        if correction is not None:
-            G += correction
-        Y -= local_lr * G
-    return Y - params
 
 
 def covariance_sensitivity(row_clip: float) -> float:

@@ -1,4 +1,8 @@
-"""The settings of a federated run shared by every method: privacy, clipping, mechanism."""
+"""The settings of a federated run shared by every method: privacy, clipping, mechanism.
+
+The bottom of the federated layers: it imports no other module of :mod:`dpprecond.fl`
+except the backend names; :mod:`dpprecond.fl.accounting` reads these settings.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,44 @@ from typing import Literal
 
 from dpprecond._validation import (
     check_choice,
+    check_epsilon,
     check_fraction,
     check_int,
     check_positive,
     check_target_delta,
 )
-from dpprecond.fl.accounting import MECHANISMS, check_privacy_level
 from dpprecond.fl.backend import BACKENDS
 
-__all__ = ["MAX_CLIP_NORM", "MAX_NOISE_STD", "FLConfig"]
+__all__ = ["MAX_CLIP_NORM", "MAX_NOISE_STD", "MECHANISMS", "FLConfig", "Mechanism",
+           "check_privacy_level"]
+
+#: The client mechanisms (:mod:`dpprecond.fl.accounting` describes their releases).
+Mechanism = Literal["full-batch", "poisson", "client-level"]
+MECHANISMS: tuple[str, ...] = ("full-batch", "poisson", "client-level")
+
+
+def check_privacy_level(target_epsilon: float | None,
+                        noise_multiplier: float | None) -> None:
+    """Exactly one of ``target_epsilon`` and ``noise_multiplier`` (``0``: non-private).
+
+    Raises ``ValueError`` when both or neither are given, naming both, and checks the one
+    given (``target_epsilon > 0`` finite, ``noise_multiplier >= 0`` finite).
+    """
+    if target_epsilon is not None and noise_multiplier is not None:
+        raise ValueError(
+            f"Give target_epsilon or noise_multiplier, not both (got "
+            f"target_epsilon={target_epsilon!r}, noise_multiplier={noise_multiplier!r}): "
+            "target_epsilon calibrates the noise, noise_multiplier sets it (0 = non-private).")
+    if target_epsilon is None and noise_multiplier is None:
+        raise ValueError("Give the privacy level: target_epsilon=... (the noise is calibrated "
+                         "to it) or noise_multiplier=... (explicit noise; noise_multiplier=0 "
+                         "asks for a non-private run).")
+    if target_epsilon is not None:
+        check_epsilon(target_epsilon, "target_epsilon")
+    else:
+        check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+
+
 
 #: Largest clipping norm of a private run (larger ones overflow the noise arithmetic).
 MAX_CLIP_NORM = 1e100
@@ -81,7 +114,7 @@ class FLConfig:
     target_epsilon: float | None = None
     target_delta: float = 1e-5
     noise_multiplier: float | None = None
-    mechanism: Literal["full-batch", "poisson", "client-level"] = "full-batch"
+    mechanism: Mechanism = "full-batch"
     sampling_rate: float = 1.0
     local_steps: int = 1
     local_lr: float = 0.1
@@ -133,14 +166,3 @@ class FLConfig:
     def private(self) -> bool:
         """False only for the explicit non-private run (``noise_multiplier=0``)."""
         return self.noise_multiplier != 0
-
-    def resolve_noise_multiplier(self) -> float:
-        """The noise multiplier of a gradient method's run: explicit or calibrated.
-
-        Methods with another release schedule (local steps, a covariance release) calibrate
-        through :mod:`dpprecond.fl.methods`; this is the one-release-per-round schedule of
-        ``mechanism``.
-        """
-        from dpprecond.fl.accounting import Schedule, resolve_scale
-
-        return resolve_scale(Schedule.rounds(self), self)

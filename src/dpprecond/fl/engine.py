@@ -51,11 +51,11 @@ from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
 from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
+from dpprecond.fl.client import round_generators
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
-from dpprecond.fl.methods import GradientMethod, Method, RunContext, make_method
+from dpprecond.fl.methods import GradientMethod, Method, RunSpec, make_method
 from dpprecond.fl.models import FLModel, LinearSoftmax
-from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secure import SECURE_ROOT
 
@@ -116,11 +116,16 @@ def as_method(method: Method | GradientTransformation | str) -> Method:
                     f"{type(method).__name__}.")
 
 
+#: The layout of a checkpoint's state: ``(server state, client state or None)``.
+_STATE_FORMAT = 2
+
+
 def _fingerprint(method: Method, config: FLConfig, data: ClientData, model: FLModel,
                  X_test: np.ndarray, y_test: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"method": method.describe(), "config": asdict(config),
-                         "model": repr(model)}, sort_keys=True, default=str).encode())
+                         "model": repr(model), "state": _STATE_FORMAT},
+                        sort_keys=True, default=str).encode())
     for arr in (data.X, data.y, data.bounds, X_test, y_test):
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
@@ -300,26 +305,36 @@ def simulate(model: FLModel, data: ClientData,
     run_ledger = PrivacyLedger(config.target_delta, accountant=config.accountant)
     events: list[dp_event.DpEvent] = []
 
-    def release(event: dp_event.DpEvent, count: int = 1) -> None:
-        run_ledger.spend(event, count)
-        events.extend([event] * count)
-        if ledger is not None:
-            ledger.spend(event, count)
+    def release(releases: list[tuple[dp_event.DpEvent, int]]) -> None:
+        for event, count in releases:
+            run_ledger.spend(event, count)
+            events.extend([event] * count)
+            if ledger is not None:
+                ledger.spend(event, count)
 
+    setup_releases, round_releases = schedule.releases(multipliers)
+    K = data.n_clients
+    spec = RunSpec(config, multipliers, model, K)
+    task = method.round_task(spec)
+    clients = list(range(K))
+    sizes = np.diff(data.bounds)
     X_run, x_sq_norms = _kernel_rows(data.X, config, model)
-    run = RunContext(model, data, config, multipliers, noise_root, setup_root, release,
-                     x_sq_norms=x_sq_norms,
-                     weights=client_weights(data.sizes, config.weighting), X=X_run)
     history: list[dict[str, float]] = []
     if resume is None:
         params = model.init_params(np.random.default_rng(init_seq))
-        state = method.start(run, params)
+        setup_task = method.setup_task(spec)
+        setup = None
+        if setup_task is not None:  # the one-off releases, from the setup streams
+            setup = setup_task.release(model, None, data.X, data.y, data.bounds,
+                                       round_generators(setup_root, 0, K)).arrays
+            release(setup_releases)
+        state = (method.server_init(spec, params, setup, clients),
+                 task.initial_state(K, params.shape[0]))
         first = 0
     else:
         params, state, history = resume["params"], resume["state"], resume["history"]
         first = int(resume["round"])
-        for event in resume["events"]:
-            release(event)
+        release([(event, 1) for event in resume["events"]])
         logger.info("Resuming %s from %s at round %d.", method.name, checkpoint, first)
     logger.info("FL run %s: K=%d, T=%d, noise %s, mechanism=%s", method.name,
                 data.n_clients, config.n_rounds, multipliers, config.mechanism)
@@ -332,7 +347,15 @@ def simulate(model: FLModel, data: ClientData,
         for t in tqdm(range(first, config.n_rounds), disable=not progress, desc="rounds",
                       unit="round", initial=first, total=config.n_rounds):
             start = time.perf_counter()
-            updates, state = method.round(run, t, params, state)
+            server_state, client_state = state
+            out = task.release(model, params, X_run, data.y, data.bounds,
+                               round_generators(noise_root, t, K + task.server_streams),
+                               broadcast=method.broadcast(server_state),
+                               client_state=client_state, x_sq_norms=x_sq_norms)
+            release(round_releases)
+            updates, server_state = method.server_update(spec, out.arrays, clients, sizes,
+                                                         server_state, params)
+            state = (server_state, out.client_state)
             params = params + updates
             seconds = time.perf_counter() - start
             loss, acc = model.evaluate(params, X_test, y_test)

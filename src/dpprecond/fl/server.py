@@ -36,6 +36,7 @@ from dpprecond._validation import (
     check_int,
     check_positive,
 )
+from dpprecond.fl.config import MECHANISMS, Mechanism
 
 __all__ = [
     "GradientTransformation",
@@ -46,7 +47,6 @@ __all__ = [
     "fedfc_preconditioner",
     "fednew_server",
     "fednew_solvers",
-    "make_optimizer",
     "momentum_noise_variance",
     "preconditioned_server",
     "psd_part",
@@ -138,13 +138,9 @@ def sherman_morrison_apply(m: np.ndarray, v: np.ndarray, rho: float) -> np.ndarr
     return (v - m * (float(m @ v) / (rho + float(m @ m)))) / rho
 
 
-MECHANISMS_NOISE: tuple[str, ...] = ("full-batch", "poisson", "client-level")
-
-
 def aggregate_noise_variance(noise_multiplier: float, clip_norm: float, sizes: Any,
                              weights: Any = None, *,
-                             mechanism: Literal["full-batch", "poisson",
-                                                "client-level"] = "full-batch",
+                             mechanism: Mechanism = "full-batch",
                              sampling_rate: float = 1.0, local_steps: int = 1) -> float:
     """Per-coordinate variance ``s^2`` of the DP noise in the aggregate ``G = sum_i w_i u_i``.
 
@@ -171,7 +167,8 @@ def aggregate_noise_variance(noise_multiplier: float, clip_norm: float, sizes: A
     Parameters
     ----------
     noise_multiplier : float >= 0
-        The run's ``z`` (e.g. ``FLConfig.resolve_noise_multiplier()``); 0 gives 0.
+        The run's ``z`` (e.g. ``dpprecond.fl.accounting.resolve_noise_multiplier(config)``);
+        0 gives 0.
     clip_norm : float > 0
         Clipping norm ``C`` (may be ``inf`` only when ``noise_multiplier == 0``).
     sizes : array of shape (K,)
@@ -190,7 +187,7 @@ def aggregate_noise_variance(noise_multiplier: float, clip_norm: float, sizes: A
     """
     z = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
     C = check_positive("clip_norm", clip_norm, allow_inf=True)
-    check_choice("mechanism", mechanism, MECHANISMS_NOISE)
+    check_choice("mechanism", mechanism, MECHANISMS)
     q = check_fraction("sampling_rate", sampling_rate, low_open=True, high_open=False)
     L = check_int("local_steps", local_steps, low=1)
     if mechanism != "poisson" and q != 1.0:
@@ -555,33 +552,6 @@ def yogi(learning_rate: float = 0.01, b1: float = 0.9, b2: float = 0.99, eps: fl
          weight_decay: float = 0.0) -> GradientTransformation:
     """Server Yogi (DP-FedYogi) with decoupled weight decay."""
     return chain(scale_by_yogi(b1, b2, eps), *_step(learning_rate, weight_decay))
-
-
-ALGORITHMS: tuple[str, ...] = ("fedgd", "sofim", "sofim-momentum", "sofim-lagged", "adam",
-                               "yogi")
-
-
-def make_optimizer(algorithm: str, learning_rate: float | None = None,
-                   **kwargs: Any) -> GradientTransformation:
-    """Build a server optimizer by name: ``"fedgd"``, ``"sofim"`` (gradient form),
-    ``"sofim-momentum"`` (the authors' form), ``"sofim-lagged"`` (gradient form with the
-    previous momentum, our option), ``"adam"`` or ``"yogi"``.
-
-    ``learning_rate=None`` uses the optimizer's default; ``kwargs`` go to the factory.
-    """
-    check_choice("algorithm", algorithm, ALGORITHMS)
-    lr: dict[str, Any] = {} if learning_rate is None else {"learning_rate": learning_rate}
-    if algorithm == "fedgd":
-        return sgd(**lr, **kwargs)
-    if algorithm == "sofim":
-        return sofim(**lr, precondition="gradient", **kwargs)
-    if algorithm == "sofim-momentum":
-        return sofim(**lr, precondition="momentum", **kwargs)
-    if algorithm == "sofim-lagged":
-        return sofim(**lr, precondition="gradient", lagged=True, **kwargs)
-    if algorithm == "adam":
-        return adam(**lr, **kwargs)
-    return yogi(**lr, **kwargs)
 
 
 # -- server steps of the baselines (on per-client messages) ------------------------------

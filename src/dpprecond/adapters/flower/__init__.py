@@ -5,20 +5,20 @@ without Flower raises an ``ImportError`` that says so (``import dpprecond`` neve
 Flower).
 
 Every method of :mod:`dpprecond.fl.methods` runs here with the engine's own pieces: its
-release schedule calibrates the noise and fills the ledger, its client mechanism runs on
-each client, its server transform runs on the server. The adapter only moves arrays and
-configurations:
+release schedule calibrates the noise and fills the ledger, its client half (a
+:class:`~dpprecond.fl.tasks.ClientTask`) runs on each client, its server half runs on the
+server. The adapter names no method; it only moves arrays and configurations:
 
 - :mod:`~dpprecond.adapters.flower.protocol`: the message contract (record keys, the
   per-client :class:`RoundRequest`, reply shapes, the seed tree, the noise source);
-- :mod:`~dpprecond.adapters.flower.client_side`: one client's release, a call of
-  :mod:`dpprecond.fl.client` on that client (Flower-free);
+- :mod:`~dpprecond.adapters.flower.client_side`: one client's release, the request's task
+  run on that client (Flower-free);
 - :mod:`~dpprecond.adapters.flower.server_side`: the run's calibration, ledger, requests
-  and server transform (Flower-free);
+  and the method's server half (Flower-free);
 - :mod:`~dpprecond.adapters.flower.strategy`: :class:`DPFedStrategy`, the Flower strategy
   (registration, messages, dropout records);
-- :mod:`~dpprecond.adapters.flower.client_app`: the ClientApp (guards, noise source,
-  SCAFFOLD's state);
+- :mod:`~dpprecond.adapters.flower.client_app`: the ClientApp (guards, noise source, a
+  stateful task's client state);
 - :mod:`~dpprecond.adapters.flower.server_app`: the ServerApp running a strategy on the Grid;
 - :mod:`~dpprecond.adapters.flower.data`: where a client's data comes from;
 - :mod:`~dpprecond.adapters.flower.app`: ``server_app``/``client_app`` driven by the run

@@ -6,14 +6,14 @@ A client answers two kinds of messages:
   the server can name clients in its history and detect a misconfigured federation;
 - ``train`` (the setup round and every round): the release the
   :class:`~dpprecond.adapters.flower.protocol.RoundRequest` asks for, computed by
-  :func:`~dpprecond.adapters.flower.client_side.client_reply` (the engine's client
-  mechanism on this one client). The noise is added here, on the client, before anything
-  leaves the machine.
+  :func:`~dpprecond.adapters.flower.client_side.client_reply` (the method's client task,
+  which the engine runs too, on this one client). The noise is added here, on the client,
+  before anything leaves the machine.
 
-DP-SCAFFOLD's control variate ``c_i`` lives in the client's Flower ``context.state``
-(which Flower keeps per node and run, across rounds); the newly computed one is kept
-pending until the server reports that round's reply as aggregated
-(:func:`~dpprecond.adapters.flower.client_side.settle_control`).
+A stateful task's client state (DP-SCAFFOLD's control variate ``c_i``) lives in the
+client's Flower ``context.state`` (which Flower keeps per node and run, across rounds); the
+newly computed one is kept pending until the server reports that round's reply as
+aggregated (:func:`~dpprecond.adapters.flower.client_side.settle_state`).
 
 Who the client is comes from the SuperNode's node config, which the client's operator sets
 (``flower-supernode --node-config "partition-id=3 num-partitions=20"``; Flower's
@@ -55,7 +55,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 
 from dpprecond._validation import check_int
-from dpprecond.adapters.flower.client_side import ControlState, client_reply, settle_control
+from dpprecond.adapters.flower.client_side import ClientState, client_reply, settle_state
 from dpprecond.adapters.flower.protocol import KEYS, RoundRequest, client_rng
 from dpprecond.adapters.flower.records import read_array, read_int
 from dpprecond.fl.models import FLModel
@@ -167,20 +167,20 @@ def _received(content: RecordDict, name: str, n_params: int, model: FLModel) -> 
     return value
 
 
-def _control_state(context: Context, n_params: int) -> ControlState:
-    """This client's SCAFFOLD state (zeros before its first round)."""
+def _client_state(context: Context, n_params: int) -> ClientState:
+    """This client's task state (zeros before its first round)."""
     if KEYS.state not in context.state:
-        return ControlState(np.zeros(n_params))
+        return ClientState(np.zeros(n_params))
     arrays = context.state[KEYS.state]
     pending = read_array(arrays, "pending", "client state") if "pending" in arrays else None
-    return ControlState(read_array(arrays, "control", "client state"), pending,
-                        read_int(context.state[KEYS.state_round], "pending-round",
-                                 "client state"))
+    return ClientState(read_array(arrays, "state", "client state"), pending,
+                       read_int(context.state[KEYS.state_round], "pending-round",
+                                "client state"))
 
 
-def _keep_control(context: Context, control: np.ndarray, pending: np.ndarray,
-                  server_round: int) -> None:
-    context.state[KEYS.state] = ArrayRecord({"control": Array(control),
+def _keep_state(context: Context, state: np.ndarray, pending: np.ndarray,
+                server_round: int) -> None:
+    context.state[KEYS.state] = ArrayRecord({"state": Array(state),
                                              "pending": Array(pending)})
     context.state[KEYS.state_round] = ConfigRecord({"pending-round": server_round})
 
@@ -196,7 +196,7 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
         round).
     context : Context
         The client's Flower context (node config: who it is; run config: the run; state:
-        SCAFFOLD's control variate).
+        a stateful task's client state).
     load_data : callable
         ``load_data(ClientInfo) -> LocalData`` (the client's model and examples).
     noise_seed : int or None
@@ -212,19 +212,19 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
     rng = client_rng(seed, request, info.client_id, secure=secure)
     local = load_data(info)
     n_params = local.model.n_params
-    params = control = client_control = None
-    if request.kind != "second-moment":
+    task = request.task
+    params = client_state = None
+    if not task.setup:
         params = _received(message.content, KEYS.params, n_params, local.model)
-    state = None
-    if request.control_variates:
-        control = _received(message.content, KEYS.control, n_params, local.model)
-        state = _control_state(context, n_params)
-        client_control = settle_control(state, request.accepted_round)
-    arrays, new_control = client_reply(local.model, params, local.X, local.y, request, rng,
-                                       control=control, client_control=client_control)
-    if new_control is not None:
-        assert client_control is not None
-        _keep_control(context, client_control, new_control, request.server_round)
+    broadcast = {name: _received(message.content, name, n_params, local.model)
+                 for name in task.broadcast_names}
+    if task.stateful:
+        client_state = settle_state(_client_state(context, n_params), request.accepted_round)
+    arrays, new_state = client_reply(local.model, params, local.X, local.y, request, rng,
+                                     broadcast=broadcast, client_state=client_state)
+    if new_state is not None:
+        assert client_state is not None
+        _keep_state(context, client_state, new_state, request.server_round)
     metrics: dict[str, int | float | list[int] | list[float]] = {
         KEYS.client_id: info.client_id}
     if request.report_size:

@@ -1,44 +1,29 @@
 """What travels between the Flower server and its clients, without Flower.
 
 The contract of the adapter: the record keys, the request the server sends a client in one
-round (:class:`RoundRequest`), the arrays a client replies with (:func:`reply_shapes`), the
-seed tree that makes a seeded Flower run reproduce the in-process engine
-(:func:`simulator_seeds`) and the choice of a client's noise source (:func:`client_rng`).
-No mathematics: what a client computes is in :mod:`~dpprecond.adapters.flower.client_side`
-(calls of :mod:`dpprecond.fl.client`), what the server does in
-:mod:`~dpprecond.adapters.flower.server_side` (the method's server transform).
-
-A request has one of three kinds, one per client mechanism of :mod:`dpprecond.fl.methods`:
-
-``"gradient"``
-    ``config.mechanism``'s message (full-batch or Poisson local steps): DP-FedGD, the SOFIM
-    forms, Adam, Yogi, and the gradient rounds of DP-FedFC and DP-FedNew.
-``"local-steps"``
-    ``local_steps`` noisy full-batch steps (DP-FedAvg), corrected by control variates
-    (DP-SCAFFOLD: the server's ``c`` travels with the parameters, the client's ``c_i``
-    stays in its own Flower ``context.state``).
-``"second-moment"``
-    The one-off noisy feature second moment of DP-FedFC and DP-FedNew (the setup round,
-    numbered 0; ``clip_norm`` is then the row clip ``C_x``).
+round (:class:`RoundRequest`: the method's client task and the round's bookkeeping), the
+arrays a client replies with (:func:`reply_shapes`), the seed tree that makes a seeded
+Flower run reproduce the in-process engine (:func:`simulator_seeds`) and the choice of a
+client's noise source (:func:`client_rng`). No mathematics and no method names: what a
+client computes is its :class:`~dpprecond.fl.tasks.ClientTask` (the method's client half,
+which the engine runs too), what the server does is the method's server half
+(:mod:`~dpprecond.adapters.flower.server_side`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
+from dpprecond._validation import check_int
 from dpprecond.fl import client as client_mod
+from dpprecond.fl.tasks import ClientTask, task_field_names, task_from_config
 from dpprecond.secure import SecureGenerator
 
 __all__ = [
-    "CLIENT_MECHANISMS",
     "KEYS",
-    "REQUEST_KINDS",
     "RoundRequest",
     "SeedTree",
     "client_rng",
@@ -46,148 +31,114 @@ __all__ = [
     "simulator_seeds",
 ]
 
-#: Client mechanisms whose noise is added by the client. ``"client-level"`` needs a trusted
-#: aggregator that adds the noise after aggregation, which this adapter avoids on purpose;
-#: use the in-process engine for it.
-CLIENT_MECHANISMS: tuple[str, ...] = ("full-batch", "poisson")
-
-#: The kinds of client work (module docstring).
-REQUEST_KINDS: tuple[str, ...] = ("gradient", "local-steps", "second-moment")
-
 
 class _Keys(NamedTuple):
-    params: str = "params"        # ArrayRecord (server -> client): model, and "control" c
-    control: str = "control"      # array name of the server's control variate (SCAFFOLD)
+    params: str = "params"        # ArrayRecord (server -> client): model and broadcasts
     config: str = "config"        # ConfigRecord (server -> client): the RoundRequest
     reply: str = "reply"          # ArrayRecord (client -> server): the released arrays
-    message: str = "message"      # array: a gradient message (kind "gradient")
-    delta_y: str = "delta-y"      # array: model change (kind "local-steps")
-    delta_c: str = "delta-c"      # array: control-variate change (SCAFFOLD)
-    moment: str = "moment"        # array: the noisy second moment (kind "second-moment")
     metrics: str = "metrics"      # MetricRecord (client -> server): client id (and size)
     client_id: str = "client-id"
     n_clients: str = "num-partitions"
     n_examples: str = "num-examples"
-    state: str = "dpprecond-control"         # client context.state: c_i and a pending c_i+
-    state_round: str = "dpprecond-control-round"  # ConfigRecord: the pending one's round
+    state: str = "dpprecond-state"               # client context.state: its state, pending
+    state_round: str = "dpprecond-state-round"   # ConfigRecord: the pending one's round
 
 
 #: Record and field names shared by the server and the client.
 KEYS = _Keys()
 
+_BOOKKEEPING = ("server-round", "accepted-round", "report-size", "secure")
 
-@dataclass(frozen=True)
-class RoundRequest:
+
+class RoundRequest(NamedTuple):
     """What the server asks one client in one round (sent as a ConfigRecord).
 
     Parameters
     ----------
     server_round : int
         Flower's round (1, 2, ...; the engine's round index is ``server_round - 1``), or 0
-        for the setup round (kind ``"second-moment"``).
-    kind : {"gradient", "local-steps", "second-moment"}
-        What to release (module docstring).
-    clip_norm : float
-        Per-example clip norm ``C``; for ``"second-moment"`` the row clip ``C_x``.
-    noise_multiplier : float
-        The release's noise multiplier (the client adds the noise).
-    mechanism, sampling_rate, local_steps, local_lr
-        ``"gradient"``: the config's client mechanism; ``"local-steps"``: the method's local
-        steps and local learning rate (full-batch).
-    control_variates : bool
-        ``"local-steps"`` with SCAFFOLD's correction (the request carries the server's ``c``).
+        for the setup round (a setup task).
+    task : ClientTask
+        The method's client half for this phase (what to compute and release, with which
+        clip norm and noise multiplier; the client adds the noise).
     accepted_round : int
-        SCAFFOLD: the last round in which this client's reply was aggregated (0: none). The
-        client commits the control variate it computed in that round and discards any later
-        one, so that its ``c_i`` only moves when the server's ``c`` moved with it.
+        A stateful task (a client state across rounds, e.g. a control variate): the last
+        round in which this client's reply was aggregated (0: none). The client commits the
+        state it computed in that round and discards any later one, so that its state only
+        moves when the server's moved with it.
     report_size : bool
-        Reply with ``|D_i|`` (for size-weighted aggregation, and for a noise-aware server
-        transform, whose noise variance depends on the sizes; the sizes are public under
-        the record-level, replace-one unit, as in the paper).
+        Reply with ``|D_i|`` (the method's server step needs the sizes; they are public
+        under the record-level, replace-one unit, as in the paper).
     secure : bool
         Draw the noise in secure mode (:mod:`dpprecond.secure`).
     """
 
     server_round: int
-    kind: str
-    clip_norm: float
-    noise_multiplier: float
-    mechanism: str = "full-batch"
-    sampling_rate: float = 1.0
-    local_steps: int = 1
-    local_lr: float = 0.1
-    control_variates: bool = False
+    task: ClientTask
     accepted_round: int = 0
     report_size: bool = False
     secure: bool = False
 
+    @property
+    def kind(self) -> str:
+        """The task's kind."""
+        return self.task.kind
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The task's noise multiplier."""
+        return self.task.noise_multiplier
+
     def validated(self) -> RoundRequest:
         """Check every field (``ValueError``/``TypeError`` naming it); return self."""
         check_int("server_round", self.server_round, low=0)
-        check_choice("kind", self.kind, REQUEST_KINDS)
-        check_positive("clip_norm", self.clip_norm, allow_inf=True)
-        check_positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
-        check_choice("mechanism", self.mechanism, CLIENT_MECHANISMS)
-        check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
-        check_int("local_steps", self.local_steps, low=1)
-        check_positive("local_lr", self.local_lr)
-        for name in ("control_variates", "report_size", "secure"):
+        if not isinstance(self.task, ClientTask):
+            raise TypeError(f"Expected task to be a ClientTask, got "
+                            f"{type(self.task).__name__}.")
+        self.task.validated()
+        for name in ("report_size", "secure"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Expected {name} to be a bool, got "
                                 f"{getattr(self, name)!r}.")
         check_int("accepted_round", self.accepted_round, low=0,
                   high=max(self.server_round - 1, 0))
-        if self.noise_multiplier > 0 and math.isinf(self.clip_norm):
-            raise ValueError("A noisy request needs a finite clip_norm (the sensitivity is "
-                             "proportional to it); got clip_norm=inf.")
-        if (self.kind == "second-moment") != (self.server_round == 0):
-            raise ValueError(f"Round 0 is the setup round and only asks for kind="
-                             f"'second-moment'; got server_round={self.server_round}, "
-                             f"kind={self.kind!r}.")
-        if self.kind != "gradient" and (self.mechanism != "full-batch"
-                                        or self.sampling_rate != 1.0):
-            raise ValueError(f"kind={self.kind!r} releases full-batch quantities: it needs "
-                             "mechanism='full-batch' and sampling_rate=1.")
-        if self.kind == "gradient" and self.mechanism == "full-batch" and (
-                self.local_steps != 1 or self.sampling_rate != 1.0):
-            raise ValueError("mechanism='full-batch' sends one full-batch step: it needs "
-                             "local_steps=1 and sampling_rate=1.")
-        if self.control_variates and self.kind != "local-steps":
-            raise ValueError("control_variates=True needs kind='local-steps'.")
+        if self.task.setup != (self.server_round == 0):
+            raise ValueError(f"Round 0 is the setup round and only asks for a setup task; "
+                             f"got server_round={self.server_round}, kind={self.kind!r}.")
+        if self.task.server_streams:
+            raise ValueError(f"The {self.kind!r} task's noise is added by a trusted "
+                             "aggregator, which this adapter avoids on purpose; use the "
+                             "in-process engine for it.")
         return self
 
     def to_config(self) -> dict[str, Any]:
         """Flat dict for a Flower ConfigRecord (keys with dashes, as Flower's)."""
-        return {k.replace("_", "-"): v for k, v in asdict(self).items()}
+        return {"server-round": self.server_round, "accepted-round": self.accepted_round,
+                "report-size": self.report_size, "secure": self.secure,
+                **self.task.to_config()}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RoundRequest:
         """Parse and validate a ConfigRecord written by :meth:`to_config`."""
-        names = [k.replace("_", "-") for k in cls.__dataclass_fields__]
-        missing = [k for k in names if k not in config]
+        missing = [k for k in (*_BOOKKEEPING, "kind") if k not in config]
+        if not missing:
+            missing = [k for k in task_field_names(config["kind"]) if k not in config]
         if missing:
             raise ValueError(f"The round request is missing {missing}; the server and the "
                              "client run different versions of the dpprecond adapter.")
-        return cls(**{k.replace("-", "_"): config[k] for k in names}).validated()
+        return cls(config["server-round"], task_from_config(config),
+                   config["accepted-round"], config["report-size"],
+                   config["secure"]).validated()
 
 
 def reply_shapes(request: RoundRequest, n_params: int,
                  n_features: int | None = None) -> dict[str, tuple[int, ...]]:
-    """The arrays (name -> shape) a client replies with to ``request``.
+    """The arrays (name -> shape) a client replies with to ``request`` (its task's).
 
-    ``n_features`` (the linear head's ``d``) is needed for ``"second-moment"``, whose reply
-    is the ``(d + 1, d + 1)`` moment.
+    ``n_features`` (the linear head's ``d``) is needed for the second moment's
+    ``(d + 1, d + 1)`` reply.
     """
-    if request.kind == "gradient":
-        return {KEYS.message: (n_params,)}
-    if request.kind == "local-steps":
-        shapes: dict[str, tuple[int, ...]] = {KEYS.delta_y: (n_params,)}
-        if request.control_variates:
-            shapes[KEYS.delta_c] = (n_params,)
-        return shapes
-    if n_features is None:
-        raise ValueError("A second-moment reply's shape needs n_features.")
-    return {KEYS.moment: (n_features + 1, n_features + 1)}
+    return request.task.reply_shapes(n_params, n_features)
 
 
 class SeedTree(NamedTuple):
@@ -242,6 +193,6 @@ def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
                          "a seeded release can be regenerated by whoever knows the seed.")
     client_id = check_int("client_id", client_id, low=0)
     tree = simulator_seeds(noise_seed)
-    if request.kind == "second-moment":
+    if request.task.setup:
         return client_mod.stream(tree.setup, 0, client_id)
     return client_mod.stream(tree.noise, request.server_round - 1, client_id)

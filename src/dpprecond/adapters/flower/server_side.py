@@ -1,88 +1,44 @@
-"""The server of one federated run, without Flower: calibration, ledger, requests, transform.
+"""The server of one federated run, without Flower: calibration, ledger, requests, halves.
 
 :class:`ServerSide` holds what :func:`dpprecond.fl.engine.simulate` holds for a method of
-:mod:`dpprecond.fl.methods`, split at the network: the noise calibrated from the method's
-release schedule (:func:`dpprecond.fl.accounting.resolve_scale`, the engine's one
+:mod:`dpprecond.fl.methods`, split at the network: the noise calibrated once from the
+method's release schedule (:func:`dpprecond.fl.accounting.resolve_scale`, the engine's one
 calibrator), the run's :class:`~dpprecond.accounting.PrivacyLedger` with the releases the
-engine records (:func:`dpprecond.fl.accounting.round_event` of the schedule's multipliers),
-the request each client gets, and the method's server transform applied to the replies.
-Nothing here computes a mechanism or a server step of its own.
-
-Methods and what a round moves (the engine's per-client arrays, one row per client):
-
-- :class:`~dpprecond.fl.methods.GradientMethod` (fedgd, the SOFIM forms, adam, yogi): the
-  messages ``u_i``, aggregated with ``client_weights`` of the repliers, then
-  ``method.transform``;
-- :class:`~dpprecond.fl.methods.LocalStepsMethod` (fedavg, scaffold): ``delta_y_i`` (and
-  ``delta_c_i``) into ``method.server`` (``scaffold_server``), whose state holds ``c``;
-- :class:`~dpprecond.fl.methods.CovarianceMethod` (fedfc, fednew): a setup round of
-  second moments, ``method.setup_from_moments``, then gradients into
-  ``method.server_transform(setup)``.
+engine records (:meth:`dpprecond.fl.accounting.Schedule.releases`, the one derivation), the
+request each client gets (the method's client task) and the method's server half applied
+to the replies. Nothing here names a method, computes a mechanism or a server step.
 
 Dropout (a client that failed, sent a malformed reply or timed out is left out of that
-round; see docs/flower.md for the full policy):
-
-- gradient methods aggregate the repliers with weights renormalized over them;
-- DP-FedAvg/DP-SCAFFOLD average the repliers' ``delta_y``; a non-replier's ``delta_c`` is
-  zero (its ``c_i`` does not change), so ``c`` stays the mean of all K clients' ``c_i``;
-- DP-FedFC builds ``P`` from the moments that arrived, and every client takes part in the
-  gradient rounds;
-- DP-FedNew: a client without a released moment has no Newton solver and is excluded from
-  the consensus for the whole run (it is not asked again); in a gradient round the ADMM
-  iteration runs over the repliers, whose duals move while the others' stay put.
+round; see docs/flower.md for the full policy): the server half gets the replies of the
+clients that answered, in client-id order, and each method defines what that means (its
+module's docstring): gradient methods renormalize the weights over the repliers,
+DP-SCAFFOLD keeps a non-replier's control variate, DP-FedNew leaves a client without a
+released moment out of the whole run (:meth:`~dpprecond.fl.methods.Method.eligible`).
+A stateful client task (a client state across rounds) only moves a client's state when
+the server aggregated that client's reply: each request says the client's last aggregated
+round.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
 
 from dpprecond._validation import check_int
 from dpprecond.accounting import PrivacyLedger
-from dpprecond.adapters.flower.protocol import CLIENT_MECHANISMS, KEYS, RoundRequest
-from dpprecond.fl.accounting import Schedule, resolve_scale, round_event
+from dpprecond.adapters.flower.protocol import RoundRequest
+from dpprecond.fl.accounting import Releases, resolve_scale
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import as_method
-from dpprecond.fl.methods import (
-    CovarianceMethod,
-    GradientMethod,
-    LocalStepsMethod,
-    Method,
-    NoisyPreconditionerWarning,
-)
+from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel
-from dpprecond.fl.partition import client_weights
-from dpprecond.fl.server import FedNewState, GradientTransformation
 
-__all__ = ["ServerSide", "release_events"]
+__all__ = ["ServerSide"]
 
 logger = logging.getLogger(__name__)
-
-Releases = list[tuple[dp_event.DpEvent, int]]
-
-
-def release_events(schedule: Schedule, multipliers: Mapping[str, float]
-                   ) -> tuple[Releases, Releases]:
-    """The releases of one client: ``(setup, per round)`` as ``(event, count)`` pairs.
-
-    The engine's events, from the schedule the noise was calibrated for: one
-    ``round_event`` of the mechanism per round (``"rounds"``), ``steps`` full-batch
-    Gaussians per round (``"local-steps"``), or one ``Gaussian(z_cov)`` setup release and
-    one ``Gaussian(z_grad)`` per round (``"covariance"``). Composed over the run they are
-    ``schedule.event(scale)`` (a test pins both against the engine).
-    """
-    if schedule.kind == "rounds":
-        return [], [(round_event(multipliers["z"], schedule.mechanism,
-                                 sampling_rate=schedule.sampling_rate,
-                                 local_steps=schedule.steps), 1)]
-    if schedule.kind == "local-steps":
-        return [], [(round_event(multipliers["z"]), schedule.steps)]
-    return [(round_event(multipliers["z_cov"]), 1)], [(round_event(multipliers["z_grad"]), 1)]
 
 
 class ServerSide:
@@ -92,13 +48,13 @@ class ServerSide:
     ----------
     method : Method or str
         A method of :mod:`dpprecond.fl.methods` (``make_method(name, **options)``) or its
-        name; ``GradientMethod``, ``LocalStepsMethod`` and ``CovarianceMethod`` are
-        supported (every method of the registry).
+        name: any :class:`~dpprecond.fl.methods.Method` that defines its client and server
+        halves, whose client tasks add their noise at the client.
     model : FLModel
         The model (``n_params``; ``n_features``/``n_classes`` for the covariance methods).
     config : FLConfig
-        Privacy and training settings, as for the engine (mechanism ``"full-batch"`` or
-        ``"poisson"``).
+        Privacy and training settings, as for the engine (a mechanism whose noise the
+        clients add: ``"full-batch"`` or ``"poisson"``).
     n_clients : int
         The federation size K (client ids ``0 .. K-1``).
     ledger : PrivacyLedger, optional
@@ -123,15 +79,11 @@ class ServerSide:
             raise TypeError(f"Expected config to be an FLConfig, got {type(config).__name__}.")
         self.config = config.validated()
         self.method = as_method(method)
-        if not isinstance(self.method, (GradientMethod, LocalStepsMethod, CovarianceMethod)):
-            raise TypeError(f"The Flower adapter runs the methods of dpprecond.fl.methods "
-                            f"(GradientMethod, LocalStepsMethod, CovarianceMethod); got "
-                            f"{type(self.method).__name__}.")
-        if self.config.mechanism not in CLIENT_MECHANISMS:
-            raise ValueError(f"mechanism={self.config.mechanism!r} is not supported on Flower: "
-                             f"the adapter runs the client-noise mechanisms "
-                             f"{list(CLIENT_MECHANISMS)}; client-level DP needs a trusted "
-                             "aggregator (use the in-process engine).")
+        if type(self.method).round_task is Method.round_task or \
+                type(self.method).server_update is Method.server_update:
+            raise TypeError(f"The Flower adapter runs a method's client and server halves; "
+                            f"{type(self.method).__name__} does not define them "
+                            "(Method.round_task, Method.server_update).")
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"Expected ledger to be a PrivacyLedger, got "
                             f"{type(ledger).__name__}.")
@@ -145,20 +97,25 @@ class ServerSide:
         self.schedule = self.method.schedule(self.config)
         self.scale = resolve_scale(self.schedule, self.config)
         self.multipliers = self.schedule.multipliers(self.scale)
-        self._setup_events, self._round_events = release_events(self.schedule,
-                                                                self.multipliers)
+        self.spec = RunSpec(self.config, self.multipliers, model, self.n_clients)
+        self._setup_task = self.method.setup_task(self.spec)
+        self._round_task = self.method.round_task(self.spec)
+        if self._round_task.server_streams:
+            raise ValueError(f"mechanism={self.config.mechanism!r} is not supported on "
+                             "Flower: its noise is added after aggregation by a trusted "
+                             "aggregator, which this adapter avoids on purpose (the clients "
+                             "add their own noise); use the in-process engine for it.")
+        self._setup_events, self._round_events = self.schedule.releases(self.multipliers)
         self.reset()
 
     # -- state -----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget a previous run: a fresh ledger, no state, no setup."""
+        """Forget a previous run: a fresh ledger and no state."""
         self.ledger = PrivacyLedger(self.config.target_delta, accountant=self.config.accountant)
         self.state: Any = None
-        self.setup: np.ndarray | None = None
         self.setup_clients: list[int] = []
-        self._transform: GradientTransformation | None = None
-        self._accepted = np.zeros(self.n_clients, dtype=np.int64)  # SCAFFOLD bookkeeping
+        self._accepted = np.zeros(self.n_clients, dtype=np.int64)  # stateful tasks
 
     @property
     def noise_multiplier(self) -> float:
@@ -167,8 +124,8 @@ class ServerSide:
 
     @property
     def needs_setup(self) -> bool:
-        """True for the methods with a one-off release before round 1 (fedfc, fednew)."""
-        return isinstance(self.method, CovarianceMethod)
+        """True for the methods with a one-off release before round 1."""
+        return self._setup_task is not None
 
     def check_plan(self) -> float:
         """Check the whole run against the caller's ledger (before any release).
@@ -197,126 +154,62 @@ class ServerSide:
         self._spend(self._round_events)
 
     def init(self, params: np.ndarray) -> None:
-        """The server transform's initial state (after the setup, for fedfc/fednew)."""
-        if isinstance(self.method, GradientMethod):
-            if self.method.noise_warning and self.multipliers.get("z", 0.0) > 0:
-                warnings.warn(self.method.noise_warning, NoisyPreconditionerWarning,
-                              stacklevel=2)
-            self.state = self.method.transform.init(params)
-        elif isinstance(self.method, LocalStepsMethod):
-            self.state = self.method.server.init(params)
-        else:
-            if self._transform is None:
-                raise RuntimeError("The setup round must finish before the state is built.")
-            self.state = self._transform.init(params)
+        """The server half's initial state of a method without a setup phase."""
+        self.state = self.method.server_init(self.spec, params)
 
     # -- requests ----------------------------------------------------------------------------
 
     def setup_request(self) -> RoundRequest:
-        """The setup round's request: the noisy second moment (fedfc, fednew)."""
-        method: CovarianceMethod = self.method  # type: ignore[assignment]
-        return RoundRequest(0, "second-moment",
-                            float(method.feature_clip(self.model.n_features)),  # type: ignore
-                            float(self.multipliers["z_cov"]), secure=self.secure).validated()
+        """The setup round's request (the method's setup task)."""
+        if self._setup_task is None:
+            raise RuntimeError(f"{self.method.name} has no setup round.")
+        return RoundRequest(0, self._setup_task, secure=self.secure).validated()
 
     def round_request(self, server_round: int, client: int) -> RoundRequest:
         """Client ``client``'s request in round ``server_round``."""
-        cfg, m = self.config, self.method
-        if isinstance(m, LocalStepsMethod):
-            return RoundRequest(server_round, "local-steps", float(cfg.clip_norm),
-                                float(self.multipliers["z"]), local_steps=m.local_steps,
-                                local_lr=m.local_lr, control_variates=m.control_variates,
-                                accepted_round=int(self._accepted[client]),
-                                secure=self.secure).validated()
-        if isinstance(m, CovarianceMethod):
-            return RoundRequest(server_round, "gradient", float(cfg.clip_norm),
-                                float(self.multipliers["z_grad"]),
-                                secure=self.secure).validated()
-        noise_aware = isinstance(m, GradientMethod) and m.noise_aware is not None
-        return RoundRequest(server_round, "gradient", float(cfg.clip_norm),
-                            float(self.multipliers["z"]), cfg.mechanism,
-                            float(cfg.sampling_rate), int(cfg.local_steps),
-                            float(cfg.local_lr),
-                            report_size=cfg.weighting == "size" or noise_aware,
+        task = self._round_task
+        accepted = int(self._accepted[client]) if task.stateful else 0
+        return RoundRequest(server_round, task, accepted_round=accepted,
+                            report_size=self.method.reports_sizes(self.config),
                             secure=self.secure).validated()
 
     def broadcast(self) -> dict[str, np.ndarray]:
-        """Arrays sent with the parameters: SCAFFOLD's ``c``; nothing for the others."""
-        if isinstance(self.method, LocalStepsMethod) and self.method.control_variates:
-            return {KEYS.control: self.state.control}
-        return {}
+        """Arrays sent with the parameters (the method's broadcast; often nothing)."""
+        return self.method.broadcast(self.state)
 
     def eligible(self, clients: Iterable[int]) -> list[int]:
-        """The clients asked in a round, among the connected ones (sorted).
+        """The clients asked in a round, among the connected ones (sorted)."""
+        return self.method.eligible(sorted(set(clients)), self.state)
 
-        DP-FedNew asks only the clients whose second moment arrived in the setup round.
-        """
-        clients = sorted(set(clients))
-        if isinstance(self.method, CovarianceMethod) and self.method.name == "fednew":
-            return [c for c in clients if c in self.setup_clients]
-        return clients
+    # -- server half -------------------------------------------------------------------------
 
-    # -- server transform ----------------------------------------------------------------------
+    @staticmethod
+    def _stack(replies: Mapping[int, Mapping[str, np.ndarray]],
+               order: list[int]) -> dict[str, np.ndarray]:
+        names = replies[order[0]].keys() if order else ()
+        return {name: np.stack([replies[c][name] for c in order]) for name in names}
 
-    def finish_setup(self, moments: Mapping[int, np.ndarray], params: np.ndarray) -> None:
-        """Build the server transform from the moments that arrived (client id -> C_i)."""
-        if not moments:
-            raise RuntimeError("No client released its second moment in the setup round; "
-                               "the preconditioner cannot be built.")
-        method: CovarianceMethod = self.method  # type: ignore[assignment]
-        self.setup_clients = sorted(moments)
-        self.setup = method.setup_from_moments([moments[c] for c in self.setup_clients])
-        self._transform = method.server_transform(self.setup,
-                                                  self.model.n_classes)  # type: ignore
-        self.init(params)
+    def finish_setup(self, releases: Mapping[int, Mapping[str, np.ndarray]],
+                     params: np.ndarray) -> None:
+        """Build the server state from the setup releases that arrived (client id ->
+        arrays)."""
+        self.setup_clients = sorted(releases)
+        self.state = self.method.server_init(self.spec, params,
+                                             self._stack(releases, self.setup_clients),
+                                             self.setup_clients)
 
     def update(self, server_round: int, replies: Mapping[int, Mapping[str, np.ndarray]],
                sizes: Mapping[int, int], params: np.ndarray) -> np.ndarray:
-        """Apply the method's server transform to the repliers' arrays; return the update.
+        """Apply the method's server half to the repliers' arrays; return the update.
 
         ``replies`` maps client id -> its arrays (validated shapes); rows are stacked in
-        client-id order, as the engine's.
+        client-id order, as the engine's. ``sizes``: the reported ``|D_i|`` (1 when the
+        method asks for none).
         """
         order = sorted(replies)
-        m = self.method
-        if isinstance(m, GradientMethod):
-            U = np.stack([replies[c][KEYS.message] for c in order])
-            replier_sizes = np.array([sizes.get(c, 1) for c in order])
-            w = client_weights(replier_sizes, self.config.weighting)
-            transform = m.transform
-            if m.noise_aware is not None:  # this round's repliers set the noise variance
-                transform = m.transform_for(m.aggregate_noise_variance(
-                    self.config, float(self.multipliers.get("z", 0.0)), replier_sizes, w))
-            updates, self.state = transform.update(w @ U, self.state, params)
-        elif isinstance(m, LocalStepsMethod):
-            delta_y = np.stack([replies[c][KEYS.delta_y] for c in order])
-            delta_c = None
-            if m.control_variates:  # a non-replier's c_i does not move: a zero row
-                delta_c = np.zeros((self.n_clients, params.shape[0]))
-                for c in order:
-                    delta_c[c] = replies[c][KEYS.delta_c]
-            updates, self.state = m.server.update((delta_y, delta_c),  # type: ignore[arg-type]
-                                                  self.state, params)
+        replier_sizes = np.array([sizes.get(c, 1) for c in order])
+        updates, self.state = self.method.server_update(
+            self.spec, self._stack(replies, order), order, replier_sizes, self.state, params)
+        if self._round_task.stateful:
             self._accepted[order] = server_round
-        else:
-            U = np.stack([replies[c][KEYS.message] for c in order])
-            updates = self._covariance_update(U, order, params)
-        return updates
-
-    def _covariance_update(self, U: np.ndarray, order: list[int],
-                           params: np.ndarray) -> np.ndarray:
-        assert self._transform is not None and self.setup is not None
-        method: CovarianceMethod = self.method  # type: ignore[assignment]
-        if method.name == "fedfc" or order == self.setup_clients:
-            updates, self.state = self._transform.update(U, self.state, params)
-            return updates
-        # DP-FedNew with some participants missing: one ADMM iteration over the repliers
-        # (rows of their solvers and duals), the others' duals unchanged.
-        rows = [self.setup_clients.index(c) for c in order]
-        state: FedNewState = self.state
-        sub = method.server_transform(self.setup[rows], self.model.n_classes)  # type: ignore
-        updates, new = sub.update(U, FedNewState(state.duals[rows], state.consensus), params)
-        duals = state.duals.copy()
-        duals[rows] = new.duals
-        self.state = FedNewState(duals, new.consensus)
         return updates

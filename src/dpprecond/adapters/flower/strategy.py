@@ -2,16 +2,18 @@
 
 The strategy only moves arrays and configurations; the run itself is a
 :class:`~dpprecond.adapters.flower.server_side.ServerSide` (calibration from the method's
-release schedule, the run's ledger, the method's server transform). Each round it
+release schedule, the run's ledger, the method's client task and server half). Each round
+it
 
 1. registers any newly connected node (a ``query`` message: which client id are you?);
 2. records the round's releases in the ledger, then sends every eligible client the model
-   (and SCAFFOLD's ``c``) and its :class:`~dpprecond.adapters.flower.protocol.RoundRequest`;
-3. validates the replies, hands the valid ones to the server transform, and records the
-   epsilon spent and which clients dropped out.
+   (and the method's broadcast arrays, such as SCAFFOLD's ``c``) and its
+   :class:`~dpprecond.adapters.flower.protocol.RoundRequest`;
+3. validates the replies, hands the valid ones to the method's server half, and records
+   the epsilon spent and which clients dropped out.
 
-DP-FedFC and DP-FedNew first run a setup round (round 0) in which every registered client
-releases its noisy feature second moment.
+A method with a setup task (DP-FedFC and DP-FedNew: the noisy feature second moment) first
+runs a setup round (round 0) in which every registered client releases it.
 
 Privacy. The clients add their own Gaussian noise before sending (no trusted aggregator),
 so nothing here is wrapped in Flower's differential-privacy strategies, which add noise
@@ -280,7 +282,7 @@ class DPFedStrategy(Strategy):
                 "clients_excluded": list(self._excluded),
                 "failures": {str(k): v for k, v in sorted(failures.items())}}
 
-    # -- the setup round (DP-FedFC, DP-FedNew) ------------------------------------------------
+    # -- the setup round (methods with a one-off release, e.g. DP-FedFC, DP-FedNew) ----------
 
     def _setup(self, grid: Grid, params: np.ndarray, timeout: float) -> None:
         current = self._registered(grid, wait=True)
@@ -293,11 +295,10 @@ class DPFedStrategy(Strategy):
         self.setup_ = {"round": 0, "epsilon": self.server_.ledger.epsilon,
                        **self._dropouts(valid, failures, timed_out)}
         if len(valid) < self.min_replies:
-            raise RuntimeError(f"Only {len(valid)} client(s) released their second moment in "
-                               f"the setup round (min_replies={self.min_replies}); the "
-                               f"preconditioner cannot be built. Failures: {failures}, "
-                               f"timed out: {timed_out}.")
-        self.server_.finish_setup({c: a[KEYS.moment] for c, a in valid.items()}, params)
+            raise RuntimeError(f"Only {len(valid)} client(s) answered the setup round "
+                               f"(min_replies={self.min_replies}); the server's setup cannot "
+                               f"be built. Failures: {failures}, timed out: {timed_out}.")
+        self.server_.finish_setup(valid, params)
 
     # -- one round -------------------------------------------------------------------------
 

@@ -1,0 +1,298 @@
+"""The client halves of the federated methods: what a client computes and releases.
+
+A :class:`ClientTask` is a small immutable description (public scalars only) of one
+client's work in one phase of a run, and :meth:`ClientTask.release` computes it. The same
+task runs everywhere:
+
+- the engine (:mod:`dpprecond.fl.engine`) calls it once per round on every client at once
+  (client-contiguous ``bounds``, one generator per client);
+- a Flower client (:mod:`dpprecond.adapters.flower`) rebuilds it from the request
+  (:func:`task_from_config`) and calls it on its own examples alone (``bounds = [0, n]``,
+  its own generator), so its reply is row ``i`` of the engine's arrays.
+
+Tasks (privacy unit, sensitivity and event of each: :mod:`dpprecond.fl.client`,
+:mod:`dpprecond.fl.local_steps` and :mod:`dpprecond.fl.accounting`):
+
+``"gradient"`` (:class:`GradientTask`)
+    The config's client mechanism: full-batch (the paper), Poisson local steps, or
+    client-level (whose noise a trusted aggregator adds: engine only). Replies
+    ``"message"`` (client-level: the one noisy ``"aggregate"``).
+``"local-steps"`` (:class:`LocalStepsTask`)
+    Noisy full-batch local steps, optionally corrected by control variates (DP-SCAFFOLD:
+    the server's ``"control"`` is broadcast, the client keeps ``c_i`` as its state). Replies
+    ``"delta-y"`` (and ``"delta-c"``).
+``"second-moment"`` (:class:`SecondMomentTask`)
+    The one-off noisy feature second moment of DP-FedFC and DP-FedNew (a setup task, run
+    before the first round; ``clip_norm`` is the row clip ``C_x``). Replies ``"moment"``.
+
+A new kind of client work is one subclass here and one entry of :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
+from dpprecond.fl import client as client_mod
+from dpprecond.fl.config import MECHANISMS
+from dpprecond.fl.local_steps import local_step_deltas, updated_controls
+from dpprecond.fl.models import FLModel
+
+__all__ = [
+    "TASKS",
+    "ClientTask",
+    "GradientTask",
+    "LocalStepsTask",
+    "SecondMomentTask",
+    "TaskOutput",
+    "task_from_config",
+]
+
+
+class TaskOutput(NamedTuple):
+    """What a task released (name -> one row per client) and the clients' new state."""
+
+    arrays: dict[str, np.ndarray]
+    client_state: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """One client's work in one phase: a release with ``noise_multiplier`` and clip norm.
+
+    Subclasses set :attr:`kind`, add their own public fields and implement
+    :meth:`release` and :meth:`reply_shapes`.
+    """
+
+    clip_norm: float
+    noise_multiplier: float
+
+    kind: ClassVar[str] = "task"
+    #: A setup task runs once before the first round (no model is sent).
+    setup: ClassVar[bool] = False
+
+    def validated(self) -> ClientTask:
+        """Check every field (``ValueError``/``TypeError`` naming it); return self."""
+        check_positive("clip_norm", self.clip_norm, allow_inf=True)
+        check_positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
+        if self.noise_multiplier > 0 and math.isinf(self.clip_norm):
+            raise ValueError("A noisy release needs a finite clip_norm (the sensitivity is "
+                             "proportional to it); got clip_norm=inf.")
+        return self
+
+    @property
+    def server_streams(self) -> int:
+        """Noise streams the aggregator draws from (after the clients' ``K``)."""
+        return 0
+
+    @property
+    def broadcast_names(self) -> tuple[str, ...]:
+        """Arrays the server sends with the parameters (beyond the model)."""
+        return ()
+
+    @property
+    def stateful(self) -> bool:
+        """True when each client keeps a state across rounds (:meth:`release`'s
+        ``client_state``)."""
+        return False
+
+    def initial_state(self, n_clients: int, n_params: int) -> np.ndarray | None:
+        """The clients' state before their first round (one row each), if
+        :attr:`stateful`."""
+        return np.zeros((n_clients, n_params)) if self.stateful else None
+
+    def reply_shapes(self, n_params: int,
+                     n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        """The arrays (name -> shape) one client replies with."""
+        raise NotImplementedError
+
+    def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
+                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                broadcast: Mapping[str, np.ndarray] | None = None,
+                client_state: np.ndarray | None = None,
+                x_sq_norms: np.ndarray | None = None) -> TaskOutput:
+        """The clients' releases, one row per client of ``bounds``.
+
+        ``rngs``: one noise source per client (then :attr:`server_streams` more);
+        ``broadcast``: the arrays of :attr:`broadcast_names`; ``client_state``: one row per
+        client for a :attr:`stateful` task.
+        """
+        raise NotImplementedError
+
+    def to_config(self) -> dict[str, Any]:
+        """Flat dict (``kind`` and every field, dashes for underscores)."""
+        return {"kind": self.kind, **{k.replace("_", "-"): v for k, v in asdict(self).items()}}
+
+
+@dataclass(frozen=True)
+class GradientTask(ClientTask):
+    """``mechanism``'s message (:mod:`dpprecond.fl.client`); one release per round."""
+
+    mechanism: str = "full-batch"
+    sampling_rate: float = 1.0
+    local_steps: int = 1
+    local_lr: float = 0.1
+
+    kind: ClassVar[str] = "gradient"
+
+    def validated(self) -> GradientTask:
+        super().validated()
+        check_choice("mechanism", self.mechanism, MECHANISMS)
+        check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
+        check_int("local_steps", self.local_steps, low=1)
+        check_positive("local_lr", self.local_lr)
+        if self.mechanism == "full-batch" and (self.local_steps != 1
+                                               or self.sampling_rate != 1.0):
+            raise ValueError("mechanism='full-batch' sends one full-batch step: it needs "
+                             "local_steps=1 and sampling_rate=1.")
+        return self
+
+    @property
+    def server_streams(self) -> int:
+        return 1 if self.mechanism == "client-level" else 0
+
+    def reply_shapes(self, n_params: int,
+                     n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        return {"message": (n_params,)}
+
+    def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
+                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                broadcast: Mapping[str, np.ndarray] | None = None,
+                client_state: np.ndarray | None = None,
+                x_sq_norms: np.ndarray | None = None) -> TaskOutput:
+        assert params is not None
+        K = len(bounds) - 1
+        C, z = self.clip_norm, self.noise_multiplier
+        if self.mechanism == "full-batch":
+            U = client_mod.full_batch_messages(model, params, X, y, bounds, C, z, rngs[:K],
+                                               x_sq_norms=x_sq_norms)
+        elif self.mechanism == "poisson":
+            U = client_mod.poisson_local_messages(
+                model, params, X, y, bounds, C, z, rngs[:K], sampling_rate=self.sampling_rate,
+                local_steps=self.local_steps, local_lr=self.local_lr)
+        else:  # the trusted aggregator's noise, from the stream after the clients'
+            G = client_mod.client_level_aggregate(model, params, X, y, bounds, C, z, rngs[K],
+                                                  local_steps=self.local_steps,
+                                                  local_lr=self.local_lr)
+            return TaskOutput({"aggregate": G[None, :]})
+        return TaskOutput({"message": U})
+
+
+@dataclass(frozen=True)
+class LocalStepsTask(ClientTask):
+    """``local_steps`` noisy full-batch steps (:mod:`dpprecond.fl.local_steps`).
+
+    ``control_variates``: DP-SCAFFOLD's correction ``c - c_i`` (``c`` broadcast as
+    ``"control"``, ``c_i`` the client's state).
+    """
+
+    local_steps: int = 5
+    local_lr: float = 0.1
+    control_variates: bool = False
+
+    kind: ClassVar[str] = "local-steps"
+
+    def validated(self) -> LocalStepsTask:
+        super().validated()
+        check_int("local_steps", self.local_steps, low=1)
+        check_positive("local_lr", self.local_lr)
+        if not isinstance(self.control_variates, bool):
+            raise TypeError(f"Expected control_variates to be a bool, got "
+                            f"{self.control_variates!r}.")
+        return self
+
+    @property
+    def broadcast_names(self) -> tuple[str, ...]:
+        return ("control",) if self.control_variates else ()
+
+    @property
+    def stateful(self) -> bool:
+        return self.control_variates
+
+    def reply_shapes(self, n_params: int,
+                     n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {"delta-y": (n_params,)}
+        if self.control_variates:
+            shapes["delta-c"] = (n_params,)
+        return shapes
+
+    def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
+                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                broadcast: Mapping[str, np.ndarray] | None = None,
+                client_state: np.ndarray | None = None,
+                x_sq_norms: np.ndarray | None = None) -> TaskOutput:
+        assert params is not None
+        K = len(bounds) - 1
+        correction = c = None
+        if self.control_variates:
+            if broadcast is None or "control" not in broadcast or client_state is None:
+                raise ValueError("A control-variate task needs the server's control variate "
+                                 "and the client's own.")
+            c = broadcast["control"]
+            correction = c - client_state
+        delta_y = local_step_deltas(model, params, X, y, bounds, self.clip_norm,
+                                    self.noise_multiplier, rngs[:K],
+                                    local_steps=self.local_steps, local_lr=self.local_lr,
+                                    correction=correction, x_sq_norms=x_sq_norms)
+        if not self.control_variates:
+            return TaskOutput({"delta-y": delta_y})
+        assert client_state is not None and c is not None
+        c_new = updated_controls(client_state, c, delta_y, local_steps=self.local_steps,
+                                 local_lr=self.local_lr)
+        return TaskOutput({"delta-y": delta_y, "delta-c": c_new - client_state}, c_new)
+
+
+@dataclass(frozen=True)
+class SecondMomentTask(ClientTask):
+    """The noisy feature second moment ``C_i`` (:func:`dpprecond.fl.client.
+    second_moment_releases`; ``clip_norm`` is the row clip ``C_x``). A setup task."""
+
+    kind: ClassVar[str] = "second-moment"
+    setup: ClassVar[bool] = True
+
+    def reply_shapes(self, n_params: int,
+                     n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        if n_features is None:
+            raise ValueError("A second-moment reply's shape needs n_features.")
+        return {"moment": (n_features + 1, n_features + 1)}
+
+    def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
+                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                broadcast: Mapping[str, np.ndarray] | None = None,
+                client_state: np.ndarray | None = None,
+                x_sq_norms: np.ndarray | None = None) -> TaskOutput:
+        K = len(bounds) - 1
+        moments = client_mod.second_moment_releases(X, bounds, self.clip_norm,
+                                                    self.noise_multiplier, rngs[:K])
+        return TaskOutput({"moment": np.stack(list(moments))})
+
+
+#: kind -> task class (what a Flower client may be asked to run).
+TASKS: dict[str, type[ClientTask]] = {
+    cls.kind: cls for cls in (GradientTask, LocalStepsTask, SecondMomentTask)}
+
+
+def task_field_names(kind: str) -> list[str]:
+    """The config keys of a task of ``kind`` (dashes for underscores)."""
+    check_choice("kind", kind, list(TASKS))
+    return [f.name.replace("_", "-") for f in fields(TASKS[kind])]
+
+
+def task_from_config(config: Mapping[str, Any]) -> ClientTask:
+    """The validated task a :meth:`ClientTask.to_config` dict describes.
+
+    Raises ``ValueError`` naming any missing key.
+    """
+    if "kind" not in config:
+        raise ValueError("The task is missing ['kind'].")
+    kind = config["kind"]
+    names = task_field_names(kind)
+    missing = [k for k in names if k not in config]
+    if missing:
+        raise ValueError(f"The {kind!r} task is missing {missing}.")
+    return TASKS[kind](**{k.replace("-", "_"): config[k] for k in names}).validated()
