@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond._validation import check_choice, check_int, check_positive
+from dpprecond._validation import check_int, check_positive
 from dpprecond.fl import server as server_mod
 from dpprecond.fl.accounting import Schedule
 from dpprecond.fl.config import FLConfig
@@ -34,7 +34,8 @@ __all__ = ["LocalStepsMethod", "fedavg", "scaffold"]
 
 
 class LocalStepsMethod(Method):
-    """DP-FedAvg (``name="fedavg"``) or DP-SCAFFOLD (``name="scaffold"``); module docstring.
+    """Noisy local steps per round (module docstring): DP-FedAvg, or DP-SCAFFOLD with
+    ``control_variates=True``; ``name`` labels the results.
 
     Dropout (a driver that loses replies): the server averages the repliers' ``delta_y``;
     a non-replier's ``delta_c`` is zero (its ``c_i`` does not change), so ``c`` stays the
@@ -42,12 +43,15 @@ class LocalStepsMethod(Method):
     """
 
     def __init__(self, name: str, *, local_steps: int = 5, local_lr: float = 0.1,
-                 global_lr: float = 1.0) -> None:
-        self.name = check_choice("method", name, ("fedavg", "scaffold"))
+                 global_lr: float = 1.0, control_variates: bool = False) -> None:
+        if not isinstance(control_variates, bool):
+            raise TypeError(f"Expected control_variates to be a bool, got "
+                            f"{control_variates!r}.")
+        self.name = name
         self.local_steps = check_int("local_steps", local_steps, low=1)
         self.local_lr = check_positive("local_lr", local_lr)
         self.global_lr = check_positive("global_lr", global_lr)
-        self.control_variates = name == "scaffold"
+        self.control_variates = control_variates
         self.server = server_mod.scaffold_server(self.global_lr, self.control_variates)
 
     def describe(self) -> dict[str, Any]:
@@ -55,7 +59,7 @@ class LocalStepsMethod(Method):
                 "local_lr": self.local_lr, "global_lr": self.global_lr}
 
     def check(self, config: FLConfig, model: FLModel) -> None:
-        full_batch_only("DP-SCAFFOLD/DP-FedAvg", config)
+        full_batch_only(self.name, config)
 
     def schedule(self, config: FLConfig) -> Schedule:
         return Schedule("local-steps", int(config.n_rounds), steps=self.local_steps)
@@ -93,4 +97,4 @@ def fedavg(local_steps: int = 5, local_lr: float = 0.1, global_lr: float = 1.0) 
 def scaffold(local_steps: int = 5, local_lr: float = 0.1, global_lr: float = 1.0) -> Method:
     """DP-SCAFFOLD: DP-FedAvg's local steps corrected by control variates."""
     return LocalStepsMethod("scaffold", local_steps=local_steps, local_lr=local_lr,
-                            global_lr=global_lr)
+                            global_lr=global_lr, control_variates=True)
