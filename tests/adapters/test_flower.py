@@ -208,9 +208,10 @@ def _server_app(strategies: list[DPFedStrategy]) -> ServerApp:
 
 @pytest.mark.slow
 def test_flower_simulation_reproduces_the_engine(digits):
-    """DP-FedSOFIM, DP-SCAFFOLD (the c_i in each node's context.state across rounds) and
-    DP-FedNew (a setup round) through Ray equal run_federated with the same seed."""
-    names = ["sofim", "scaffold", "fednew"]
+    """DP-FedSOFIM, DP-SCAFFOLD (the c_i in each node's context.state across rounds),
+    DP-FedNew (a setup round) and DP-FedProx (added as one module: the adapter is generic)
+    through Ray equal run_federated with the same seed."""
+    names = ["sofim", "scaffold", "fednew", "fedprox"]
     strategies = [_strategy(digits, name, connect_timeout=SIM_TIMEOUT) for name in names]
     run_simulation(_server_app(strategies),
                    make_client_app(PartitionedDataset("digits", seed=SEED), noise_seed=SEED),
@@ -340,7 +341,8 @@ def seeded_app():
 
 def test_local_grid_reproduces_the_engine_for_every_method(digits, seeded_app):
     assert sorted(METHODS) == sorted(["fedgd", "sofim", "sofim-momentum", "sofim-lagged",
-                                      "adam", "yogi", "fedavg", "scaffold", "fedfc", "fednew"])
+                                      "adam", "yogi", "fedavg", "scaffold", "fedfc", "fednew",
+                                      "fedprox"])
     for name in METHODS:
         result = _strategy(digits, name).run(LocalGrid(seeded_app), timeout=10)
         _assert_same_run(result, _reference(digits, name), name)

@@ -33,6 +33,7 @@ from dpprecond.fl import (
     ClientData,
     FLConfig,
     LinearSoftmax,
+    method_options,
     run_federated,
     sgd,
     simulate,
@@ -41,7 +42,7 @@ from dpprecond.fl.client import full_batch_messages, round_generators
 
 ALGORITHMS = sorted(METHODS)
 #: Methods that define their own releases on top of the full-batch client mechanism.
-OWN_RELEASES = ("fedavg", "scaffold", "fedfc", "fednew")
+OWN_RELEASES = ("fedavg", "scaffold", "fedfc", "fednew", "fedprox")
 
 
 def _settings(n: int) -> settings:
@@ -162,8 +163,9 @@ def federated_calls(draw: Any) -> tuple[dict[str, Any], list[str]]:
     invalid = set(broken)
     if p["partition"] != "dirichlet":
         invalid.discard("alpha")  # alpha is only used (and checked) by the Dirichlet split
-    if p["algorithm"] in ("fedavg", "scaffold") and p["learning_rate"] is not None:
-        invalid.add("learning_rate")  # their server step size is the option global_lr
+    if p["algorithm"] in METHODS and "learning_rate" not in method_options(p["algorithm"]) \
+            and p["learning_rate"] is not None:
+        invalid.add("learning_rate")  # local-steps methods: the server step is global_lr
     if "privacy" not in invalid and p["privacy"] == ("noise_multiplier", 0.0) \
             and "clip_norm" in invalid and p["clip_norm"] == math.inf:
         invalid.discard("clip_norm")  # no clipping is allowed in a non-private run

@@ -26,14 +26,16 @@ __all__ = ["local_step_deltas", "updated_controls"]
 def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                       bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
                       rngs: list[np.random.Generator], *, local_steps: int, local_lr: float,
-                      correction: np.ndarray | None = None,
+                      correction: np.ndarray | None = None, proximal_mu: float = 0.0,
                       x_sq_norms: np.ndarray | None = None) -> np.ndarray:
     """Every client's model change after ``local_steps`` noisy full-batch steps, (K, p).
 
-    Client ``i`` starts from ``params`` and repeats ``y <- y - local_lr (g~ + c_i)`` where
-    ``g~`` is the noisy clipped mean gradient at ``y`` (module docstring) and ``c_i`` the
-    optional control-variate correction (``correction[i]``, public to the client). Returns
-    ``y_L - params``.
+    Client ``i`` starts from ``params`` and repeats
+    ``y <- y - local_lr (g~ + c_i + mu (y - params))`` where ``g~`` is the noisy clipped
+    mean gradient at ``y`` (module docstring), ``c_i`` the optional control-variate
+    correction (``correction[i]``, public to the client) and ``mu (y - params)`` the
+    gradient of FedProx's proximal term ``mu/2 ||y - params||^2`` (``proximal_mu``; 0: none,
+    and the steps are exactly DP-FedAvg's). Returns ``y_L - params``.
 
     Privacy unit: one record, replace-one; ``local_steps`` events ``Gaussian(z)`` per round,
     sensitivity ``2C`` each. Client ``i`` draws its steps' noise from ``rngs[i]`` in step
@@ -50,6 +52,8 @@ def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.n
         G = S / sizes
         if correction is not None:
             G += correction
+        if proximal_mu:
+            G += proximal_mu * (Y - params)
         Y -= local_lr * G
     return Y - params
 

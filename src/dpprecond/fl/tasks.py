@@ -19,7 +19,8 @@ Tasks (privacy unit, sensitivity and event of each: :mod:`dpprecond.fl.client`,
     ``"message"`` (client-level: the one noisy ``"aggregate"``).
 ``"local-steps"`` (:class:`LocalStepsTask`)
     Noisy full-batch local steps, optionally corrected by control variates (DP-SCAFFOLD:
-    the server's ``"control"`` is broadcast, the client keeps ``c_i`` as its state). Replies
+    the server's ``"control"`` is broadcast, the client keeps ``c_i`` as its state) or
+    pulled towards the broadcast model by a proximal term (DP-FedProx). Replies
     ``"delta-y"`` (and ``"delta-c"``).
 ``"second-moment"`` (:class:`SecondMomentTask`)
     The one-off noisy feature second moment of DP-FedFC and DP-FedNew (a setup task, run
@@ -188,12 +189,14 @@ class LocalStepsTask(ClientTask):
     """``local_steps`` noisy full-batch steps (:mod:`dpprecond.fl.local_steps`).
 
     ``control_variates``: DP-SCAFFOLD's correction ``c - c_i`` (``c`` broadcast as
-    ``"control"``, ``c_i`` the client's state).
+    ``"control"``, ``c_i`` the client's state); ``proximal_mu``: DP-FedProx's proximal
+    gradient ``mu (y - theta)`` added to every step (0: none).
     """
 
     local_steps: int = 5
     local_lr: float = 0.1
     control_variates: bool = False
+    proximal_mu: float = 0.0
 
     kind: ClassVar[str] = "local-steps"
 
@@ -201,6 +204,7 @@ class LocalStepsTask(ClientTask):
         super().validated()
         check_int("local_steps", self.local_steps, low=1)
         check_positive("local_lr", self.local_lr)
+        check_positive("proximal_mu", self.proximal_mu, allow_zero=True)
         if not isinstance(self.control_variates, bool):
             raise TypeError(f"Expected control_variates to be a bool, got "
                             f"{self.control_variates!r}.")
@@ -238,7 +242,8 @@ class LocalStepsTask(ClientTask):
         delta_y = local_step_deltas(model, params, X, y, bounds, self.clip_norm,
                                     self.noise_multiplier, rngs[:K],
                                     local_steps=self.local_steps, local_lr=self.local_lr,
-                                    correction=correction, x_sq_norms=x_sq_norms)
+                                    correction=correction, proximal_mu=self.proximal_mu,
+                                    x_sq_norms=x_sq_norms)
         if not self.control_variates:
             return TaskOutput({"delta-y": delta_y})
         assert client_state is not None and c is not None

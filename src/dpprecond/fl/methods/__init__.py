@@ -16,12 +16,14 @@ fedavg             L noisy full-batch local steps per round  mean model change
 scaffold           same, corrected by control variates       mean change + control variate
 fedfc              one covariance, then 1 gradient per round  P (mean C + gamma I)^-1 step
 fednew             one covariance, then 1 gradient per round  one ADMM Newton iteration
+fedprox            fedavg's, on the proximal local objective  mean model change
 =================  ========================================  ==============================
 
 Modules: :mod:`~dpprecond.fl.methods.gradient` (fedgd, the SOFIM forms, adam, yogi),
 :mod:`~dpprecond.fl.methods.local` (fedavg, scaffold),
 :mod:`~dpprecond.fl.methods.covariance` (the client half of fedfc and fednew),
-:mod:`~dpprecond.fl.methods.fedfc`, :mod:`~dpprecond.fl.methods.fednew`.
+:mod:`~dpprecond.fl.methods.fedfc`, :mod:`~dpprecond.fl.methods.fednew`,
+:mod:`~dpprecond.fl.methods.fedprox`.
 
 :func:`make_method` builds one by name with its options (each factory's keyword arguments;
 :func:`method_options` lists them with their defaults, which the experiment schema uses to
@@ -39,6 +41,7 @@ from dpprecond.fl.methods.base import Method, NoisyPreconditionerWarning, RunSpe
 from dpprecond.fl.methods.covariance import CovarianceMethod
 from dpprecond.fl.methods.fedfc import FedFC, fedfc
 from dpprecond.fl.methods.fednew import FedNew, fednew
+from dpprecond.fl.methods.fedprox import FedProx, fedprox
 from dpprecond.fl.methods.gradient import (
     PAPER_FORM_WARNING,
     GradientMethod,
@@ -54,6 +57,7 @@ __all__ = [
     "CovarianceMethod",
     "FedFC",
     "FedNew",
+    "FedProx",
     "GradientMethod",
     "LocalStepsMethod",
     "Method",
@@ -75,6 +79,7 @@ METHODS: dict[str, Callable[..., Method]] = {
     "scaffold": scaffold,
     "fedfc": fedfc,
     "fednew": fednew,
+    "fedprox": fedprox,
 }
 
 
