@@ -40,6 +40,7 @@ from dpprecond.secure import SecureGenerator, SecureRoot, release
 
 __all__ = [
     "add_client_noise",
+    "aggregate_inflation",
     "client_level_aggregate",
     "clip_feature_rows",
     "covariance_sensitivity",
@@ -75,15 +76,24 @@ def noise_inflation(model: FLModel, X: np.ndarray, bounds: np.ndarray) -> float:
     """``1 +`` the model's bound on the rounding of a client's clipped sum, relative to the
     sensitivity (:func:`dpprecond.fl.kernels.rounding_slack`).
 
-    The one place the federated mechanisms account for rounding: every noise std of a
-    clipped-sum release is the accounted ``z * sensitivity`` times this factor, so that the
-    computed sums meet the accounted sensitivity. The calibration (the noise multiplier
-    ``z`` and every epsilon) never sees it.
+    With :func:`aggregate_inflation`, the one place the federated mechanisms account for
+    rounding: every noise std of a clipped-sum release is the accounted
+    ``z * sensitivity`` times this factor, so that the computed sums meet the accounted
+    sensitivity. Only the noise std carries it; the calibration (the noise multiplier ``z``)
+    and every epsilon never see it.
     """
     slack = getattr(model, "rounding_slack", None)
     if slack is None or len(bounds) < 2:
         return 1.0
     return 1.0 + slack(int(np.diff(bounds).max(initial=1)), X.dtype)
+
+
+def aggregate_inflation(n_clients: int) -> float:
+    """``1 +`` the bound on the rounding of a float64 sum of ``K`` clipped client updates,
+    relative to the sensitivity: ``1 + K^2 u`` (``u = 2^-53``; the sum's error is below
+    ``gamma_K K C``). The client-level aggregate's counterpart of :func:`noise_inflation`.
+    """
+    return 1.0 + n_clients * n_clients * 2.0**-53
 
 
 def add_client_noise(S: np.ndarray, std: float,
@@ -166,9 +176,8 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
         D = (params - Y) / (local_lr * local_steps)
     D = clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
     total = D.sum(axis=0)
-    if noise_multiplier:  # the sum of K clipped updates: rounding below gamma_K K C
-        u = 2.0**-53
-        std = noise_multiplier * 2.0 * clip_norm * (1.0 + n_clients * n_clients * u)
+    if noise_multiplier:  # the sum of K clipped updates
+        std = noise_multiplier * 2.0 * clip_norm * aggregate_inflation(n_clients)
         total = release(total, std * server_rng.standard_normal(total.shape[0]), std,
                         server_rng)
     return total / n_clients

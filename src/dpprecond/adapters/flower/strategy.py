@@ -381,7 +381,8 @@ class DPFedStrategy(Strategy):
                              f"{self.config.n_rounds}, for which the noise was calibrated; "
                              "more rounds would spend more than the budget.")
         self._reset()
-        self.server_.check_plan()
+        logger.info("the run's plan: epsilon %.4g at delta %g", self.server_.check_plan(),
+                    self.config.target_delta)
         params = np.asarray(initial_arrays[KEYS.params].numpy(), dtype=np.float64)
         if self.server_.needs_setup:
             self._setup(grid, params, timeout)
