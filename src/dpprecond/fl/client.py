@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from dpprecond import noise
 from dpprecond.fl.models import FLModel, clip_rows_safely
-from dpprecond.secure import SecureGenerator, SecureRoot, release
+from dpprecond.secure import SecureGenerator, SecureRoot
 
 __all__ = [
     "add_client_noise",
@@ -99,10 +100,10 @@ def aggregate_inflation(n_clients: int) -> float:
 def add_client_noise(S: np.ndarray, std: float,
                      rngs: list[np.random.Generator]) -> np.ndarray:
     """Release row ``i`` of ``S`` (client ``i``'s clipped sum) with its own ``N(0, std^2 I)``
-    drawn from ``rngs[i]`` (in place, through :func:`dpprecond.secure.release`)."""
+    drawn from ``rngs[i]`` (in place, through :func:`dpprecond.noise.release`)."""
     if std > 0:
         for i, rng in enumerate(rngs):  # each client draws from its own stream
-            S[i] = release(S[i], std * rng.standard_normal(S.shape[1]), std, rng)
+            S[i] = noise.release(S[i], std, rng)
     return S
 
 
@@ -178,8 +179,7 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     total = D.sum(axis=0)
     if noise_multiplier:  # the sum of K clipped updates
         std = noise_multiplier * 2.0 * clip_norm * aggregate_inflation(n_clients)
-        total = release(total, std * server_rng.standard_normal(total.shape[0]), std,
-                        server_rng)
+        total = noise.release(total, std, server_rng)
     return total / n_clients
 
 
@@ -215,13 +215,11 @@ def second_moment_releases(X: np.ndarray, bounds: np.ndarray, row_clip: float,
     """
     Xt = clip_feature_rows(X, row_clip)
     d1 = Xt.shape[1]
-    iu = np.triu_indices(d1)
     std = noise_multiplier * covariance_sensitivity(row_clip) if noise_multiplier else 0.0
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         S = Xt[lo:hi].T @ Xt[lo:hi]
         if std:
-            E = np.zeros((d1, d1))
-            E[iu] = std * rngs[i].standard_normal(len(iu[0]))
-            S = release(S, E + np.triu(E, 1).T, std, rngs[i])
+            E = noise.symmetric_gaussian(d1, std, rngs[i], draws="triangle")
+            S = noise.release(S, std, rngs[i], noise=E)
         yield S / (hi - lo)
