@@ -699,3 +699,30 @@ def test_importing_dpprecond_does_not_import_flower_and_a_missing_flwr_names_the
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert "pip install 'dpprecond[flower]'" in out.stdout
+
+
+def test_the_adapter_names_no_method():
+    """The Flower adapter runs every method through its halves: no module of the run path
+    dispatches on a method's name or class (docstrings may cite methods as examples)."""
+    import ast
+
+    from dpprecond.fl import methods as methods_pkg
+
+    root = Path(__file__).resolve().parents[2] / "src" / "dpprecond" / "adapters" / "flower"
+    classes = {name for name in methods_pkg.__all__ if name[0].isupper()} - {
+        "Method", "RunSpec", "NoisyPreconditionerWarning"}
+    forbidden = set(METHODS) | classes
+    for module in ("server_side", "client_side", "protocol", "strategy", "client_app"):
+        tree = ast.parse((root / f"{module}.py").read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        used = {node.value for node in ast.walk(tree)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings}
+        used |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        used |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        used |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 for alias in node.names}
+        assert not used & forbidden, (module, sorted(used & forbidden))
