@@ -30,16 +30,21 @@ client-level noise is ``(t, K)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TypeAlias
 
 import numpy as np
 
 from dpprecond import noise
 from dpprecond.fl.models import FLModel, clip_rows_safely
+from dpprecond.noise import NoiseSource
 from dpprecond.secure import SecureGenerator, SecureRoot
 
+#: The random source of one (round, client) stream: noise draws and Poisson masks.
+Stream: TypeAlias = np.random.Generator | SecureGenerator
+
 __all__ = [
+    "Stream",
     "add_client_noise",
     "aggregate_inflation",
     "client_level_aggregate",
@@ -54,7 +59,8 @@ __all__ = [
 ]
 
 
-def stream(root: Any, round_index: int, client: int) -> Any:
+def stream(root: np.random.SeedSequence | SecureRoot, round_index: int,
+           client: int) -> Stream:
     """The generator of (``round_index``, ``client``): spawn key ``root.spawn_key + (t, i)``.
 
     In secure mode (``root`` a :class:`dpprecond.secure.SecureRoot`) every stream is a
@@ -67,8 +73,8 @@ def stream(root: Any, round_index: int, client: int) -> Any:
     return np.random.default_rng(seq)
 
 
-def round_generators(root: np.random.SeedSequence, round_index: int,
-                     n_clients: int) -> list[np.random.Generator]:
+def round_generators(root: np.random.SeedSequence | SecureRoot, round_index: int,
+                     n_clients: int) -> list[Stream]:
     """One independent generator per client for one round."""
     return [stream(root, round_index, i) for i in range(n_clients)]
 
@@ -98,7 +104,7 @@ def aggregate_inflation(n_clients: int) -> float:
 
 
 def add_client_noise(S: np.ndarray, std: float,
-                     rngs: list[np.random.Generator]) -> np.ndarray:
+                     rngs: Sequence[NoiseSource]) -> np.ndarray:
     """Release row ``i`` of ``S`` (client ``i``'s clipped sum) with its own ``N(0, std^2 I)``
     drawn from ``rngs[i]`` (in place, through :func:`dpprecond.noise.release`)."""
     if std > 0:
@@ -109,7 +115,7 @@ def add_client_noise(S: np.ndarray, std: float,
 
 def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                         bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                        rngs: list[np.random.Generator], *,
+                        rngs: Sequence[NoiseSource], *,
                         x_sq_norms: np.ndarray | None = None) -> np.ndarray:
     """Every client's noisy clipped mean gradient, shape (K, p) (the paper's mechanism).
 
@@ -127,7 +133,7 @@ def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
 
 def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                            bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                           rngs: list[np.random.Generator], *, sampling_rate: float,
+                           rngs: Sequence[Stream], *, sampling_rate: float,
                            local_steps: int, local_lr: float) -> np.ndarray:
     """Average noisy gradient of ``local_steps`` local DP-SGD steps per client, (K, p).
 
@@ -159,7 +165,7 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
 
 def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                            bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                           server_rng: np.random.Generator, *, local_steps: int = 1,
+                           server_rng: NoiseSource, *, local_steps: int = 1,
                            local_lr: float = 0.1) -> np.ndarray:
     """Client-level DP aggregate ``(sum_i clip_C(Delta_i) + N(0, (2 z C)^2 I)) / K``, (p,).
 
@@ -204,7 +210,7 @@ def clip_feature_rows(X: np.ndarray, row_clip: float) -> np.ndarray:
 
 def second_moment_releases(X: np.ndarray, bounds: np.ndarray, row_clip: float,
                            noise_multiplier: float,
-                           rngs: list[np.random.Generator]) -> Iterator[np.ndarray]:
+                           rngs: Sequence[NoiseSource]) -> Iterator[np.ndarray]:
     """Yield every client's released ``C_i`` (``(d + 1, d + 1)``, symmetric), in client order.
 
     ``C_i = (sum x^ x^^T + E_i) / |D_i|`` with ``x^ = clip_{C_x}([x, 1])`` and ``E_i``

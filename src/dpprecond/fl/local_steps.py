@@ -15,17 +15,20 @@ post-processing, free.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from dpprecond.fl.client import add_client_noise, noise_inflation
 from dpprecond.fl.models import FLModel
+from dpprecond.noise import NoiseSource
 
 __all__ = ["local_step_deltas", "updated_controls"]
 
 
 def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                       bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                      rngs: list[np.random.Generator], *, local_steps: int, local_lr: float,
+                      rngs: Sequence[NoiseSource], *, local_steps: int, local_lr: float,
                       correction: np.ndarray | None = None, proximal_mu: float = 0.0,
                       x_sq_norms: np.ndarray | None = None) -> np.ndarray:
     """Every client's model change after ``local_steps`` noisy full-batch steps, (K, p).

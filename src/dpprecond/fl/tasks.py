@@ -32,7 +32,7 @@ A new kind of client work is one subclass here and one entry of :data:`TASKS`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, NamedTuple
 
@@ -40,6 +40,7 @@ import numpy as np
 
 from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
 from dpprecond.fl import client as client_mod
+from dpprecond.fl.client import Stream
 from dpprecond.fl.config import MECHANISMS
 from dpprecond.fl.local_steps import local_step_deltas, updated_controls
 from dpprecond.fl.models import FLModel
@@ -113,7 +114,7 @@ class ClientTask:
         raise NotImplementedError
 
     def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
-                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
                 broadcast: Mapping[str, np.ndarray] | None = None,
                 client_state: np.ndarray | None = None,
                 x_sq_norms: np.ndarray | None = None) -> TaskOutput:
@@ -162,7 +163,7 @@ class GradientTask(ClientTask):
         return {"message": (n_params,)}
 
     def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
-                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
                 broadcast: Mapping[str, np.ndarray] | None = None,
                 client_state: np.ndarray | None = None,
                 x_sq_norms: np.ndarray | None = None) -> TaskOutput:
@@ -226,7 +227,7 @@ class LocalStepsTask(ClientTask):
         return shapes
 
     def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
-                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
                 broadcast: Mapping[str, np.ndarray] | None = None,
                 client_state: np.ndarray | None = None,
                 x_sq_norms: np.ndarray | None = None) -> TaskOutput:
@@ -267,7 +268,7 @@ class SecondMomentTask(ClientTask):
         return {"moment": (n_features + 1, n_features + 1)}
 
     def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
-                y: np.ndarray, bounds: np.ndarray, rngs: list[Any], *,
+                y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
                 broadcast: Mapping[str, np.ndarray] | None = None,
                 client_state: np.ndarray | None = None,
                 x_sq_norms: np.ndarray | None = None) -> TaskOutput:

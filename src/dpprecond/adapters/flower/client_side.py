@@ -11,11 +11,12 @@ at once. Privacy unit, sensitivity and event of every release: see the task's mo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from dpprecond.adapters.flower.protocol import RoundRequest
+from dpprecond.fl.client import Stream
 from dpprecond.fl.models import FLModel
 
 __all__ = ["ClientState", "client_reply", "settle_state"]
@@ -46,7 +47,7 @@ def settle_state(state: ClientState, accepted_round: int) -> np.ndarray:
 
 
 def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np.ndarray,
-                 request: RoundRequest, rng: Any, *,
+                 request: RoundRequest, rng: Stream, *,
                  broadcast: Mapping[str, np.ndarray] | None = None,
                  client_state: np.ndarray | None = None
                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:

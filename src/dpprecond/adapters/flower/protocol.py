@@ -175,7 +175,7 @@ def simulator_seeds(seed: int) -> SeedTree:
 
 
 def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
-               secure: bool = False) -> Any:
+               secure: bool = False) -> client_mod.Stream:
     """The noise source of one client for one request.
 
     ``noise_seed=None`` (every deployment): fresh OS entropy, a new generator per call, so
