@@ -49,17 +49,16 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     n_classes : int
         Number of classes.
     algorithm : str
-        A method of :mod:`dpprecond.fl.methods` (``"fedgd"``, ``"sofim"``,
-        ``"sofim-momentum"``, ``"sofim-lagged"``, ``"adam"``, ``"yogi"``, ``"fedavg"``,
-        ``"scaffold"``, ``"fedfc"``, ``"fednew"``).
+        A name of the registry :data:`dpprecond.fl.methods.METHODS`.
     n_clients, partition, alpha
         ``K`` clients, IID or Dirichlet(alpha) label skew.
     config : FLConfig, optional
         Privacy and training settings; default ``FLConfig(target_epsilon=1.0)``.
     learning_rate : float, optional
         The method's ``learning_rate`` option (the server step of the gradient methods,
-        DP-FedFC and DP-FedNew); ``None`` keeps its default. DP-FedAvg and DP-SCAFFOLD
-        have ``local_lr`` and ``global_lr`` instead (pass them in ``method_options``).
+        DP-FedFC and DP-FedNew); ``None`` keeps its default. The local-steps methods
+        (DP-FedAvg, DP-SCAFFOLD, DP-FedProx) have ``local_lr`` and ``global_lr`` instead
+        (pass them in ``method_options``).
     method_options : dict, optional
         Other options of the method (:func:`dpprecond.fl.methods.method_options`).
     model : FLModel, optional

@@ -52,6 +52,7 @@ __all__ = [
     "LocalStepsTask",
     "SecondMomentTask",
     "TaskOutput",
+    "task_field_names",
     "task_from_config",
 ]
 
