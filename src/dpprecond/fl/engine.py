@@ -6,10 +6,13 @@ clients in one process (vectorized over clients):
 1. the method's release schedule gives the noise (calibrated once from the target, or
    given), and a ledger passed by the caller checks the *whole plan* against its
    ``max_epsilon`` before any data is touched;
-2. the method's one-off releases (if any) and its initial state;
-3. each round: the clients' private messages (each client draws its noise from its own
-   stream, spawn key ``(round, client)``, so a run is engine-independent), the server
-   transform, and every release recorded in the run's ledger (and the caller's);
+2. the method's setup task on every client (its one-off releases, if any) and the server
+   half's initial state;
+3. each round: the method's round task on every client at once (each client draws its
+   noise from its own stream, spawn key ``(round, client)``, so a run is
+   engine-independent), the server half on the replies, and the schedule's releases
+   (:meth:`~dpprecond.fl.accounting.Schedule.releases`) recorded in the run's ledger (and
+   the caller's);
 4. the history: test accuracy and loss, the epsilon spent so far, the update norm;
 5. optionally a crash-safe checkpoint every few rounds (:mod:`dpprecond.fl.checkpoint`):
    a run killed at any point and started again with the same arguments resumes and ends
