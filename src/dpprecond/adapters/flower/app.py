@@ -138,7 +138,7 @@ def check_run_config(run_config: dict[str, Any]) -> None:
             check_positive("max-epsilon", max_eps)
         seed = _noise_seed(rc)
         if _bool(rc, "secure", False) and seed is not None:
-            raise ValueError(f"Run config secure=true refuses a noise-seed (got "
+            raise ValueError(f"Run config secure=true refuses seeds (got "
                              f"noise-seed={seed}); leave noise-seed empty.")
         del config
     except RunConfigError:
