@@ -119,3 +119,11 @@ def test_methods_with_other_releases_and_secure_mode_are_refused(digits):
     with pytest.raises(ValueError, match="secure=True"):
         simulate(model, ClientData(X, y, bounds, 10), "fedgd", _config(), X_test=Xt,
                  y_test=yt, secure=True)
+
+
+def test_the_flower_strategy_refuses_secure_aggregation_by_name():
+    pytest.importorskip("flwr")
+    from dpprecond.adapters.flower import DPFedStrategy
+
+    with pytest.raises(ValueError, match="trust='secure-aggregation'"):
+        DPFedStrategy(LinearSoftmax(64, 10), "fedgd", _config(), K)

@@ -117,6 +117,10 @@ class DPFedStrategy(Strategy):
                  y_test: np.ndarray | None = None, seed: int | None = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  connect_timeout: float = 120.0, min_replies: int = 1) -> None:
+        if getattr(config, "trust", "local") != "local":  # secure aggregation: not on Flower
+            raise ValueError(f"DPFedStrategy runs trust='local' (each client noises its own "
+                             f"release); got trust={config.trust!r}. Secure aggregation with "
+                             "distributed noise runs in the engine (dpprecond.secagg).")
         self.server_ = ServerSide(method, model, config, n_clients, ledger=ledger,
                                   secure=secure)
         self.model = model
