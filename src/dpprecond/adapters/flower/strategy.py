@@ -119,8 +119,9 @@ class DPFedStrategy(Strategy):
                  connect_timeout: float = 120.0, min_replies: int = 1) -> None:
         if getattr(config, "trust", "local") != "local":  # secure aggregation: not on Flower
             raise ValueError(f"DPFedStrategy runs trust='local' (each client noises its own "
-                             f"release); got trust={config.trust!r}. Secure aggregation with "
-                             "distributed noise runs in the engine (dpprecond.secagg).")
+                             f"release); got trust={config.trust!r}. For secure aggregation with "
+                             "distributed noise use dpprecond.adapters.flower.secagg "
+                             "(SecAggDPStrategy on Flower's SecAgg+).")
         self.server_ = ServerSide(method, model, config, n_clients, ledger=ledger,
                                   secure=secure)
         self.model = model
