@@ -6,7 +6,8 @@ disturbs another Flower on the machine, and every process it starts carries a ma
 command line. It checks that the app installs nothing from the package index, that the
 federation size follows the SuperNodes, that server-side accuracy is reported as Flower's
 ServerApp-side evaluate metrics, that a bad run config fails with the app's named error
-and a suggestion before any round, that the pre-flight check exits non-zero, and that
+and a suggestion before any round, that ``trust = "secure-aggregation"`` runs on
+Flower's SecAgg+, that the pre-flight check exits non-zero, and that
 nothing is left running: after each run only the SuperLink Flower keeps on purpose (and
 its SuperExec) remain, and once that is stopped, nothing.
 """
@@ -133,6 +134,14 @@ def test_flwr_run_of_the_example_app_from_a_fresh_home(flower: LocalFlower) -> N
     log = bad.stdout + bad.stderr
     assert "RunConfigError" in log and "did you mean 'scaffold'" in log, log
     assert "[ROUND 1/" not in log
+    left = flower.settle()
+    assert all("flower-superlink" in c or "flower-superexec" in c for c in left.values()), left
+
+    # secure aggregation: the same app on Flower's SecAgg+ with distributed noise
+    sec = flower.run("--run-config", f"{TINY} trust='secure-aggregation' weighting='size'")
+    log = sec.stdout + sec.stderr
+    assert sec.returncode == 0, log
+    assert log.count("Secure aggregation completed") == 2, log
     left = flower.settle()
     assert all("flower-superlink" in c or "flower-superexec" in c for c in left.values()), left
 

@@ -51,8 +51,8 @@ from dpprecond.secagg.skellam import (
     skellam_event,
 )
 
-__all__ = ["secure_gradient_sum", "secure_noise_multiplier", "secure_plan",
-           "simulate_secure"]
+__all__ = ["check_secure_aggregation", "secure_gradient_sum", "secure_noise_multiplier",
+           "secure_plan", "simulate_secure"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
     return decode(aggregate(shares, plan), plan, len(shares))
 
 
-def _check(method: Method, config: FLConfig, secure: bool) -> GradientMethod:
+def check_secure_aggregation(method: Method, config: FLConfig, secure: bool) -> GradientMethod:
+    """Refuse, naming the setting, what secure aggregation does not run; return the method."""
     if not isinstance(method, GradientMethod):
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
                          f"(fedgd, sofim*, adam, yogi); {method.name!r} sends other releases. "
@@ -150,7 +151,7 @@ def simulate_secure(model: FLModel, data: ClientData,
         Skellam noise std over the sum's L2 sensitivity (integer units).
     """
     config = config.validated()
-    gm = _check(as_method(method), config, secure)
+    gm = check_secure_aggregation(as_method(method), config, secure)
     X_test = check_array("X_test", X_test)
     y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
     K = data.n_clients

@@ -48,25 +48,31 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.server import ServerConfig
+from flwr.server.compat import LegacyContext
+from flwr.server.workflow import DefaultWorkflow
 from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._files import atomic_write
 from dpprecond._validation import check_choice, check_int, check_positive, check_target_delta
 from dpprecond.accounting import PrivacyLedger
-from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
+from dpprecond.adapters.flower.client_app import ClientInfo, LocalData
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
 from dpprecond.adapters.flower.protocol import KEYS
 from dpprecond.adapters.flower.records import read_int
+from dpprecond.adapters.flower.secagg import SecAggDPStrategy, make_dual_client_app
 from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult
 from dpprecond.fl.methods import METHODS, Method, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax
+from dpprecond.secagg.fl import check_secure_aggregation
 
 __all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "RunConfigError", "check_app",
            "check_run_config", "client_app", "config_from_run_config", "federation_size",
            "load_client_data", "method_from_run_config", "run_from_run_config",
-           "save_result", "server_app", "strategy_from_run_config"]
+           "run_secagg", "save_result", "secagg_strategy_from_run_config", "server_app",
+           "strategy_from_run_config"]
 
 #: The run-config table of the method's options (``method-options.<name>``).
 OPTIONS_TABLE = "method-options"
@@ -79,7 +85,7 @@ RUN_CONFIG_KEYS = (
     "target-delta", "max-epsilon", "mechanism", "sampling-rate", "local-steps", "local-lr",
     "weighting", "accountant", "secure", "round-timeout", "connect-timeout", "min-replies",
     "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
-    "partition-seed", "n-features", "n-classes", "noise-seed")
+    "partition-seed", "n-features", "n-classes", "noise-seed", "trust", "min-clients")
 
 
 class RunConfigError(ValueError):
@@ -137,6 +143,17 @@ def check_run_config(run_config: dict[str, Any]) -> None:
         if max_eps is not None:
             check_positive("max-epsilon", max_eps)
         seed = _noise_seed(rc)
+        min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0)
+        if config.trust == "secure-aggregation":
+            check_secure_aggregation(method_from_run_config(rc), config,
+                                     _bool(rc, "secure", False))
+            if rc.get("data", "digits") == "node-file":
+                raise ValueError("Run config trust='secure-aggregation' needs a named dataset "
+                                 "(the modulus is sized for its number of records), not "
+                                 "data='node-file'.")
+        elif min_clients:
+            raise ValueError(f"Run config min-clients={min_clients} applies to "
+                             "trust='secure-aggregation' only; leave it 0.")
         if _bool(rc, "secure", False) and seed is not None:
             raise ValueError(f"Run config secure=true refuses seeds (got "
                              f"noise-seed={seed}); leave noise-seed empty.")
@@ -201,7 +218,8 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         local_steps=run_config.get("local-steps", 1),
         local_lr=run_config.get("local-lr", 0.1),
         weighting=run_config.get("weighting", "uniform"),
-        accountant=run_config.get("accountant", "pld")).validated()
+        accountant=run_config.get("accountant", "pld"),
+        trust=run_config.get("trust", "local")).validated()
 
 
 def load_client_data(info: ClientInfo) -> LocalData:
@@ -245,6 +263,10 @@ def strategy_from_run_config(context: Context, *,
     """
     rc = dict(context.run_config)
     check_run_config(rc)
+    if rc.get("trust", "local") != "local":
+        raise RunConfigError("Run config trust='secure-aggregation' runs on Flower's SecAgg+: "
+                             "build its strategy with secagg_strategy_from_run_config (or "
+                             "run run_from_run_config).")
     if n_clients is None:
         n_clients = check_int("n-clients", rc.get("n-clients", 0), low=0)
         if n_clients == 0:
@@ -313,6 +335,37 @@ def federation_size(grid: Grid, timeout: float) -> int:
     raise RuntimeError(f"SuperNode {nodes[0]} did not answer within {timeout:g} s.")
 
 
+def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecAggDPStrategy:
+    """The :class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy` of a run config with
+    ``trust = "secure-aggregation"`` (``min-clients = 0``: all ``n_clients``)."""
+    rc = dict(context.run_config)
+    check_run_config(rc)
+    config = config_from_run_config(rc)
+    if config.trust != "secure-aggregation":
+        raise RunConfigError(f"secagg_strategy_from_run_config needs run config "
+                             f"trust='secure-aggregation', got trust={config.trust!r}.")
+    ds = PartitionedDataset.from_run_config(rc).dataset()
+    check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
+    X_test = y_test = None
+    if _bool(rc, "evaluate", True):
+        X_test, y_test = ds.X_test, ds.y_test
+    min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
+    return SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes),
+                            method_from_run_config(rc), config, n_clients,
+                            ds.X_train.shape[0], X_test=X_test, y_test=y_test,
+                            seed=_noise_seed(rc), min_clients=min_clients)
+
+
+def run_secagg(grid: Grid, context: Context, strategy: SecAggDPStrategy,
+               timeout: float) -> FLResult:
+    """Run a :class:`SecAggDPStrategy` with Flower's SecAgg+ workflow; return its result."""
+    legacy = LegacyContext(context=context,
+                           config=ServerConfig(num_rounds=strategy.config.n_rounds),
+                           strategy=strategy)
+    DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
+    return strategy.result()
+
+
 def run_from_run_config(grid: Grid, context: Context) -> FLResult:
     """The whole run: check the run config, size the federation, train, save.
 
@@ -324,8 +377,13 @@ def run_from_run_config(grid: Grid, context: Context) -> FLResult:
     check_run_config(rc)
     n_clients = check_int("n-clients", rc.get("n-clients", 0), low=0) or federation_size(
         grid, _positive(rc, "connect-timeout", 120.0))
-    strategy = strategy_from_run_config(context, n_clients=n_clients)
-    result = strategy.run(grid, timeout=_positive(rc, "round-timeout", 600.0))
+    timeout = _positive(rc, "round-timeout", 600.0)
+    if rc.get("trust", "local") == "secure-aggregation":
+        result = run_secagg(grid, context, secagg_strategy_from_run_config(
+            context, n_clients=n_clients), timeout)
+    else:
+        result = strategy_from_run_config(context, n_clients=n_clients).run(grid,
+                                                                          timeout=timeout)
     logger.info("finished: %d rounds, epsilon=%.4g at delta=%g", len(result.history),
                 result.epsilon, result.delta)
     save_result(result, context)
@@ -384,7 +442,7 @@ def _server_main(grid: Grid, context: Context) -> None:
 
 #: ClientApp: data from the run config (``data``) or the node's own file (``node-file``);
 #: noise from fresh OS entropy unless the node consented to the run config's ``noise-seed``.
-client_app = make_client_app(load_client_data)
+client_app = make_dual_client_app(load_client_data)
 
 
 if __name__ == "__main__":

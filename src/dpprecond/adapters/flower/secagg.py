@@ -32,20 +32,24 @@ from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
-from flwr.app import Context
+from flwr.app import Context, Message, MessageType
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import (
+    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
     Scalar,
+    Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -54,18 +58,31 @@ from flwr.server.strategy import Strategy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 
-from dpprecond._validation import check_array, check_int, check_labels, check_seed
+from dpprecond._validation import (
+    check_array,
+    check_int,
+    check_labels,
+    check_positive,
+    check_seed,
+)
 from dpprecond.accounting import PrivacyLedger
-from dpprecond.adapters.flower.client_app import LoadData, client_info
+from dpprecond.adapters.flower.client_app import (
+    LoadData,
+    _run_config_seed,
+    client_info,
+    query_reply,
+    train_reply,
+)
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult, as_method
 from dpprecond.fl.methods import Method
 from dpprecond.fl.models import FLModel
-from dpprecond.secagg.fl import _check, secure_noise_multiplier
+from dpprecond.secagg.fl import check_secure_aggregation, secure_noise_multiplier
 from dpprecond.secagg.skellam import SkellamPlan, decode, plan_event, plan_skellam
 
-__all__ = ["SecAggDPClient", "SecAggDPStrategy", "make_secagg_client_app",
+__all__ = ["SecAggDPClient", "SecAggDPStrategy", "make_dual_client_app",
+           "make_secagg_client_app",
            "make_secagg_server_app", "plan_from_config", "plan_to_config"]
 
 logger = logging.getLogger(__name__)
@@ -111,23 +128,25 @@ class SecAggDPClient(NumPyClient):
         ``None``: fresh OS entropy (deployments). An integer: the stream ``(t - 1, i)`` of
         :func:`dpprecond.secagg.fl.simulate_secure` with ``seed=noise_seed`` (one-owner
         simulations and tests).
-    min_noise_variance : float
-        Refuse a plan whose sum's noise variance is below this (the client's own floor).
+    min_noise_multiplier : float
+        Refuse a plan whose sum's noise multiplier (std over the L2 sensitivity) is below
+        this (the client's own floor; a plan without noise is always refused).
     """
 
     def __init__(self, model: FLModel, X: np.ndarray, y: np.ndarray, client_id: int,
-                 noise_seed: int | None = None, min_noise_variance: float = 0.0) -> None:
+                 noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
         self.noise_root = None if noise_seed is None else check_seed(noise_seed).spawn(3)[1]
-        self.min_noise_variance = float(min_noise_variance)
+        self.min_noise_multiplier = float(min_noise_multiplier)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
             ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         plan = plan_from_config(config)
-        if plan.noise_variance < self.min_noise_variance or plan.noise_variance <= 0:
-            raise ValueError(f"The plan's noise variance {plan.noise_variance:g} is below this "
-                             f"client's floor {self.min_noise_variance:g}; refusing.")
+        if plan.noise_variance <= 0 or plan.noise_multiplier < self.min_noise_multiplier:
+            raise ValueError(f"The plan's noise multiplier {plan.noise_multiplier:g} is below "
+                             f"this client's floor {self.min_noise_multiplier:g} (or zero); "
+                             "refusing to answer.")
         t = check_int("round", config.get("round"), low=1)
         rng = (np.random.default_rng() if self.noise_root is None
                else client_mod.stream(self.noise_root, t - 1, self.client_id))
@@ -138,6 +157,48 @@ class SecAggDPClient(NumPyClient):
         share = _centred(client_share(grads, plan, rng), plan.modulus)
         vector = np.concatenate([share, [self.X.shape[0]]]).astype(np.float64)
         return [vector], 1, {}
+
+
+def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
+    """``secaggplus_mod`` for SecAgg+ messages; every other message goes straight on."""
+    if msg.metadata.message_type == MessageType.TRAIN \
+            and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, ctxt, call_next)
+    return call_next(msg, ctxt)
+
+
+def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
+    """One ClientApp for both trust models: dpprecond's local-noise ClientApp
+    (:func:`~dpprecond.adapters.flower.client_app.make_client_app`'s ``query`` and
+    ``train``) and, for SecAgg+ fit requests, :class:`SecAggDPClient` behind
+    ``secaggplus_mod``. The node config's guards apply to both (``allow-seeded-noise``
+    for a run-config ``noise-seed``, ``min-noise-multiplier``).
+    """
+    app = ClientApp(mods=[_secaggplus_when_asked])
+
+    @app.query()
+    def _query(message: Message, context: Context) -> Message:
+        return query_reply(message, context)
+
+    @app.train()
+    def _train(message: Message, context: Context) -> Message:
+        if "fitins.config" not in message.content.config_records:
+            return train_reply(message, context, load_data, noise_seed=noise_seed)
+        info = client_info(context)
+        seed = noise_seed if noise_seed is not None else _run_config_seed(info)
+        floor = check_positive("min-noise-multiplier",
+                               info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+        local = load_data(info)
+        fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+        client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
+                                floor)
+        arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
+                                        dict(fitins.config))
+        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+        return Message(compat.fitres_to_recorddict(fitres, keep_input=True),
+                       reply_to=message)
+
+    return app
 
 
 def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
@@ -180,7 +241,7 @@ class SecAggDPStrategy(Strategy):
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
                              f"trust={config.trust!r}.")
-        self.method = _check(as_method(method), config, secure=False)
+        self.method = check_secure_aggregation(as_method(method), config, secure=False)
         self.model, self.config = model, config
         self.n_clients = check_int("n_clients", n_clients, low=2)
         self.n_records = check_int("n_records", n_records, low=1)
