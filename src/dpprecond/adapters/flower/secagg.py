@@ -28,6 +28,7 @@ integer). The server reduces that modulo ``m`` (the secure sum of the shares), d
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -270,6 +271,7 @@ class SecAggDPStrategy(Strategy):
         self.ledger = PrivacyLedger(config.target_delta, accountant="rdp")
         self.events: list[dp_event.DpEvent] = []
         self.history_: list[dict[str, Any]] = []
+        self._round_start = 0.0
 
     def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
         """Flower's SecAgg+ workflow with the settings that keep the shares exact."""
@@ -291,6 +293,7 @@ class SecAggDPStrategy(Strategy):
                                         min_num_clients=self.n_clients)
         self.ledger.spend(plan_event(self.plan_))  # before the shares: charged regardless
         self.events.append(plan_event(self.plan_))
+        self._round_start = time.perf_counter()
         config: dict[str, Scalar] = {"round": server_round, **plan_to_config(self.plan_)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
         return [(c, fit) for c in clients]
@@ -309,7 +312,8 @@ class SecAggDPStrategy(Strategy):
         self._params = self._params + updates
         record: dict[str, Any] = {"round": server_round, "epsilon": self.ledger.epsilon,
                                   "n_replied": len(results),
-                                  "update_norm": float(np.linalg.norm(updates))}
+                                  "update_norm": float(np.linalg.norm(updates)),
+                                  "seconds": time.perf_counter() - self._round_start}
         self.history_.append(record)
         return ndarrays_to_parameters([self._params]), {"epsilon": record["epsilon"],
                                                         "n-replied": len(results)}
