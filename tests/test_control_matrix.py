@@ -568,9 +568,12 @@ class FlowerAppRow(EntryPoint):
         with pytest.warns(LargeDeltaWarning, match="1/1437"):  # digits' training rows
             self.strategy(**{"target-delta": 0.01})
 
-    def trust(self, c: Cell) -> None:
-        with refused(ValueError, "Unknown run config key 'trust'"):
+    def trust(self, c: Cell) -> None:  # local: DPFedStrategy; secure-aggregation: SecAgg+
+        assert self.strategy(trust="local").config.trust == "local"
+        with refused(ValueError, "trust='secure-aggregation'", "weighting='size'"):
             self.strategy(trust="secure-aggregation")
+        with refused(ValueError, "trust='secure-aggregation'", "SecAgg+"):
+            self.strategy(trust="secure-aggregation", weighting="size")
 
 
 #: Every entry point, by row name (the order of docs/privacy.md's table).

@@ -105,6 +105,13 @@ class FLConfig:
     device : str or None
         Torch device (``"cpu"``, ``"cuda"``, ``"cuda:N"``); ``None``: CUDA when present,
         else the CPU. Only with ``backend="torch"``.
+    trust : {"local", "secure-aggregation"}
+        Who may see a client's release. ``"local"`` (the paper): every message is noised
+        by its client, private against everyone. ``"secure-aggregation"``: the server sees
+        only the sum of the clients' messages (secure aggregation), and each client adds a
+        share of the distributed Skellam noise that the sum carries once
+        (:mod:`dpprecond.secagg`; one-message gradient methods, full-batch,
+        ``weighting="size"``; RDP accounting).
 
     Every field is public (it describes the mechanism, not the data).
     """
@@ -123,6 +130,7 @@ class FLConfig:
     precision: Literal["float64", "float32"] = "float64"
     backend: Literal["numpy", "torch"] = "numpy"
     device: str | None = None
+    trust: Literal["local", "secure-aggregation"] = "local"
 
     def validated(self) -> FLConfig:
         """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
@@ -138,6 +146,7 @@ class FLConfig:
         check_choice("accountant", self.accountant, ("pld", "rdp"))
         check_choice("precision", self.precision, ("float64", "float32"))
         check_choice("backend", self.backend, BACKENDS)
+        check_choice("trust", self.trust, ("local", "secure-aggregation"))
         if self.device is not None and self.backend != "torch":
             raise ValueError(f"device={self.device!r} needs backend='torch' (the numpy "
                              "backend runs on the CPU); drop device or set backend='torch'.")

@@ -257,6 +257,13 @@ def simulate(model: FLModel, data: ClientData,
         after the round), ``update_norm`` (``||theta_{t+1} - theta_t||``), ``seconds``.
     """
     config = config.validated()
+    if config.trust == "secure-aggregation":  # the distributed-noise rounds (dpprecond.secagg)
+        if checkpoint is not None:
+            raise ValueError("checkpoint is not supported with trust='secure-aggregation'.")
+        from dpprecond.secagg.fl import simulate_secure
+
+        return simulate_secure(model, data, method, config, X_test=X_test, y_test=y_test,
+                               seed=seed, ledger=ledger, secure=secure)
     method = as_method(method)
     model_classes = getattr(model, "n_classes", None)
     if model_classes is not None and model_classes != data.n_classes:

@@ -22,7 +22,10 @@ server. The adapter names no method; it only moves arrays and configurations:
 - :mod:`~dpprecond.adapters.flower.server_app`: the ServerApp running a strategy on the Grid;
 - :mod:`~dpprecond.adapters.flower.data`: where a client's data comes from;
 - :mod:`~dpprecond.adapters.flower.app`: ``server_app``/``client_app`` driven by the run
-  config, the components of ``examples/flower-app``.
+  config, the components of ``examples/flower-app``;
+- :mod:`~dpprecond.adapters.flower.secagg`: ``trust="secure-aggregation"`` on Flower's
+  SecAgg+ (each client sends its share of the distributed Skellam noise; the server sees
+  only the sum).
 
 See docs/flower.md for the privacy model, the dropout policies and a deployment guide.
 """

@@ -23,31 +23,55 @@ public test split), ``output-dir`` (write ``result.json`` and ``params.npy`` the
 ``n-classes`` (for ``"node-file"``). Noise: ``noise-seed`` (testing only, and honoured only
 by SuperNodes whose node config has ``allow-seeded-noise=true``; see
 :mod:`dpprecond.adapters.flower.client_app`).
+
+``n-clients = 0`` means the federation's size: the ``num-partitions`` the SuperNodes were
+given (in a simulation, Flower's ``num-supernodes``), asked of one connected node before
+the first round; every other node must report the same.
+
+The whole run config is checked by :func:`check_run_config` before any data is loaded,
+any node is waited for or any message is sent; a bad key or value raises
+:class:`RunConfigError` naming it (with the closest valid name). Before ``flwr run``,
+``python -m dpprecond.adapters.flower.app APP_DIR [--run-config "..."]`` runs the same
+check on the app's ``pyproject.toml`` with the overrides, without starting anything, and
+exits non-zero on an error (``flwr run`` itself exits 0 when a run fails).
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.server import ServerConfig
+from flwr.server.compat import LegacyContext
+from flwr.server.workflow import DefaultWorkflow
+from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._files import atomic_write
 from dpprecond._validation import check_choice, check_int, check_positive, check_target_delta
 from dpprecond.accounting import PrivacyLedger
-from dpprecond.adapters.flower.client_app import ClientInfo, LocalData, make_client_app
+from dpprecond.adapters.flower.client_app import ClientInfo, LocalData
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
-from dpprecond.adapters.flower.server_app import make_server_app
+from dpprecond.adapters.flower.protocol import KEYS
+from dpprecond.adapters.flower.records import read_int
+from dpprecond.adapters.flower.secagg import SecAggDPStrategy, make_dual_client_app
 from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import FLResult
 from dpprecond.fl.methods import METHODS, Method, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax
+from dpprecond.secagg.fl import check_secure_aggregation
 
-__all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "check_run_config", "client_app",
-           "config_from_run_config", "method_from_run_config", "server_app",
+__all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "RunConfigError", "check_app",
+           "check_run_config", "client_app", "config_from_run_config", "federation_size",
+           "load_client_data", "method_from_run_config", "run_from_run_config",
+           "run_secagg", "save_result", "secagg_strategy_from_run_config", "server_app",
            "strategy_from_run_config"]
 
 #: The run-config table of the method's options (``method-options.<name>``).
@@ -61,20 +85,84 @@ RUN_CONFIG_KEYS = (
     "target-delta", "max-epsilon", "mechanism", "sampling-rate", "local-steps", "local-lr",
     "weighting", "accountant", "secure", "round-timeout", "connect-timeout", "min-replies",
     "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
-    "partition-seed", "n-features", "n-classes", "noise-seed")
+    "partition-seed", "n-features", "n-classes", "noise-seed", "trust", "min-clients")
 
 
-def check_run_config(run_config: dict[str, Any]) -> None:
-    """Refuse a run-config key the app does not read (``ValueError`` naming it)."""
-    import difflib
+class RunConfigError(ValueError):
+    """A run config the app cannot run; the message names the key, the value and the fix."""
 
+
+def _suggest(value: Any, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_keys(run_config: dict[str, Any]) -> None:
     for key in run_config:
         if key in RUN_CONFIG_KEYS or key.startswith(OPTIONS_TABLE + "."):
             continue
-        close = difflib.get_close_matches(key, RUN_CONFIG_KEYS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"Unknown run config key {key!r}{hint}: the dpprecond Flower app "
-                         f"reads {sorted(RUN_CONFIG_KEYS)} and method-options.*.")
+        raise RunConfigError(f"Unknown run config key {key!r}{_suggest(key, RUN_CONFIG_KEYS)}: "
+                             f"the dpprecond Flower app reads {sorted(RUN_CONFIG_KEYS)} and "
+                             "method-options.*.")
+
+
+def _check_algorithm(run_config: dict[str, Any]) -> None:
+    name = run_config.get("algorithm", "sofim")
+    if name not in METHODS:
+        raise RunConfigError(f"Unknown run config algorithm={name!r}"
+                             f"{_suggest(name, list(METHODS))}; expected one of "
+                             f"{list(METHODS)}.")
+
+
+def check_run_config(run_config: dict[str, Any]) -> None:
+    """Check every key and value of a run config; load nothing, contact nobody.
+
+    Raises :class:`RunConfigError` (a ``ValueError``) naming the first bad key or value:
+    an unknown key or algorithm (with the closest valid name), a method option the
+    algorithm does not have, privacy and training settings :class:`FLConfig` refuses, and
+    the app's own settings (federation size, timeouts, data, flags, seed).
+    """
+    rc = dict(run_config)
+    _check_keys(rc)
+    _check_algorithm(rc)
+    try:
+        config = config_from_run_config(rc)
+        method_from_run_config(rc)
+        check_int("n-clients", rc.get("n-clients", 0), low=0)
+        if rc.get("data", "digits") == "node-file":
+            check_int("n-features", rc.get("n-features"), low=1)
+            check_int("n-classes", rc.get("n-classes"), low=2)
+        else:
+            PartitionedDataset.from_run_config(rc)
+        _bool(rc, "evaluate", True)
+        _bool(rc, "secure", False)
+        _positive(rc, "round-timeout", 600.0)
+        _positive(rc, "connect-timeout", 120.0)
+        _int(rc, "min-replies", 1, low=1)
+        max_eps = _optional_float(rc, "max-epsilon")
+        if max_eps is not None:
+            check_positive("max-epsilon", max_eps)
+        seed = _noise_seed(rc)
+        min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0)
+        if config.trust == "secure-aggregation":
+            check_secure_aggregation(method_from_run_config(rc), config,
+                                     _bool(rc, "secure", False))
+            if rc.get("data", "digits") == "node-file":
+                raise ValueError("Run config trust='secure-aggregation' needs a named dataset "
+                                 "(the modulus is sized for its number of records), not "
+                                 "data='node-file'.")
+        elif min_clients:
+            raise ValueError(f"Run config min-clients={min_clients} applies to "
+                             "trust='secure-aggregation' only; leave it 0.")
+        if _bool(rc, "secure", False) and seed is not None:
+            raise ValueError(f"Run config secure=true refuses seeds (got "
+                             f"noise-seed={seed}); leave noise-seed empty.")
+        del config
+    except RunConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise RunConfigError(f"Invalid run config: {exc}") from exc
+
 
 logger = logging.getLogger(__name__)
 
@@ -130,13 +218,18 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         local_steps=run_config.get("local-steps", 1),
         local_lr=run_config.get("local-lr", 0.1),
         weighting=run_config.get("weighting", "uniform"),
-        accountant=run_config.get("accountant", "pld")).validated()
+        accountant=run_config.get("accountant", "pld"),
+        trust=run_config.get("trust", "local")).validated()
 
 
-def _load(info: ClientInfo) -> LocalData:
+def load_client_data(info: ClientInfo) -> LocalData:
+    """A client's model and examples: its part of ``data``, or its node's own file."""
     if info.run_config.get("data", "digits") == "node-file":
         return NodeFileData()(info)
     return PartitionedDataset.from_run_config(dict(info.run_config))(info)
+
+
+_load = load_client_data
 
 
 def method_from_run_config(run_config: dict[str, Any]) -> Method:
@@ -161,10 +254,26 @@ def method_from_run_config(run_config: dict[str, Any]) -> Method:
     return make_method(name, **options)
 
 
-def strategy_from_run_config(context: Context) -> DPFedStrategy:
-    """Build the run's :class:`DPFedStrategy` from ``context.run_config``."""
+def strategy_from_run_config(context: Context, *,
+                             n_clients: int | None = None) -> DPFedStrategy:
+    """Build the run's :class:`DPFedStrategy` from ``context.run_config``.
+
+    ``n_clients`` overrides the run config's ``n-clients`` (which must then be set, not
+    ``0``; :func:`run_from_run_config` asks the federation for its size).
+    """
     rc = dict(context.run_config)
     check_run_config(rc)
+    if rc.get("trust", "local") != "local":
+        raise RunConfigError("Run config trust='secure-aggregation' runs on Flower's SecAgg+: "
+                             "build its strategy with secagg_strategy_from_run_config (or "
+                             "run run_from_run_config).")
+    if n_clients is None:
+        n_clients = check_int("n-clients", rc.get("n-clients", 0), low=0)
+        if n_clients == 0:
+            raise RunConfigError("Run config n-clients=0 means the federation's size, which "
+                                 "only the Grid knows: pass n_clients (federation_size(grid, "
+                                 "timeout)), or use run_from_run_config.")
+    n_clients = check_int("n_clients", n_clients, low=1)
     config = config_from_run_config(rc)
     method = method_from_run_config(rc)
     X_test = y_test = None
@@ -183,14 +292,15 @@ def strategy_from_run_config(context: Context) -> DPFedStrategy:
     if max_eps is not None:
         max_eps = check_positive("max-epsilon", max_eps)
     ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps)
-    return DPFedStrategy(model, method, config, check_int("n-clients", rc.get("n-clients")),
+    return DPFedStrategy(model, method, config, n_clients,
                          X_test=X_test, y_test=y_test, seed=seed,
                          ledger=ledger, secure=_bool(rc, "secure", False),
                          connect_timeout=_positive(rc, "connect-timeout", 120.0),
                          min_replies=_int(rc, "min-replies", 1, low=1))
 
 
-def _save(result: FLResult, context: Context) -> None:
+def save_result(result: FLResult, context: Context) -> None:
+    """Write ``result.json`` and ``params.npy`` to the run config's ``output-dir`` (if set)."""
     out = str(context.run_config.get("output-dir", ""))
     if not out:
         return
@@ -202,12 +312,138 @@ def _save(result: FLResult, context: Context) -> None:
     logger.info("wrote %s and %s", path / "result.json", path / "params.npy")
 
 
-#: ServerApp configured by the run config (``flwr run``).
-server_app = make_server_app(
-    strategy_from_run_config,
-    round_timeout=lambda ctx: _positive(dict(ctx.run_config), "round-timeout", 600.0),
-    on_result=_save)
+def federation_size(grid: Grid, timeout: float) -> int:
+    """The ``num-partitions`` of the first connected SuperNode (one ``query`` message).
+
+    Waits up to ``timeout`` seconds for a node. The strategy then registers every node
+    and refuses one that reports another size.
+    """
+    timeout = check_positive("timeout", timeout)
+    deadline = time.monotonic() + timeout
+    while not (nodes := sorted(grid.get_node_ids())):
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"No SuperNode connected within {timeout:g} s; start the "
+                               "SuperNodes, or set n-clients in the run config.")
+        time.sleep(0.2)
+    content = RecordDict({KEYS.config: ConfigRecord({"request": "client-id"})})
+    message = Message(content, dst_node_id=nodes[0], message_type=MessageType.QUERY)
+    for reply in grid.send_and_receive([message], timeout=timeout):
+        if reply.has_error():
+            raise RuntimeError(f"SuperNode {nodes[0]} did not say its num-partitions: "
+                               f"{reply.error.reason}")
+        return read_int(reply.content[KEYS.metrics], KEYS.n_clients, "registration")
+    raise RuntimeError(f"SuperNode {nodes[0]} did not answer within {timeout:g} s.")
+
+
+def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecAggDPStrategy:
+    """The :class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy` of a run config with
+    ``trust = "secure-aggregation"`` (``min-clients = 0``: all ``n_clients``)."""
+    rc = dict(context.run_config)
+    check_run_config(rc)
+    config = config_from_run_config(rc)
+    if config.trust != "secure-aggregation":
+        raise RunConfigError(f"secagg_strategy_from_run_config needs run config "
+                             f"trust='secure-aggregation', got trust={config.trust!r}.")
+    ds = PartitionedDataset.from_run_config(rc).dataset()
+    check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
+    X_test = y_test = None
+    if _bool(rc, "evaluate", True):
+        X_test, y_test = ds.X_test, ds.y_test
+    min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
+    return SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes),
+                            method_from_run_config(rc), config, n_clients,
+                            ds.X_train.shape[0], X_test=X_test, y_test=y_test,
+                            seed=_noise_seed(rc), min_clients=min_clients)
+
+
+def run_secagg(grid: Grid, context: Context, strategy: SecAggDPStrategy,
+               timeout: float) -> FLResult:
+    """Run a :class:`SecAggDPStrategy` with Flower's SecAgg+ workflow; return its result."""
+    legacy = LegacyContext(context=context,
+                           config=ServerConfig(num_rounds=strategy.config.n_rounds),
+                           strategy=strategy)
+    DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
+    return strategy.result()
+
+
+def run_from_run_config(grid: Grid, context: Context) -> FLResult:
+    """The whole run: check the run config, size the federation, train, save.
+
+    The check comes first (:func:`check_run_config`): a bad run config fails before any
+    data is loaded or any message is sent. Server-side test accuracy is reported as
+    Flower's ServerApp-side evaluate metrics.
+    """
+    rc = dict(context.run_config)
+    check_run_config(rc)
+    n_clients = check_int("n-clients", rc.get("n-clients", 0), low=0) or federation_size(
+        grid, _positive(rc, "connect-timeout", 120.0))
+    timeout = _positive(rc, "round-timeout", 600.0)
+    if rc.get("trust", "local") == "secure-aggregation":
+        result = run_secagg(grid, context, secagg_strategy_from_run_config(
+            context, n_clients=n_clients), timeout)
+    else:
+        result = strategy_from_run_config(context, n_clients=n_clients).run(grid,
+                                                                          timeout=timeout)
+    logger.info("finished: %d rounds, epsilon=%.4g at delta=%g", len(result.history),
+                result.epsilon, result.delta)
+    save_result(result, context)
+    return result
+
+
+def check_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Check an app's run config (``pyproject.toml`` plus ``--run-config`` overrides).
+
+    The overrides are parsed by Flower's own parser, as ``flwr run`` parses them. Returns
+    the fused run config; raises :class:`RunConfigError` (or ``FileNotFoundError``).
+    """
+    import tomllib
+
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    path = Path(app_dir) / "pyproject.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"No pyproject.toml in {str(app_dir)!r}: pass the Flower app's "
+                                "directory (for example examples/flower-app).")
+    table = tomllib.loads(path.read_text(encoding="utf-8"))
+    run_config = flatten_dict(table.get("tool", {}).get("flwr", {}).get("app", {})
+                              .get("config", {}))
+    run_config.update(parse_config_args(list(overrides)))
+    check_run_config(run_config)
+    return run_config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dpprecond.adapters.flower.app APP_DIR [--run-config "k=v ..."]...``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m dpprecond.adapters.flower.app",
+        description="Check a dpprecond Flower app's run config before `flwr run`.")
+    parser.add_argument("app_dir")
+    parser.add_argument("--run-config", "-c", action="append", default=[])
+    args = parser.parse_args(argv)
+    try:
+        check_app(args.app_dir, args.run_config)
+    except (RunConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"run config of {args.app_dir} is valid")
+    return 0
+
+
+#: ServerApp configured by the run config (``flwr run``): :func:`run_from_run_config`.
+server_app = ServerApp()
+
+
+@server_app.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    run_from_run_config(grid, context)
+
 
 #: ClientApp: data from the run config (``data``) or the node's own file (``node-file``);
 #: noise from fresh OS entropy unless the node consented to the run config's ``noise-seed``.
-client_app = make_client_app(_load)
+client_app = make_dual_client_app(load_client_data)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

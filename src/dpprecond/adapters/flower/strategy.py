@@ -119,6 +119,11 @@ class DPFedStrategy(Strategy):
                  y_test: np.ndarray | None = None, seed: int | None = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  connect_timeout: float = 120.0, min_replies: int = 1) -> None:
+        if getattr(config, "trust", "local") != "local":  # secure aggregation: not on Flower
+            raise ValueError(f"DPFedStrategy runs trust='local' (each client noises its own "
+                             f"release); got trust={config.trust!r}. For secure aggregation with "
+                             "distributed noise use dpprecond.adapters.flower.secagg "
+                             "(SecAggDPStrategy on Flower's SecAgg+).")
         self.server_ = ServerSide(method, model, config, n_clients, ledger=ledger,
                                   secure=secure)
         self.model = model
@@ -345,15 +350,22 @@ class DPFedStrategy(Strategy):
         self.history_.append(record)
         logger.info("round %d: %d/%d replied, epsilon=%.4g", server_round, len(valid),
                     self.n_clients, record["epsilon"])
-        metrics = MetricRecord({
+        metrics = MetricRecord({  # test accuracy: ServerApp-side evaluate (evaluate_fn)
             "epsilon": record["epsilon"], "update-norm": record["update_norm"],
             "n-replied": len(valid), "clients-failed": record["clients_failed"],
-            "clients-timed-out": timed_out, "clients-absent": record["clients_absent"],
-            **({"test-accuracy": record["test_accuracy"], "test-loss": record["test_loss"]}
-               if "test_accuracy" in record else {})})
+            "clients-timed-out": timed_out, "clients-absent": record["clients_absent"]})
         return ArrayRecord({KEYS.params: Array(self._params)}), metrics
 
     # -- evaluation: none at the clients (their metrics on private data are not private) ---
+
+    def evaluate_fn(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Server-side accuracy and loss on the public test data (Flower's ServerApp-side
+        evaluate metrics); ``None`` without test data."""
+        if self.X_test is None:
+            return None
+        params = np.asarray(arrays[KEYS.params].numpy(), dtype=np.float64)
+        loss, acc = self.model.evaluate(params, self.X_test, self.y_test)  # type: ignore[arg-type]
+        return MetricRecord({"test-accuracy": float(acc), "test-loss": float(loss)})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -400,7 +412,8 @@ class DPFedStrategy(Strategy):
         """
         timeout = check_positive("timeout", timeout)
         self.start(grid, ArrayRecord({KEYS.params: Array(self.initial_params())}),
-                   num_rounds=self.config.n_rounds, timeout=timeout)
+                   num_rounds=self.config.n_rounds, timeout=timeout,
+                   evaluate_fn=self.evaluate_fn if self.X_test is not None else None)
         assert self._params is not None
         ledger = self.server_.ledger
         config = {**asdict(self.config), **self.server_.method.describe(),

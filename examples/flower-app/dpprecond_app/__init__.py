@@ -1,0 +1,1 @@
+"""The example Flower app: DP federated learning with dpprecond (see README.md)."""

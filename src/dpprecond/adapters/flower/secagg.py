@@ -1,0 +1,368 @@
+"""Secure aggregation on Flower: distributed Skellam noise through Flower's SecAgg+.
+
+Each client computes its share of a round's secure sum
+(:func:`dpprecond.secagg.skellam.client_share`: its records' clipped, scaled, rounded
+gradients plus its share of the Skellam noise, modulo ``m = 2^bits``) and hands it, as a
+vector of integers, to Flower's ``secaggplus_mod``; Flower's ``SecAggPlusWorkflow`` masks
+the vectors pairwise and reveals only their sum to the server, which decodes it and runs
+the method's server transform. The same plan, seeds and streams as
+:func:`dpprecond.secagg.fl.simulate_secure`, so a seeded simulation releases the same sums
+and ends at the same model (tested).
+
+SecAgg+ is Flower's legacy fit/evaluate workflow: :class:`SecAggDPStrategy` is a
+``flwr.server.strategy.Strategy`` run by ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow
+(...))`` (:func:`make_secagg_server_app`), and the client a ``NumPyClient`` wrapped by
+``secaggplus_mod`` (:func:`make_secagg_client_app`).
+
+Making SecAgg+'s own arithmetic exact on the shares: every client reports
+``num_examples = 1`` with ``max_weight = 1`` (no weighting), sends the centred share
+``x_i`` in ``[-m/2, m/2)`` (congruent to its share modulo ``m``) followed by its record
+count ``n_i``, and the workflow runs with ``clipping_range = m/2`` and
+``quantization_range = m``, so its stochastic quantization maps each ``x_i`` to the integer
+``x_i + m/2`` exactly; with ``modulus_range >= K m`` its modular sum does not wrap, and its
+average times the number of survivors is ``sum_i x_i`` exactly (rounded to the nearest
+integer). The server reduces that modulo ``m`` (the secure sum of the shares), decodes it
+(refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size weighting).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+from flwr.app import Context, Message, MessageType
+from flwr.client import NumPyClient
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common import recorddict_compat as compat
+from flwr.server import ServerConfig
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat import LegacyContext
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid, ServerApp
+
+from dpprecond._validation import (
+    check_array,
+    check_int,
+    check_labels,
+    check_positive,
+    check_seed,
+)
+from dpprecond.accounting import PrivacyLedger
+from dpprecond.adapters.flower.client_app import (
+    LoadData,
+    _run_config_seed,
+    client_info,
+    query_reply,
+    train_reply,
+)
+from dpprecond.fl import client as client_mod
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.engine import FLResult, as_method
+from dpprecond.fl.methods import Method
+from dpprecond.fl.models import FLModel
+from dpprecond.secagg.fl import check_secure_aggregation, secure_noise_multiplier
+from dpprecond.secagg.skellam import SkellamPlan, decode, plan_event, plan_skellam
+
+__all__ = ["SecAggDPClient", "SecAggDPStrategy", "make_dual_client_app",
+           "make_secagg_client_app",
+           "make_secagg_server_app", "plan_from_config", "plan_to_config"]
+
+logger = logging.getLogger(__name__)
+
+#: SecAgg+'s largest modulus (Flower requires ``modulus_range < 2^32``; a power of two).
+SECAGG_MODULUS = 1 << 31
+
+
+def plan_to_config(plan: SkellamPlan) -> dict[str, Scalar]:
+    """The plan as FitIns config entries (every field is public)."""
+    return {"plan-clip-norm": plan.clip_norm, "plan-dim": plan.dim, "plan-scale": plan.scale,
+            "plan-noise-variance": plan.noise_variance, "plan-min-clients": plan.min_clients,
+            "plan-bits": plan.bits, "plan-beta": plan.beta}
+
+
+def plan_from_config(config: dict[str, Scalar]) -> SkellamPlan:
+    """Read (and validate) a plan written by :func:`plan_to_config`."""
+    try:
+        return SkellamPlan(float(config["plan-clip-norm"]), int(config["plan-dim"]),
+                           float(config["plan-scale"]), float(config["plan-noise-variance"]),
+                           int(config["plan-min-clients"]), int(config["plan-bits"]),
+                           float(config["plan-beta"]))
+    except KeyError as exc:
+        raise ValueError(f"The fit request has no {exc.args[0]!r}: the server does not run "
+                         "dpprecond's SecAggDPStrategy.") from None
+
+
+def _centred(share: np.ndarray, m: int) -> np.ndarray:
+    return np.mod(share + m // 2, m) - m // 2
+
+
+class SecAggDPClient(NumPyClient):
+    """One client's share of each round's secure sum (wrapped by ``secaggplus_mod``).
+
+    Parameters
+    ----------
+    model : FLModel
+    X, y : ndarray
+        The client's own records.
+    client_id : int
+        Its index ``i`` (the node config's ``partition-id``).
+    noise_seed : int or None
+        ``None``: fresh OS entropy (deployments). An integer: the stream ``(t - 1, i)`` of
+        :func:`dpprecond.secagg.fl.simulate_secure` with ``seed=noise_seed`` (one-owner
+        simulations and tests).
+    min_noise_multiplier : float
+        Refuse a plan whose sum's noise multiplier (std over the L2 sensitivity) is below
+        this (the client's own floor; a plan without noise is always refused).
+    """
+
+    def __init__(self, model: FLModel, X: np.ndarray, y: np.ndarray, client_id: int,
+                 noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
+        self.model, self.X, self.y = model, X, y
+        self.client_id = client_id
+        self.noise_root = None if noise_seed is None else check_seed(noise_seed).spawn(3)[1]
+        self.min_noise_multiplier = float(min_noise_multiplier)
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
+            ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        plan = plan_from_config(config)
+        if plan.noise_variance <= 0 or plan.noise_multiplier < self.min_noise_multiplier:
+            raise ValueError(f"The plan's noise multiplier {plan.noise_multiplier:g} is below "
+                             f"this client's floor {self.min_noise_multiplier:g} (or zero); "
+                             "refusing to answer.")
+        t = check_int("round", config.get("round"), low=1)
+        rng = (np.random.default_rng() if self.noise_root is None
+               else client_mod.stream(self.noise_root, t - 1, self.client_id))
+        params = np.asarray(parameters[0], dtype=np.float64)
+        grads = self.model.per_example_grads(params, self.X, self.y)
+        from dpprecond.secagg.skellam import client_share
+
+        share = _centred(client_share(grads, plan, rng), plan.modulus)
+        vector = np.concatenate([share, [self.X.shape[0]]]).astype(np.float64)
+        return [vector], 1, {}
+
+
+def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
+    """``secaggplus_mod`` for SecAgg+ messages; every other message goes straight on."""
+    if msg.metadata.message_type == MessageType.TRAIN \
+            and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, ctxt, call_next)
+    return call_next(msg, ctxt)
+
+
+def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
+    """One ClientApp for both trust models: dpprecond's local-noise ClientApp
+    (:func:`~dpprecond.adapters.flower.client_app.make_client_app`'s ``query`` and
+    ``train``) and, for SecAgg+ fit requests, :class:`SecAggDPClient` behind
+    ``secaggplus_mod``. The node config's guards apply to both (``allow-seeded-noise``
+    for a run-config ``noise-seed``, ``min-noise-multiplier``).
+    """
+    app = ClientApp(mods=[_secaggplus_when_asked])
+
+    @app.query()
+    def _query(message: Message, context: Context) -> Message:
+        return query_reply(message, context)
+
+    @app.train()
+    def _train(message: Message, context: Context) -> Message:
+        if "fitins.config" not in message.content.config_records:
+            return train_reply(message, context, load_data, noise_seed=noise_seed)
+        info = client_info(context)
+        seed = noise_seed if noise_seed is not None else _run_config_seed(info)
+        floor = check_positive("min-noise-multiplier",
+                               info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+        local = load_data(info)
+        fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+        client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
+                                floor)
+        arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
+                                        dict(fitins.config))
+        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+        return Message(compat.fitres_to_recorddict(fitres, keep_input=True),
+                       reply_to=message)
+
+    return app
+
+
+def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
+    """A ClientApp whose client is :class:`SecAggDPClient`, wrapped by ``secaggplus_mod``."""
+
+    def client_fn(context: Context) -> Any:
+        info = client_info(context)
+        local = load_data(info)
+        return SecAggDPClient(local.model, local.X, local.y, info.client_id,
+                              noise_seed).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+class SecAggDPStrategy(Strategy):
+    """The server of a secure-aggregation run (legacy strategy for ``SecAggPlusWorkflow``).
+
+    Parameters
+    ----------
+    model, method, config
+        As for :func:`dpprecond.secagg.fl.simulate_secure` (``config.trust`` must be
+        ``"secure-aggregation"``).
+    n_clients : int
+        K, the federation's size.
+    n_records : int
+        N, the records of all clients (public: it sizes the modulus).
+    X_test, y_test : ndarray, optional
+        Public test data for the server-side evaluation.
+    seed : int or None
+        Model initialization from :func:`simulate_secure`'s seed tree.
+    min_clients : int, optional
+        Fewest shares a released sum holds (default K).
+    """
+
+    def __init__(self, model: FLModel, method: Method | str, config: FLConfig, n_clients: int,
+                 n_records: int, *, X_test: np.ndarray | None = None,
+                 y_test: np.ndarray | None = None, seed: int | None = None,
+                 min_clients: int | None = None) -> None:
+        config = config.validated()
+        if config.trust != "secure-aggregation":
+            raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
+                             f"trust={config.trust!r}.")
+        self.method = check_secure_aggregation(as_method(method), config, secure=False)
+        self.model, self.config = model, config
+        self.n_clients = check_int("n_clients", n_clients, low=2)
+        self.n_records = check_int("n_records", n_records, low=1)
+        self.min_clients = self.n_clients if min_clients is None else check_int(
+            "min_clients", min_clients, low=1, high=self.n_clients)
+        probe = plan_skellam(config.clip_norm, model.n_params + 0, 1.0, self.min_clients,
+                             self.n_records, max_clients=self.n_clients)
+        self.noise_multiplier_ = secure_noise_multiplier(config, probe)
+        self.plan_ = plan_skellam(config.clip_norm, model.n_params, self.noise_multiplier_,
+                                  self.min_clients, self.n_records,
+                                  max_clients=self.n_clients)
+        if self.n_clients * self.plan_.modulus > SECAGG_MODULUS:
+            raise ValueError(f"K * 2^{self.plan_.bits} exceeds SecAgg+'s modulus 2^31: too "
+                             "many records or clients for one secure sum.")
+        self.X_test = None if X_test is None else check_array("X_test", X_test)
+        self.y_test = None if y_test is None else check_labels(
+            "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
+            n_rows=self.X_test.shape[0] if self.X_test is not None else None)
+        init_seq = check_seed(seed).spawn(3)[0]
+        self._params = np.asarray(model.init_params(np.random.default_rng(init_seq)),
+                                  dtype=np.float64)
+        noise_var = (self.n_clients / self.min_clients * self.plan_.noise_variance
+                     / (self.plan_.scale * self.n_records) ** 2)
+        self.transform = self.method.transform_for(noise_var)
+        self._state = self.transform.init(self._params)
+        self.ledger = PrivacyLedger(config.target_delta, accountant="rdp")
+        self.events: list[dp_event.DpEvent] = []
+        self.history_: list[dict[str, Any]] = []
+        self._round_start = 0.0
+
+    def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
+        """Flower's SecAgg+ workflow with the settings that keep the shares exact."""
+        m = self.plan_.modulus
+        return SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=self.min_clients
+                                  if self.min_clients < self.n_clients else 1.0,
+                                  max_weight=1.0, clipping_range=float(m // 2),
+                                  quantization_range=m, modulus_range=SECAGG_MODULUS,
+                                  timeout=timeout)
+
+    # -- the legacy Strategy interface ---------------------------------------------------
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return ndarrays_to_parameters([self._params])
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        clients = client_manager.sample(num_clients=self.n_clients,
+                                        min_num_clients=self.n_clients)
+        self.ledger.spend(plan_event(self.plan_))  # before the shares: charged regardless
+        self.events.append(plan_event(self.plan_))
+        self._round_start = time.perf_counter()
+        config: dict[str, Scalar] = {"round": server_round, **plan_to_config(self.plan_)}
+        fit = FitIns(ndarrays_to_parameters([self._params]), config)
+        return [(c, fit) for c in clients]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        if not results:
+            return None, {}
+        average = parameters_to_ndarrays(results[0][1].parameters)[0]
+        total = np.rint(average * len(results)).astype(np.int64)  # sum of the x_i, exact
+        m = self.plan_.modulus
+        grad_sum = decode(np.mod(total[:-1], m), self.plan_, len(results))
+        n = int(total[-1])
+        G = grad_sum / n
+        updates, self._state = self.transform.update(G, self._state, self._params)
+        self._params = self._params + updates
+        record: dict[str, Any] = {"round": server_round, "epsilon": self.ledger.epsilon,
+                                  "n_replied": len(results),
+                                  "update_norm": float(np.linalg.norm(updates)),
+                                  "seconds": time.perf_counter() - self._round_start}
+        self.history_.append(record)
+        return ndarrays_to_parameters([self._params]), {"epsilon": record["epsilon"],
+                                                        "n-replied": len(results)}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return []  # a client's accuracy on its own data is not private
+
+    def aggregate_evaluate(self, server_round: int,
+                           results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+    def evaluate(self, server_round: int,
+                 parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        if self.X_test is None or self.y_test is None:
+            return None
+        params = parameters_to_ndarrays(parameters)[0]
+        loss, acc = self.model.evaluate(params, self.X_test, self.y_test)
+        if self.history_ and self.history_[-1]["round"] == server_round:
+            self.history_[-1].update(test_accuracy=acc, test_loss=loss)
+        return float(loss), {"test-accuracy": float(acc)}
+
+    def result(self) -> FLResult:
+        """The run's :class:`FLResult` (after the workflow)."""
+        return FLResult(self._params, self.history_, self.noise_multiplier_,
+                        float(self.ledger.epsilon), self.config.target_delta,
+                        {"trust": "secure-aggregation", "engine": "flower-secagg+",
+                         "modulus_bits": self.plan_.bits, "min_clients": self.min_clients},
+                        list(self.events))
+
+
+def make_secagg_server_app(strategy_fn: Any, *, timeout: float | None = None,
+                           on_result: Any = None) -> ServerApp:
+    """A ServerApp running ``strategy_fn(context)`` (a :class:`SecAggDPStrategy`) with SecAgg+."""
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        strategy = strategy_fn(context)
+        if not isinstance(strategy, SecAggDPStrategy):
+            raise TypeError(f"strategy_fn must return a SecAggDPStrategy, got "
+                            f"{type(strategy).__name__}.")
+        legacy = LegacyContext(context=context,
+                               config=ServerConfig(num_rounds=strategy.config.n_rounds),
+                               strategy=strategy)
+        DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
+        if on_result is not None:
+            on_result(strategy.result(), context)
+
+    return app

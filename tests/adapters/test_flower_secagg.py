@@ -1,0 +1,142 @@
+"""Secure aggregation on Flower's SecAgg+: the same releases as the engine's simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.simulation import run_simulation
+
+from dpprecond.adapters.flower import PartitionedDataset
+from dpprecond.adapters.flower.client_app import ClientInfo
+from dpprecond.adapters.flower.data import featurized_dataset
+from dpprecond.adapters.flower.secagg import (
+    SecAggDPClient,
+    SecAggDPStrategy,
+    make_secagg_client_app,
+    make_secagg_server_app,
+    plan_from_config,
+    plan_to_config,
+)
+from dpprecond.fl import FLConfig
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.secagg.fl import simulate_secure
+
+K, SEED, PART = 3, 11, 5
+CONFIG = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=4.0, weighting="size",
+                  trust="secure-aggregation")
+RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+       "init_args": {"num_cpus": 2, "logging_level": "error"}}
+
+
+def _engine_data() -> ClientData:
+    loader = PartitionedDataset("digits", seed=PART)
+    parts = [loader(ClientInfo(i, K, {}, {})) for i in range(K)]
+    X = np.concatenate([p.X for p in parts])
+    y = np.concatenate([p.y for p in parts])
+    bounds = np.cumsum([0] + [p.X.shape[0] for p in parts]).astype(np.int64)
+    return ClientData(X, y, bounds, 10)
+
+
+def test_plan_round_trips_and_a_foreign_request_is_refused():
+    ds = featurized_dataset("digits")
+    strategy = SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes), "fedgd", CONFIG,
+                                K, ds.X_train.shape[0])
+    assert plan_from_config(plan_to_config(strategy.plan_)) == strategy.plan_
+    client = SecAggDPClient(LinearSoftmax(ds.n_features, ds.n_classes), ds.X_train[:10],
+                            ds.y_train[:10], 0)
+    with pytest.raises(ValueError, match="SecAggDPStrategy"):
+        client.fit([strategy._params], {"round": 1})
+    with pytest.raises(ValueError, match="trust='secure-aggregation'"):
+        SecAggDPStrategy(LinearSoftmax(64, 10), "fedgd", FLConfig(n_rounds=2, clip_norm=1.0,
+                         target_epsilon=1.0), K, 100)
+
+
+@pytest.mark.slow
+def test_secagg_plus_simulation_releases_the_engines_sums():
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    data = _engine_data()
+    ref = simulate_secure(model, data, "fedgd", CONFIG, X_test=ds.X_test, y_test=ds.y_test,
+                          seed=SEED)
+    holder: dict[str, SecAggDPStrategy] = {}
+
+    def strategy_fn(context):
+        holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
+        return holder["s"]
+
+    run_simulation(make_secagg_server_app(strategy_fn, timeout=600.0),
+                   make_secagg_client_app(PartitionedDataset("digits", seed=PART),
+                                          noise_seed=SEED),
+                   num_supernodes=K, backend_config=RAY)
+    got = holder["s"].result()
+    assert len(got.history) == 2 and all(r["n_replied"] == K for r in got.history)
+    # integer sums decoded identically; the server step is the same float arithmetic
+    np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
+    assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
+    assert got.noise_multiplier == ref.noise_multiplier
+
+
+class _DropsInRound2(SecAggDPClient):
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        if self.client_id == 2 and int(config["round"]) == 2:
+            raise RuntimeError("client 2 goes offline mid-run")
+        return super().fit(parameters, config)
+
+
+def _dropping_app():
+    from flwr.client.mod import secaggplus_mod
+    from flwr.clientapp import ClientApp
+
+    from dpprecond.adapters.flower.client_app import client_info
+
+    loader = PartitionedDataset("digits", seed=PART)
+
+    def client_fn(context):  # type: ignore[no-untyped-def]
+        info = client_info(context)
+        local = loader(info)
+        return _DropsInRound2(local.model, local.X, local.y, info.client_id,
+                              SEED).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+@pytest.mark.slow
+def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
+    from dpprecond._validation import check_seed
+    from dpprecond.fl.client import round_generators
+    from dpprecond.secagg.fl import secure_gradient_sum
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    data = _engine_data()
+    sizes = np.diff(data.bounds)
+    for min_clients in (2, K):
+        holder: dict[str, SecAggDPStrategy] = {}
+
+        def strategy_fn(context, k=min_clients, h=holder):  # type: ignore[no-untyped-def]
+            h["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+                                      seed=SEED, min_clients=k)
+            return h["s"]
+
+        run_simulation(make_secagg_server_app(strategy_fn, timeout=120.0), _dropping_app(),
+                       num_supernodes=K, backend_config=RAY)
+        got = holder["s"]
+        # both rounds are charged, whatever happened to round 2
+        assert len(got.events) == 2 and got.ledger.epsilon > 0
+        replay = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0], seed=SEED,
+                                  min_clients=min_clients)
+        params, state = replay._params, replay._state
+        root = check_seed(SEED).spawn(3)[1]
+        rounds = [[0, 1, 2], [0, 1]] if min_clients == 2 else [[0, 1, 2]]
+        for t, clients in enumerate(rounds):
+            total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
+                                        replay.plan_, round_generators(root, t, K), clients)
+            upd, state = replay.transform.update(total / sizes[clients].sum(), state, params)
+            params = params + upd
+        if min_clients == 2:  # SecAgg+ recovered the survivors' sum: 2 shares >= 2
+            assert [r["n_replied"] for r in got.history_] == [3, 2]
+        else:  # fewer shares than the noise needs: round 2 released nothing, model kept
+            assert [r["n_replied"] for r in got.history_] == [3]
+        np.testing.assert_allclose(got._params, params, rtol=1e-12, atol=1e-14)

@@ -1,0 +1,129 @@
+"""trust='secure-aggregation': the engine's rounds with distributed Skellam noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from dpprecond.accounting import PrivacyLedger
+from dpprecond.fl import FLConfig, run_federated
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.engine import simulate
+from dpprecond.fl.models import LinearSoftmax, clip_rows_safely
+from dpprecond.secagg import InsufficientNoiseError, SkellamPlan, quantize_records
+from dpprecond.secagg.fl import secure_gradient_sum, secure_plan
+
+K = 6
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, ...]:
+    X, y = load_digits(return_X_y=True)
+    X = X / 16.0
+    return X[:1200], y[:1200], X[1200:], y[1200:]
+
+
+def _config(**kw: object) -> FLConfig:
+    base = dict(n_rounds=4, clip_norm=1.0, target_epsilon=2.0, weighting="size",
+                trust="secure-aggregation")
+    base.update(kw)
+    return FLConfig(**base)  # type: ignore[arg-type]
+
+
+def _run(digits: tuple[np.ndarray, ...], seed: int | None = 3, **kw: object):
+    X, y, Xt, yt = digits
+    return run_federated(X, y, Xt, yt, 10, algorithm="sofim", n_clients=K, seed=seed,
+                         config=_config(**kw))
+
+
+def test_same_seed_same_releases_and_the_budget_is_met(digits):
+    a, b = _run(digits), _run(digits)
+    np.testing.assert_array_equal(a.params, b.params)
+    assert not np.array_equal(a.params, _run(digits, seed=4).params)
+    assert a.config["trust"] == "secure-aggregation" and a.config["accountant"] == "rdp"
+    assert 0.9 * 2.0 <= a.epsilon <= 2.0
+    assert len(a.events) == 4 and a.config["wrap_probability"] <= 1e-12
+    # the sum carries the noise once: its noise multiplier is that of one central release
+    local = run_federated(*digits, 10, algorithm="sofim", n_clients=K, seed=3,
+                          config=FLConfig(n_rounds=4, clip_norm=1.0, target_epsilon=2.0,
+                                          weighting="size", accountant="rdp"))
+    assert a.noise_multiplier == pytest.approx(local.noise_multiplier, rel=0.1)
+
+
+def test_the_decoded_sum_is_the_clipped_gradient_sum_up_to_rounding(digits):
+    X, y, _, _ = digits
+    model = LinearSoftmax(64, 10)
+    params = model.init_params(np.random.default_rng(0)) + 0.1
+    bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
+    data = ClientData(X, y, bounds, 10)
+    plan0 = secure_plan(_config(), data, model.n_params, 1.0, K)
+    plan = SkellamPlan(plan0.clip_norm, plan0.dim, plan0.scale, 0.0, K, plan0.bits)
+    rngs = [np.random.default_rng(i) for i in range(K)]
+    got = secure_gradient_sum(model, params, X, y, bounds, plan, rngs)
+    exact = clip_rows_safely(model.per_example_grads(params, X, y), 1.0).sum(axis=0)
+    # each record's rounding moves a coordinate by < 1/gamma; unbiased, so the error of the
+    # sum is ~ sqrt(N)/(2 gamma) per coordinate: 6 standard deviations
+    assert np.abs(got - exact).max() <= 6 * math.sqrt(X.shape[0]) / (2 * plan.scale)
+    # and it is exactly the rounded records' sum
+    again = sum(quantize_records(model.per_example_grads(
+        params, X[bounds[i]:bounds[i + 1]], y[bounds[i]:bounds[i + 1]]), plan,
+        np.random.default_rng(i)).sum(axis=0) for i in range(K))
+    np.testing.assert_array_equal(got * plan.scale, again)
+
+
+def test_a_sum_missing_shares_is_not_released(digits):
+    X, y, _, _ = digits
+    model = LinearSoftmax(64, 10)
+    bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
+    plan = secure_plan(_config(), ClientData(X, y, bounds, 10), model.n_params, 1.0, K)
+    rngs = [np.random.default_rng(i) for i in range(K)]
+    with pytest.raises(InsufficientNoiseError):
+        secure_gradient_sum(model, model.init_params(np.random.default_rng(0)), X, y, bounds,
+                            plan, rngs, clients=list(range(K - 1)))
+
+
+def test_the_callers_ledger_is_checked_first_and_records_every_sum(digits):
+    X, y, Xt, yt = digits
+    ledger = PrivacyLedger(1e-5, max_epsilon=1.0, accountant="rdp")
+    from dpprecond import PrivacyBudgetExceededError
+
+    with pytest.raises(PrivacyBudgetExceededError):
+        run_federated(X, y, Xt, yt, 10, algorithm="fedgd", n_clients=K, seed=1,
+                      config=_config(), ledger=ledger)
+    roomy = PrivacyLedger(1e-5, max_epsilon=10.0, accountant="rdp")
+    res = run_federated(X, y, Xt, yt, 10, algorithm="fedgd", n_clients=K, seed=1,
+                        config=_config(), ledger=roomy)
+    assert roomy.epsilon == pytest.approx(res.epsilon, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"weighting": "uniform"}, "weighting='size'"),
+    ({"mechanism": "poisson", "sampling_rate": 0.5}, "full-batch"),
+    ({"trust": "central"}, "trust"),
+])
+def test_unsupported_settings_are_refused_by_name(digits, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _run(digits, **kw)
+
+
+def test_methods_with_other_releases_and_secure_mode_are_refused(digits):
+    X, y, Xt, yt = digits
+    with pytest.raises(ValueError, match="scaffold"):
+        run_federated(X, y, Xt, yt, 10, algorithm="scaffold", n_clients=K, seed=1,
+                      config=_config())
+    model = LinearSoftmax(64, 10)
+    bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
+    with pytest.raises(ValueError, match="secure=True"):
+        simulate(model, ClientData(X, y, bounds, 10), "fedgd", _config(), X_test=Xt,
+                 y_test=yt, secure=True)
+
+
+def test_the_flower_strategy_refuses_secure_aggregation_by_name():
+    pytest.importorskip("flwr")
+    from dpprecond.adapters.flower import DPFedStrategy
+
+    with pytest.raises(ValueError, match="trust='secure-aggregation'"):
+        DPFedStrategy(LinearSoftmax(64, 10), "fedgd", _config(), K)
