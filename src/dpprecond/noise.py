@@ -1,0 +1,189 @@
+"""Gaussian noise and the noisy release: the one place a mechanism adds noise to a value.
+
+Every mechanism of the library releases ``value + noise`` with ``noise`` i.i.d.
+``N(0, std^2)`` (entrywise; for a symmetric statistic, on and above the diagonal) and
+``std = noise_multiplier * sensitivity`` (the accounting layer's convention). It does so
+with :func:`release`, which draws the noise from a :class:`NoiseSource`, forms the sum,
+snaps it in secure mode (:func:`dpprecond.secure.snap`) and shows it to
+:func:`dpprecond.secure.observe_releases` (the audits' view of a run).
+
+Noise sources
+-------------
+A :class:`NoiseSource` is anything with a numpy-style ``standard_normal(size)``:
+
+- a ``numpy.random.Generator`` (the default; :func:`keyed_stream` gives the generator of a
+  ``(seed, key...)`` pair, the independent streams that tests and per-client noise use);
+- :class:`dpprecond.secure.SecureGenerator` (secure mode: the OS CSPRNG; releases are
+  snapped);
+- wrappers that draw the same law differently: federated PCA's
+  :class:`dpprecond.pca.federated.LocalNoise` (every client adds its own share) and the
+  audits' batch source (many independent draws in one call).
+
+A draw of zero std returns zeros *without* touching the source, so switching a release off
+does not shift the draws of the releases after it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from dpprecond.secure import _OBSERVERS, is_secure, snap
+
+__all__ = ["NoiseSource", "gaussian", "keyed_stream", "release", "symmetric_gaussian"]
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    """A source of standard normal draws (numpy ``Generator``-compatible).
+
+    ``standard_normal(None)`` returns one float; ``standard_normal(shape)`` an array of that
+    shape (a batch source may prepend a batch axis: :func:`release` broadcasts).
+    """
+
+    def standard_normal(self, size: Any = None) -> Any:
+        """Standard normal draws of shape ``size`` (a float for ``None``)."""
+        ...
+
+
+def keyed_stream(seed: int, *key: int) -> np.random.Generator:
+    """The generator of ``(seed, *key)``: ``SeedSequence(seed, spawn_key=key)``.
+
+    Streams of distinct keys are independent, and a stream does not depend on which other
+    streams were made or in which order (unlike drawing from one shared generator).
+
+    Parameters
+    ----------
+    seed : int
+        Root entropy, ``>= 0``.
+    *key : int
+        The stream's key (for instance ``(round_index, client)``), each ``>= 0``.
+    """
+    for name, value in (("seed", seed), *((f"key[{i}]", v) for i, v in enumerate(key))):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"Expected {name} to be an int >= 0, got {name}={value!r}.")
+    return np.random.default_rng(np.random.SeedSequence(int(seed),
+                                                        spawn_key=tuple(int(k) for k in key)))
+
+
+def _check_std(std: float) -> float:
+    std = float(std)
+    if not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"Expected a finite noise std >= 0, got std={std!r}.")
+    return std
+
+
+def gaussian(shape: tuple[int, ...], std: float, source: NoiseSource) -> Any:
+    """I.i.d. ``N(0, std^2)`` noise of the given shape (zeros, no draw, when ``std == 0``).
+
+    Parameters
+    ----------
+    shape : tuple of int
+        Shape of the noise; ``()`` gives a float drawn with ``standard_normal(None)``.
+    std : float
+        Standard deviation of every entry, finite and ``>= 0``.
+    source : NoiseSource
+        Where the draws come from.
+
+    Returns
+    -------
+    noise : ndarray of shape ``shape`` (float for ``shape == ()``)
+    """
+    std = _check_std(std)
+    shape = tuple(shape)
+    if std == 0:
+        return 0.0 if shape == () else np.zeros(shape)
+    return std * source.standard_normal(None if shape == () else shape)
+
+
+def symmetric_gaussian(dim: int, std: float, source: NoiseSource, *,
+                       draws: Literal["square", "triangle"] = "square") -> np.ndarray:
+    """Symmetric noise: entries on and above the diagonal i.i.d. ``N(0, std^2)``, mirrored.
+
+    The noise of a release of the upper triangle (diagonal included) of a symmetric matrix
+    statistic: the lower triangle is a copy, hence post-processing, so the l2 sensitivity
+    of the release is the one of the upper triangle. The only symmetric-noise builder of
+    the library.
+
+    Parameters
+    ----------
+    dim : int
+        Size of the ``(dim, dim)`` matrix.
+    std : float
+        Standard deviation of every entry on and above the diagonal; ``0`` gives zeros.
+    source : NoiseSource
+        Where the draws come from.
+    draws : {"square", "triangle"}
+        How the draws are laid out (same law, different use of the stream): ``"square"``
+        draws a ``(dim, dim)`` array and keeps its upper triangle (the PCA releases);
+        ``"triangle"`` draws the ``dim (dim + 1) / 2`` upper-triangle entries in row-major
+        order (the federated second-moment releases).
+
+    Returns
+    -------
+    W : ndarray of shape (dim, dim)
+        Symmetric noise matrix.
+    """
+    std = _check_std(std)
+    if std == 0:
+        return np.zeros((dim, dim))
+    if draws == "square":
+        upper = np.triu(source.standard_normal((dim, dim)))
+        upper *= std
+    elif draws == "triangle":
+        iu = np.triu_indices(dim)
+        upper = np.zeros((dim, dim))
+        upper[iu] = std * source.standard_normal(len(iu[0]))
+    else:
+        raise ValueError(f"Expected draws in ('square', 'triangle'), got draws={draws!r}.")
+    return upper + np.triu(upper, 1).T
+
+
+def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = False,
+            noise: Any = None) -> Any:
+    """``value + noise`` with ``noise ~ N(0, std^2)``: the one place a noisy release is formed.
+
+    The noise has the shape of ``value`` (symmetric for ``symmetric=True``) and is drawn
+    from ``source``, unless ``noise`` is given (noise drawn beforehand with this module,
+    such as a coupled pair; ``std`` is then the std it has). With a secure source
+    (:func:`dpprecond.secure.is_secure`) the sum is snapped to a grid far below ``std``;
+    otherwise it is the plain float64 sum. ``value`` is not modified. Inside
+    :func:`dpprecond.secure.observe_releases` a copy of every release is recorded.
+
+    Parameters
+    ----------
+    value : float or ndarray
+        The exact statistic (its sensitivity is the caller's to state).
+    std : float
+        Noise standard deviation, ``noise_multiplier * sensitivity``; ``0`` releases
+        ``value`` itself (no draw).
+    source : NoiseSource
+        Where the draws come from; also decides snapping.
+    symmetric : bool
+        ``value`` is a symmetric ``(d, d)`` matrix: noise from :func:`symmetric_gaussian`.
+    noise : float or ndarray, optional
+        Noise drawn beforehand (then nothing is drawn here).
+
+    Returns
+    -------
+    released : float or ndarray
+        ``value + noise``, snapped in secure mode (a batch source broadcasts to a batch).
+    """
+    std = _check_std(std)
+    if noise is None:
+        if symmetric:
+            shape = np.shape(value)
+            if len(shape) != 2 or shape[0] != shape[1]:
+                raise ValueError(f"Expected a square value for symmetric=True, got shape "
+                                 f"{shape}.")
+            noise = symmetric_gaussian(shape[0], std, source)
+        else:
+            noise = gaussian(np.shape(value), std, source)
+    out = value + noise
+    if is_secure(source):
+        out = snap(out, std)
+    for seen in _OBSERVERS.get():
+        seen.append((np.array(out, copy=True), std))
+    return out
