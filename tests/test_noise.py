@@ -126,3 +126,9 @@ def test_keyed_stream() -> None:
         keyed_stream(1, -1)
     with pytest.raises(ValueError, match="seed=True"):
         keyed_stream(True)
+
+
+def test_release_asks_is_secure_at_call_time(release_spy: object) -> None:
+    release(np.zeros(2), 1.0, SecureGenerator())
+    release(np.zeros(2), 1.0, np.random.default_rng(0))
+    assert release_spy.calls == [True, False]  # type: ignore[attr-defined]
