@@ -356,7 +356,8 @@ def test_audit_probe() -> None:
 def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
     """For the same stream, the audited M1 and M2 are fit_auto's own first and third
     releases (recorded by secure.observe_releases), in its Analyze Gauss completion."""
-    from dpprecond.pca.auto import coupled_symmetric_noise, fit_auto
+    from dpprecond.noise import coupled_symmetric_gaussian
+    from dpprecond.pca.auto import fit_auto
     from dpprecond.pca.rows import DenseRows
     from dpprecond.secure import observe_releases
 
@@ -368,8 +369,8 @@ def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
                  rng=np.random.default_rng(9), noise_multiplier=case.info["z"],
                  branch="analyze_gauss")
     assert len(seen) == 3  # M1, the probe, M2
-    coupled = coupled_symmetric_noise(2, case.info["std_ag"], case.info["std1"],
-                                      np.random.default_rng(9))
+    coupled = coupled_symmetric_gaussian(2, case.info["std_ag"], case.info["std1"],
+                                         np.random.default_rng(9))
     np.testing.assert_array_equal(seen[0][0], S + coupled.first)
     np.testing.assert_allclose(seen[2][0], S + coupled.second, rtol=0, atol=1e-12)
     assert seen[0][1] == case.info["std1"]

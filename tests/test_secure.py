@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import dpprecond.noise as noise_module
 import dpprecond.secure as secure_module
 from dpprecond.fl import FLConfig, run_federated
 from dpprecond.pca import fit_private_pca
@@ -84,9 +85,9 @@ def test_pca_auto_forms_every_release_through_release(monkeypatch: pytest.Monkey
 
     calls: list[bool] = []
 
-    def spy(value, noise, noise_std, rng):  # type: ignore[no-untyped-def]
-        calls.append(secure_module.is_secure(rng))
-        return secure_module.release(value, noise, noise_std, rng)
+    def spy(value, std, source, **kw):  # type: ignore[no-untyped-def]
+        calls.append(secure_module.is_secure(source))
+        return noise_module.release(value, std, source, **kw)
 
     monkeypatch.setattr(auto, "release", spy)
     X = np.random.default_rng(0).normal(size=(3000, 6))

@@ -11,11 +11,11 @@ from dp_accounting import dp_event
 
 from dpprecond.accounting import gaussian_precision
 from dpprecond.data.synthetic import spiked_covariance
+from dpprecond.noise import coupled_symmetric_gaussian, symmetric_gaussian
 from dpprecond.pca.auto import (
     HIST_EDGES,
     RADIUS_GRID,
     clipped_step,
-    coupled_symmetric_noise,
     estimate_spectrum,
     fit_auto,
     predict_errors,
@@ -131,7 +131,7 @@ def test_coupled_noise_is_two_independent_releases_that_average_to_the_full_one(
     firsts, seconds = [], []
     iu = np.triu_indices(150)
     for _ in range(6):
-        c = coupled_symmetric_noise(150, s_full, s_first, rng)
+        c = coupled_symmetric_gaussian(150, s_full, s_first, rng)
         first, second = c.first, c.second
         firsts.append(first[iu])
         seconds.append(second[iu])
@@ -153,12 +153,11 @@ def test_coupled_noise_is_two_independent_releases_that_average_to_the_full_one(
 
 
 def test_coupled_noise_full_part_is_the_single_release_draw():
-    a = coupled_symmetric_noise(7, 0.5, 0.9, np.random.default_rng(1))
-    from dpprecond.pca.noise import symmetric_gaussian
+    a = coupled_symmetric_gaussian(7, 0.5, 0.9, np.random.default_rng(1))
 
     assert np.array_equal(a.full, symmetric_gaussian(7, 0.5, np.random.default_rng(1)))
     with pytest.raises(ValueError, match="std_first >= std_full"):
-        coupled_symmetric_noise(3, 1.0, 0.5, np.random.default_rng(0))
+        coupled_symmetric_gaussian(3, 1.0, 0.5, np.random.default_rng(0))
 
 
 # -- sensitivities of the new releases ------------------------------------------------------

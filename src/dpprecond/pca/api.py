@@ -30,12 +30,12 @@ from dpprecond._validation import (
     check_target_delta,
 )
 from dpprecond.accounting import PrivacyLedger, epsilon_of
+from dpprecond.noise import release
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import FEDERATED_METHODS, TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import METHODS, FitContext
-from dpprecond.pca.noise import gaussian_matrix
 from dpprecond.pca.rows import make_rows, mean_sensitivity
-from dpprecond.secure import SecureGenerator, release
+from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
            "fit_private_pca", "planned_event"]
@@ -334,8 +334,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if center is not None:
         if isinstance(center, str):  # "private": Gaussian mean of the step-1 rows
             s_mean = z.get("z_mean", 0.0) * mean_sensitivity(n)
-            mu = release(rows.column_sum() / n, gaussian_matrix((d,), s_mean, mean_stream),
-                         s_mean, mean_stream)
+            mu = release(rows.column_sum() / n, s_mean, mean_stream)
         else:
             with np.errstate(over="ignore"):
                 mu = center / row_norm

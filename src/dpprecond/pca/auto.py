@@ -17,7 +17,8 @@ multiplier ``z`` (precision ``1/z^2``, calibrated exactly for ``(epsilon, delta)
    a. *Analyze Gauss*: a second release ``M2 = A^T A + W2`` with the rest of the
       precision, averaged with ``M1`` by inverse variance; the average is ``A^T A`` plus
       one symmetric Gaussian of precision ``(init_share + rest)/(2 z^2)`` per entry. The
-      two noises are drawn coupled (:func:`coupled_symmetric_noise`) so that this branch
+      two noises are drawn coupled (:func:`dpprecond.noise.coupled_symmetric_gaussian`) so
+      that this branch
       returns, for the same random stream, Analyze Gauss's own noise scaled by
       ``(1 - probe_share)^{-1/2}`` (exactly Analyze Gauss when ``probe_share = 0``).
    b. *Preconditioned clipped iteration* (:func:`clipped_step`), ``T`` times from ``X0``:
@@ -57,25 +58,22 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
+from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
 from dpprecond.pca.budget import plan_auto
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
-from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import RowSource, clip_unit_rows
-from dpprecond.secure import release
 
 __all__ = [
     "AUTO_DEFAULTS",
     "HIST_EDGES",
     "RADIUS_GRID",
     "AutoResult",
-    "CoupledNoise",
     "Prediction",
     "Spectrum",
     "ag_error",
     "check_auto_options",
     "clipped_step",
     "clipping_factors",
-    "coupled_symmetric_noise",
     "estimate_spectrum",
     "fit_auto",
     "iteration_error",
@@ -116,81 +114,6 @@ AUTO_DEFAULTS: dict[str, Any] = {
     "rescale_share": 0.02,
     "add_noise": True,
 }
-
-
-# --------------------------------------------------------------------------------------
-# Noise coupling
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CoupledNoise:
-    """Two independent symmetric Gaussian noises built from a full-budget draw.
-
-    ``full`` (entry variance ``v``) is the noise a single release at the combined precision
-    would add; ``extra`` (variance ``v1 - v``) is independent of it. Then
-
-    - ``first = full + extra`` has variance ``v1``;
-    - ``second = full - (v / (v1 - v)) extra`` has variance ``v v1 / (v1 - v)``, i.e.
-      precision ``1/v - 1/v1``;
-    - ``Cov(first, second) = v - (v / (v1 - v)) (v1 - v) = 0``: jointly Gaussian and
-      uncorrelated, hence independent, so ``(first, second)`` has exactly the distribution
-      of two independent draws and the privacy analysis of two independent releases holds;
-    - the inverse-variance average of ``S + first`` and ``S + second`` is ``S + full``.
-    """
-
-    full: np.ndarray
-    extra: np.ndarray
-    var_full: float
-    var_first: float
-
-    @property
-    def first(self) -> np.ndarray:
-        """The first release's noise (variance ``var_first``)."""
-        return self.full + self.extra
-
-    @property
-    def var_second(self) -> float:
-        """Entry variance of :attr:`second` (``inf`` when the first takes everything)."""
-        if self.var_first == self.var_full:
-            return math.inf
-        return self.var_full * self.var_first / (self.var_first - self.var_full)
-
-    @property
-    def second(self) -> np.ndarray:
-        """The second release's noise, independent of :attr:`first`."""
-        if self.var_first == self.var_full:
-            raise ValueError("No precision is left for a second release (var_first == "
-                             "var_full).")
-        return self.full - (self.var_full / (self.var_first - self.var_full)) * self.extra
-
-
-def coupled_symmetric_noise(dim: int, std_full: float, std_first: float,
-                            rng: np.random.Generator) -> CoupledNoise:
-    """Draw :class:`CoupledNoise` for two releases of a symmetric ``dim x dim`` statistic.
-
-    ``full`` is drawn first, with exactly the call :func:`dpprecond.pca.noise.
-    symmetric_gaussian` makes for a single release of entry std ``std_full``, so a
-    generator in the same state gives the same ``full`` as that single release. ``extra``
-    (std ``sqrt(std_first^2 - std_full^2)``) is drawn next from the same generator.
-
-    Parameters
-    ----------
-    dim : int
-        Size of the symmetric matrices.
-    std_full : float
-        Entry std of the combined (full-precision) noise; ``0`` switches noise off.
-    std_first : float
-        Entry std of the first release's noise, ``>= std_full``.
-    rng : numpy.random.Generator
-        Noise source.
-    """
-    if std_first < std_full:
-        raise ValueError(f"Expected std_first >= std_full, got std_first={std_first} < "
-                         f"std_full={std_full}.")
-    full = symmetric_gaussian(dim, std_full, rng)
-    extra = symmetric_gaussian(dim, math.sqrt(std_first**2 - std_full**2), rng)
-    return CoupledNoise(full, extra, std_full**2, std_first**2)
 
 
 # --------------------------------------------------------------------------------------
@@ -269,7 +192,7 @@ def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
 
 
 def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.ndarray,
-          std: float, rng: Any) -> tuple[np.ndarray, np.ndarray]:
+          std: float, rng: NoiseSource) -> tuple[np.ndarray, np.ndarray]:
     """Release the probe: per bin of ``r_i / unit`` on ``edges``, the number of rows and the
     sum of their rest energies ``||a_i||^2 - ||X^T a_i||^2`` (one pass over ``A``).
 
@@ -287,7 +210,7 @@ def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.
     """
     nb = edges.size + 1
     total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,))
-    out = release(total, gaussian_matrix(total.shape, std, rng), std, rng)
+    out = release(total, std, rng)
     return out[:nb], out[nb:]
 
 
@@ -324,7 +247,7 @@ def rescaled_gram(rows: RowSource, tau: float) -> np.ndarray:
 
 
 def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
-                 noise_std: float, rng: np.random.Generator) -> np.ndarray:
+                 noise_std: float, rng: NoiseSource) -> np.ndarray:
     """Release ``Z = sum_i a_i c_i^T + G`` with ``c_i = clip_R(B X^T a_i)`` (one pass).
 
     Privacy: ``X`` and ``B`` are public (functions of earlier releases); each row
@@ -337,7 +260,7 @@ def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
     """
     d, k = X.shape
     Z = _block_sum(rows, _block_clipped_step, X @ B, radius, shape=(d, k))
-    return release(Z, gaussian_matrix((d, k), noise_std, rng), noise_std, rng)
+    return release(Z, noise_std, rng)
 
 
 def _preconditioner(H: np.ndarray, floor: float) -> np.ndarray:
@@ -891,8 +814,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     amp = float(getattr(gen, "noise_amplification", 1.0))
 
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
-    coupled = coupled_symmetric_noise(d, std_ag, std1, gen)
-    M1 = release(S, coupled.first, std1, gen)
+    coupled = coupled_symmetric_gaussian(d, std_ag, std1, gen)
+    M1 = release(S, std1, gen, noise=coupled.first)
     with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
         spectrum = np.linalg.eigvalsh(M1)[::-1]
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
@@ -928,7 +851,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
             zt = z / math.sqrt(st)
             std_t = SQRT2 * zt * fp
             S_tau = rescaled_gram(rows, tau)
-            M_tau = release(S_tau, symmetric_gaussian(d, std_t, gen), std_t, gen)
+            M_tau = release(S_tau, std_t, gen, symmetric=True)
             events.append(gaussian(zt))
             left -= st
             info["noise_multipliers"]["z_rescaled"] = zt
@@ -958,7 +881,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         assert rescaled is not None
         S_tau, M_tau, std_t, tau = rescaled
         std2 = SQRT2 * z_left * fp
-        M2 = release(S_tau, symmetric_gaussian(d, std2, gen), std2, gen)
+        M2 = release(S_tau, std2, gen, symmetric=True)
         v1, v2 = std_t**2, std2**2
         M = (M_tau / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         wa, X = top_eigvecs(M, k)
@@ -974,7 +897,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
                 v_left = (SQRT2 * z_left * fp) ** 2
                 second = second + symmetric_gaussian(d, math.sqrt(v_left - v2), gen)
                 v2 = v_left
-            M2 = release(S, second, math.sqrt(v2), gen)
+            M2 = release(S, math.sqrt(v2), gen, noise=second)
             v1 = coupled.var_first
             M = (M1 / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         else:
