@@ -48,6 +48,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import (
+    SeedLike,
     check_choice,
     check_delta,
     check_epsilon,
@@ -711,7 +712,7 @@ def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, delta: float,
-             rng: Any = None, budget_share: float = 1.0,
+             rng: NoiseSource | SeedLike = None, budget_share: float = 1.0,
              noise_multiplier: float | None = None, **options: Any) -> AutoResult:
     """Private top-k PCA that spends the whole ``(epsilon, delta)``: see the module doc.
 
@@ -729,7 +730,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         Target epsilon; ``None`` only with ``add_noise=False``.
     delta : float
         Target delta.
-    rng : None, int, SeedSequence or numpy.random.Generator
+    rng : None, int, SeedSequence or NoiseSource
         Noise source (fresh OS entropy when ``None``). With the same generator state,
         the Analyze Gauss branch reuses exactly the noise that
         :func:`dpprecond.pca.baselines.analyze_gauss` would draw (scaled by
@@ -793,8 +794,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
                          f"{S.shape}.")
     # A numpy Generator, or a stand-in that draws the noise differently (secure mode's
     # SecureGenerator, federated PCA's LocalNoise: each client's own noise).
-    gen = rng if hasattr(rng, "standard_normal") and not isinstance(
-        rng, np.random.RandomState) else check_random_state(rng, "rng")
+    gen: NoiseSource = (rng if isinstance(rng, NoiseSource) and not isinstance(
+        rng, np.random.RandomState) else check_random_state(rng, "rng"))
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
