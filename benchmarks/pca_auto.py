@@ -95,7 +95,8 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return X, epsilon_of(gaussian(z), DELTA, "pld"), {}
 
     def fit_auto_() -> tuple[np.ndarray, float, dict]:
-        res = fit_auto(rows, S, k, epsilon=eps, delta=DELTA, rng=stream(0))
+        z = budget.plan_auto(eps, DELTA).noise_multipliers["z_pca"]
+        res = fit_auto(rows, S, k, noise_multiplier=z, delta=DELTA, rng=stream(0))
         p = res.info["prediction"]
         info = {"branch": res.branch, "pred_ag": p["error_analyze_gauss"],
                 "pred_it": p["error_iterate"], "radius_factor": p["radius_factor"],

@@ -365,7 +365,7 @@ def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
     A = case.pair[0]
     S = ClippedRows.from_data(A, 1.0).gram()
     with observe_releases() as seen:
-        fit_auto(DenseRows(A), S, 1, epsilon=None, delta=DELTA,
+        fit_auto(DenseRows(A), S, 1, delta=DELTA,
                  rng=np.random.default_rng(9), noise_multiplier=case.info["z"],
                  branch="analyze_gauss")
     assert len(seen) == 3  # M1, the probe, M2

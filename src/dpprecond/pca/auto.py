@@ -51,7 +51,6 @@ from dpprecond._validation import (
     SeedLike,
     check_choice,
     check_delta,
-    check_epsilon,
     check_fraction,
     check_int,
     check_positive,
@@ -60,7 +59,6 @@ from dpprecond._validation import (
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
-from dpprecond.pca.budget import plan_auto
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
 from dpprecond.pca.rows import RowSource, clip_unit_rows
 
@@ -651,7 +649,8 @@ class AutoResult:
         The releases actually made (composes to one Gaussian with multiplier
         ``noise_multipliers["z_pca"]``).
     epsilon : float
-        Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise).
+        Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise), computed
+        when asked (the library's callers account ``dp_event`` in their ledger).
     delta : float
     branch : str
         ``"analyze_gauss"`` or ``"iterate"``.
@@ -662,11 +661,15 @@ class AutoResult:
     basis: np.ndarray
     eigenvalues: np.ndarray
     dp_event: dp_event.DpEvent
-    epsilon: float
     delta: float
     branch: str
     info: dict[str, Any] = field(default_factory=dict)
     trace: float = math.nan
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise)."""
+        return epsilon_of(self.dp_event, self.delta, "pld")
 
 
 def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -711,10 +714,10 @@ def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, delta: float,
-             rng: NoiseSource | SeedLike = None, budget_share: float = 1.0,
-             noise_multiplier: float | None = None, **options: Any) -> AutoResult:
-    """Private top-k PCA that spends the whole ``(epsilon, delta)``: see the module doc.
+def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float | None,
+             delta: float, rng: NoiseSource | SeedLike = None,
+             **options: Any) -> AutoResult:
+    """Private top-k PCA that spends one calibrated Gaussian budget: see the module doc.
 
     Parameters
     ----------
@@ -726,26 +729,18 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     k : int
         Number of components, ``1 <= k <= d`` (``k = d`` always takes the Analyze Gauss
         branch: there is no gap to predict).
-    epsilon : float or None
-        Target epsilon; ``None`` only with ``add_noise=False``.
+    noise_multiplier : float or None
+        The multiplier ``z`` of the one Gaussian this fit spends, calibrated by the caller
+        (``budget.plan_auto(epsilon, delta).noise_multipliers["z_pca"]``, as
+        :func:`dpprecond.pca.fit_private_pca` does: the calibration happens once, there);
+        ``None`` only with ``add_noise=False``.
     delta : float
-        Target delta.
+        Target delta (of :attr:`AutoResult.epsilon`).
     rng : None, int, SeedSequence or NoiseSource
         Noise source (fresh OS entropy when ``None``). With the same generator state,
         the Analyze Gauss branch reuses exactly the noise that
         :func:`dpprecond.pca.baselines.analyze_gauss` would draw (scaled by
         ``(1 - probe_share)^{-1/2}``).
-    budget_share : float, default=1
-        Share of the ``(epsilon, delta)`` Gaussian precision this fit may spend; the
-        caller spent the rest on earlier Gaussian releases (a private mean with share
-        ``1 - budget_share``). The returned event is this fit's releases only; composed
-        with the caller's ``Gaussian(z / sqrt(1 - budget_share))`` it is exactly
-        ``(epsilon, delta)``.
-    noise_multiplier : float, optional
-        The multiplier ``z`` of the one Gaussian this fit spends, already calibrated by the
-        caller (``budget.plan_auto(...).noise_multipliers["z_pca"]``, as
-        :func:`dpprecond.pca.fit_private_pca` does); then ``epsilon`` and ``budget_share``
-        are not used for calibration.
     **options
         ``init_share`` (0.5): precision share of ``M1``. ``probe_share`` (0.01): share of
         the histogram probe. ``n_iter`` (None: the rule picks from ``iter_choices``,
@@ -783,9 +778,9 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     noise = opts["add_noise"]
     delta = check_delta(delta)
     if noise and noise_multiplier is None:
-        epsilon = check_epsilon(epsilon)
-    budget_share = check_fraction("budget_share", budget_share, low_open=True,
-                                  high_open=False)
+        raise TypeError("Expected noise_multiplier (calibrated once by the caller: "
+                        "budget.plan_auto(epsilon, delta).noise_multipliers['z_pca']), got "
+                        "None; None is only for add_noise=False.")
     n, d = rows.shape
     k = check_int("k", k, low=1, high=d)
     S = np.asarray(S, dtype=np.float64)
@@ -799,12 +794,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
-    if noise and noise_multiplier is not None:
-        z = check_positive("noise_multiplier", noise_multiplier)
-    elif noise:
-        z = plan_auto(epsilon, delta).noise_multipliers["z_pca"] / math.sqrt(budget_share)
-    else:
-        z = 0.0
+    z = check_positive("noise_multiplier", noise_multiplier) if noise else 0.0
     fp = 1.0 + rows.rounding_slack() if hasattr(rows, "rounding_slack") else 1.0
     z1, zc = z / math.sqrt(s1), z / math.sqrt(sc)
     z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
@@ -930,8 +920,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         info.update(n_iter=T, clip_radius=radii[-1], clip_radius_factor=Rn, clip_radii=radii,
                     iteration_multipliers=zts)
     event = compose(events)
-    eps = epsilon_of(event, delta, "pld") if noise else math.inf
     info["branch"] = branch
     return AutoResult(basis=np.ascontiguousarray(X), eigenvalues=np.asarray(eigenvalues),
                       dp_event=event if noise else dp_event.NonPrivateDpEvent(),
-                      epsilon=eps, delta=delta, branch=branch, info=info, trace=trace)
+                      delta=delta, branch=branch, info=info, trace=trace)

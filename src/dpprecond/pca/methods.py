@@ -232,8 +232,7 @@ def _run_auto(ctx: FitContext) -> MethodOutput:
     opts = _auto_options(ctx.options)
     multipliers = ctx.plan.noise_multipliers
     noise = opts["add_noise"] and multipliers.get("z_pca", 0.0) > 0
-    res = fit_auto(ctx.rows, ctx.S, ctx.k, epsilon=None, delta=ctx.delta,
-                   rng=ctx.init_stream,
+    res = fit_auto(ctx.rows, ctx.S, ctx.k, delta=ctx.delta, rng=ctx.init_stream,
                    noise_multiplier=multipliers["z_pca"] if noise else None,
                    **{**opts, "add_noise": bool(noise)})
     info = {key: (val.tolist() if isinstance(val, np.ndarray) else val)
