@@ -56,19 +56,29 @@ from dpprecond._validation import (
     check_seed,
     check_target_delta,
 )
-from dpprecond.accounting import PrivacyLedger, calibrate_noise, compose, epsilon_of, gaussian
+from dpprecond.accounting import (
+    DEFAULT_ACCOUNTANT,
+    PrivacyLedger,
+    calibrate_noise,
+    compose,
+    epsilon_of,
+    gaussian,
+)
 from dpprecond.fl import ClientData, FLConfig, make_method, simulate
 from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
+from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
            "split_budget"]
 
-#: Federated PCA methods of the pipeline (every release an unsampled Gaussian); the default
-#: is the PCA default, ``auto`` (docs/pca_auto.md).
-PCA_METHODS = ("auto", "analyze_gauss", "fixed")
-DEFAULT_PCA_METHOD = "auto"
+#: Federated PCA methods of the pipeline (every release an unsampled Gaussian), from the
+#: PCA registry (:data:`dpprecond.pca.methods.PIPELINE_METHODS`); the default is the PCA
+#: default, ``auto`` (docs/pca_auto.md).
+PCA_METHODS = PIPELINE_METHODS
+DEFAULT_PCA_METHOD = DEFAULT_METHOD
 
 
 def parse_features(text: str) -> tuple[str, int | None]:
@@ -154,7 +164,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
                  weighting: Literal["uniform", "size"] = "uniform",
-                 accountant: Literal["pld", "rdp"] = "pld", seed: SeedLike = None,
+                 accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False) -> PipelineResult:
     """Private features, then DP federated training, one ledger (see the module docstring).
@@ -178,8 +188,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     pca_share : float in (0, 1)
         Share of the budget's Gaussian precision spent on the PCA.
     pca_method, pca_options, trust
-        The federated PCA (``"auto"``, ``"analyze_gauss"`` or ``"fixed"``) and its trust
-        model.
+        The federated PCA (one of :data:`PCA_METHODS`: ``"auto"``, ``"analyze_gauss"`` or
+        ``"fixed"``) and its trust model.
     algorithm, learning_rate, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods),
         its ``learning_rate`` option (``None`` keeps its default) and its other options.

@@ -107,8 +107,11 @@ def _level_text(level: dict[str, float]) -> str:
 
 def register(subparsers: Any) -> None:
     """Add the ``fl`` sub-command to the main parser's sub-parsers."""
+    from dpprecond.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+    from dpprecond.fl.config import MECHANISMS
     from dpprecond.fl.methods import METHODS
     from dpprecond.fl.simulator import DEFAULT_ALGORITHM
+    from dpprecond.pipeline import PCA_METHODS
 
     p = subparsers.add_parser(
         "fl", help="DP federated learning: DP-FedSOFIM vs DP-FedGD and baselines",
@@ -129,7 +132,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--pca-share", type=float, default=None,
                    help="share of the budget's Gaussian precision spent on pca:K features "
                         "(default: 0.2)")
-    g.add_argument("--pca-method", default=None, choices=["auto", "analyze_gauss", "fixed"],
+    g.add_argument("--pca-method", default=None, choices=list(PCA_METHODS),
                    help="the federated PCA of pca:K features (default: auto)")
     g.add_argument("--trust", default=None, choices=["local", "secure-aggregation"],
                    help="who adds the pca:K noise: every client its own (local, default: "
@@ -170,7 +173,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--clip-norm", type=float, default=10.0,
                    help="per-example gradient clipping norm C (default: 10)")
     g.add_argument("--mechanism", default="full-batch",
-                   choices=["full-batch", "poisson", "client-level"],
+                   choices=list(MECHANISMS),
                    help="client mechanism of the gradient methods (default: full-batch, the "
                         "paper's)")
     g.add_argument("--sampling-rate", type=float, default=1.0,
@@ -180,8 +183,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--local-lr", type=float, default=0.1,
                    help="local learning rate of --mechanism poisson/client-level "
                         "(default: 0.1)")
-    g.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
-                   help="dp_accounting accountant (default: pld)")
+    g.add_argument("--accountant", default=DEFAULT_ACCOUNTANT, choices=list(ACCOUNTANTS),
+                   help=f"dp_accounting accountant (default: {DEFAULT_ACCOUNTANT})")
     g.add_argument("--max-epsilon", type=float, default=None,
                    help="refuse to start a run whose whole plan (the pca:K features and "
                         "every round) would spend more than this (default: no cap)")

@@ -16,11 +16,9 @@ from typing import Any
 import numpy as np
 
 from dpprecond.data import DATASETS, load_dataset, load_matrix
+from dpprecond.pca.methods import PRIVATE_METHODS
 
-__all__ = ["load_pca_matrix", "register", "run", "run_pca_table"]
-
-#: The private methods of the registry, in the order of the tables (the default first).
-PRIVATE_METHODS = ("auto", "analyze_gauss", "fixed", "select", "power")
+__all__ = ["PRIVATE_METHODS", "load_pca_matrix", "register", "run", "run_pca_table"]
 
 
 def load_pca_matrix(data: str,

@@ -32,8 +32,8 @@ from dpprecond._validation import (
 from dpprecond.accounting import PrivacyLedger, epsilon_of
 from dpprecond.noise import release
 from dpprecond.pca.core import flip_signs
-from dpprecond.pca.federated import FEDERATED_METHODS, TRUST_MODELS, FederatedRows, LocalNoise
-from dpprecond.pca.methods import METHODS, FitContext
+from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
+from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
 from dpprecond.pca.rows import make_rows, mean_sensitivity
 from dpprecond.secure import SecureGenerator
 
@@ -245,7 +245,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         Federated PCA (:mod:`dpprecond.pca.federated`): client ``i`` holds the rows
         ``bounds[i]:bounds[i + 1]`` of ``X`` (``clients`` are these bounds, from 0 to ``n``);
         every pass is the sum of the clients' parts. Methods: those of
-        :data:`~dpprecond.pca.federated.FEDERATED_METHODS`.
+        :data:`~dpprecond.pca.methods.FEDERATED_METHODS`.
     trust : {"local", "secure-aggregation"}, default="local"
         Who adds the noise with ``clients`` (:mod:`dpprecond.pca.federated`).
         ``"local"`` (no trusted party): every client adds its own noise at the central std

@@ -44,11 +44,9 @@ import numpy as np
 
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
-__all__ = ["FEDERATED_METHODS", "TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
+__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
 
 TRUST_MODELS = ("local", "secure-aggregation")
-#: Methods whose releases are all sums over rows.
-FEDERATED_METHODS = ("auto", "analyze_gauss", "fixed", "power", "exact")
 Trust = Literal["local", "secure-aggregation"]
 
 
@@ -211,7 +209,7 @@ class LocalNoise:
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"LocalNoise has no {name!r}: only noise draws run federated "
                              "(the method needs another kind of randomness; see "
-                             "dpprecond.pca.federated.FEDERATED_METHODS).")
+                             "dpprecond.pca.methods.FEDERATED_METHODS).")
 
 
 def split_noise(central: np.ndarray, std: float, n_clients: int,
