@@ -147,3 +147,16 @@ def test_inner_layers_never_import_outer_ones() -> None:
             forbidden = ("dpprecond.pca", *shells)
         wrong += [(module, d) for d in sorted(deps) if _in(d, *forbidden)]
     assert wrong == []
+
+
+def test_benchmarks_and_the_package_never_import_tests() -> None:
+    root = SRC.parent
+    wrong = []
+    for path in [*(root / "benchmarks").rglob("*.py"), *(SRC / "dpprecond").rglob("*.py"),
+                 *(root / "examples").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [(str(path.relative_to(root)), n) for n in names
+                      if n == "tests" or n.startswith("tests.")]
+    assert wrong == []
