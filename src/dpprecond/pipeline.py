@@ -69,6 +69,7 @@ from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.federated import TRUST_MODELS
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
@@ -225,7 +226,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         check_target_delta(target_delta, "target_delta", X_train.shape[0])
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
-    check_choice("trust", trust, ("local", "secure-aggregation"))
+    check_choice("trust", trust, TRUST_MODELS)
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
     eps_pca, eps_fl, V = None, target_epsilon, None

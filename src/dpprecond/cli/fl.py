@@ -111,6 +111,7 @@ def register(subparsers: Any) -> None:
     from dpprecond.fl.config import MECHANISMS
     from dpprecond.fl.methods import METHODS
     from dpprecond.fl.simulator import DEFAULT_ALGORITHM
+    from dpprecond.pca.federated import TRUST_MODELS
     from dpprecond.pipeline import PCA_METHODS
 
     p = subparsers.add_parser(
@@ -134,7 +135,7 @@ def register(subparsers: Any) -> None:
                         "(default: 0.2)")
     g.add_argument("--pca-method", default=None, choices=list(PCA_METHODS),
                    help="the federated PCA of pca:K features (default: auto)")
-    g.add_argument("--trust", default=None, choices=["local", "secure-aggregation"],
+    g.add_argument("--trust", default=None, choices=list(TRUST_MODELS),
                    help="who adds the pca:K noise: every client its own (local, default: "
                         "each client's message meets the target on its own; the aggregate "
                         "has sqrt(K) times the noise), or shares of std/sqrt(K) under an "

@@ -83,7 +83,6 @@ __all__ = [
 
 #: Every method of :mod:`dpprecond.fl.methods`.
 ALGORITHMS = tuple(METHODS)
-PROTOCOLS = ("per-round", "per-T")
 
 RunSpec = dict[str, Any]
 

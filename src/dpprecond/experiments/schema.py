@@ -32,14 +32,11 @@ from dpprecond.pca.api import DEFAULT_METHOD
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = [
-    "DATASET_NAMES",
     "ExperimentFile",
     "check_method_params",
     "format_errors",
     "method_parameters",
 ]
-
-DATASET_NAMES = ("digits", "fashion-mnist", "cifar10", "pathmnist")
 
 Number = StrictFloat | StrictInt
 PositiveInt = Annotated[StrictInt, Field(ge=1)]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +46,9 @@ from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
 __all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
 
+#: Who adds the noise of federated PCA: every client its own share (``local``) or a
+#: trusted aggregate (``secure-aggregation``).
 TRUST_MODELS = ("local", "secure-aggregation")
-Trust = Literal["local", "secure-aggregation"]
 
 
 class FederatedRows:
