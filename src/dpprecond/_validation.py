@@ -3,6 +3,9 @@
 Every public entry point calls these helpers once, before any computation, so that a bad
 value fails fast with a message that names the parameter, the value received and what is
 expected. Values give ``ValueError``; wrong types give ``TypeError``. Nothing here asserts.
+Every checker takes the parameter's name first, then its value (``check_int("k", k,
+low=1)``, ``check_epsilon("target_epsilon", target_epsilon)``), and returns the checked
+value.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False,
     return v
 
 
-def check_epsilon(value: Any, name: str = "epsilon") -> float:
+def check_epsilon(name: str, value: Any) -> float:
     """Check a privacy parameter epsilon: a finite real > 0."""
     if _is_real(value) and float(value) <= 0:
         raise ValueError(
@@ -79,7 +82,7 @@ def check_epsilon(value: Any, name: str = "epsilon") -> float:
     return check_positive(name, value)
 
 
-def check_delta(value: Any, name: str = "delta") -> float:
+def check_delta(name: str, value: Any) -> float:
     """Check a privacy parameter delta: a real in the open interval (0, 1)."""
     if not _is_real(value):
         raise TypeError(f"Expected {name} to be a real number in (0, 1), got {value!r}.")
@@ -103,8 +106,7 @@ class LargeDeltaWarning(UserWarning):
     """A privacy target's delta is above ``1/n`` for the ``n`` records it protects."""
 
 
-def check_target_delta(value: Any, name: str = "target_delta",
-                       n_records: int | None = None) -> float:
+def check_target_delta(name: str, value: Any, n_records: int | None = None) -> float:
     """Check the delta of a privacy target: in (0, :data:`MAX_DELTA`], and below ``1/n``.
 
     A delta outside (0, 1) or above :data:`MAX_DELTA` raises ``ValueError`` naming
@@ -115,7 +117,7 @@ def check_target_delta(value: Any, name: str = "target_delta",
     the size of the data set, which this check treats as public (it is the caller's own
     data; the warning goes to the caller, nothing is released).
     """
-    v = check_delta(value, name)
+    v = check_delta(name, value)
     if v > MAX_DELTA:
         raise ValueError(
             f"{name}={value!r} is too large to protect anyone: delta is the probability that "
@@ -435,7 +437,7 @@ def check_labels(name: str, y: Any, n_classes: int | None = None,
 SeedLike = int | np.random.SeedSequence | np.random.Generator | None
 
 
-def check_seed(seed: Any, name: str = "seed") -> np.random.SeedSequence:
+def check_seed(name: str, seed: Any) -> np.random.SeedSequence:
     """The root ``SeedSequence`` of a run: the library's one seed checker.
 
     Accepts ``None``, an int ``>= 0``, a ``SeedSequence``, a numpy ``Generator`` or (for
@@ -466,9 +468,9 @@ def check_seed(seed: Any, name: str = "seed") -> np.random.SeedSequence:
                     f"SeedSequence or a numpy Generator, got {type(seed).__name__}.")
 
 
-def check_random_state(seed: Any, name: str = "random_state") -> np.random.Generator:
+def check_random_state(name: str, seed: Any) -> np.random.Generator:
     """A numpy ``Generator`` for ``seed``: a ``Generator`` itself, else one on
     :func:`check_seed`'s sequence (same draws as ``np.random.default_rng(seed)``)."""
     if isinstance(seed, np.random.Generator):
         return seed
-    return np.random.default_rng(check_seed(seed, name))
+    return np.random.default_rng(check_seed(name, seed))

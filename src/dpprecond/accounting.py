@@ -195,7 +195,7 @@ def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: floa
     Gaussian mechanism (:func:`gaussian_precision`); anything else goes through the
     accountant, and the result is cached (sweeps evaluate the same events many times).
     """
-    delta = check_delta(delta)
+    delta = check_delta("delta", delta)
     if not isinstance(event, dp_event.DpEvent):
         event = compose(list(event))
     if _contains_nonprivate(event):
@@ -254,8 +254,8 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     subsampled events (a Poisson rate of 1e-6 used to walk the scale down to 1e-6 and run
     out of 20 GB), and a noise std of 5% of the sensitivity protects next to nothing anyway.
     """
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta)
+    epsilon = check_epsilon("epsilon", epsilon)
+    delta = check_delta("delta", delta)
 
     def eps_at(scale: float) -> float:
         try:
@@ -394,9 +394,9 @@ class PrivacyLedger:
 
     def __init__(self, delta: float, max_epsilon: float | None = None,
                  accountant: AccountantName = "auto") -> None:
-        self.delta = check_target_delta(delta, "delta")
-        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon,
-                                                                          "max_epsilon")
+        self.delta = check_target_delta("delta", delta)
+        self.max_epsilon = None if max_epsilon is None else check_epsilon("max_epsilon",
+                                                                          max_epsilon)
         if accountant not in ("auto", *ACCOUNTANTS):
             raise ValueError(f"Unknown accountant={accountant!r}; expected one of "
                              f"{['auto', *ACCOUNTANTS]}.")

@@ -223,7 +223,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     row_norm = check_positive("row_norm", row_norm)
     private = target_epsilon is not None and not math.isinf(target_epsilon)
     if private:  # once for both stages: n, the records of all clients, is treated as public
-        check_target_delta(target_delta, "target_delta", X_train.shape[0])
+        check_target_delta("target_delta", target_delta, X_train.shape[0])
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
     check_choice("trust", trust, TRUST_MODELS)
@@ -253,7 +253,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                                            target_epsilon=eps_pca, target_delta=target_delta,
                                            **(pca_options or {})))
         ledger.check(compose(stages))
-    part_seq, pca_seq, fl_seq = check_seed(seed).spawn(3)
+    part_seq, pca_seq, fl_seq = check_seed("seed", seed).spawn(3)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)
 

@@ -85,7 +85,7 @@ def check_privacy_level(target_epsilon: float | None,
                          "to it) or noise_multiplier=... (explicit noise; noise_multiplier=0 "
                          "asks for a non-private run).")
     if target_epsilon is not None:
-        check_epsilon(target_epsilon, "target_epsilon")
+        check_epsilon("target_epsilon", target_epsilon)
     else:
         check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
 

@@ -96,7 +96,7 @@ class FLConfig:
         check_int("n_rounds", self.n_rounds, low=1)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
         check_privacy_level(self.target_epsilon, self.noise_multiplier)
-        check_target_delta(self.target_delta, "target_delta")
+        check_target_delta("target_delta", self.target_delta)
         check_choice("mechanism", self.mechanism, MECHANISMS)
         check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
         check_int("local_steps", self.local_steps, low=1)

@@ -776,7 +776,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     """
     opts = check_auto_options(options)
     noise = opts["add_noise"]
-    delta = check_delta(delta)
+    delta = check_delta("delta", delta)
     if noise and noise_multiplier is None:
         raise TypeError("Expected noise_multiplier (calibrated once by the caller: "
                         "budget.plan_auto(epsilon, delta).noise_multipliers['z_pca']), got "
@@ -790,7 +790,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     # A numpy Generator, or a stand-in that draws the noise differently (secure mode's
     # SecureGenerator, federated PCA's LocalNoise: each client's own noise).
     gen: NoiseSource = (rng if isinstance(rng, NoiseSource) and not isinstance(
-        rng, np.random.RandomState) else check_random_state(rng, "rng"))
+        rng, np.random.RandomState) else check_random_state("rng", rng))
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
