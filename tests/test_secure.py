@@ -11,8 +11,9 @@ from scipy import stats
 import dpprecond.noise as noise_module
 import dpprecond.secure as secure_module
 from dpprecond.fl import FLConfig, run_federated
+from dpprecond.noise import release
 from dpprecond.pca import fit_private_pca
-from dpprecond.secure import SNAP_BITS, SecureGenerator, release, snap
+from dpprecond.secure import SNAP_BITS, SecureGenerator, snap
 from tests.fl.conftest import make_problem
 
 N = 200_000
@@ -48,13 +49,13 @@ def test_snapping_rounds_to_the_public_grid_and_keeps_symmetry() -> None:
     S = S + S.T
     W = rng.standard_normal((4, 4)) * 3.0
     W = np.triu(W) + np.triu(W, 1).T
-    out = release(S, W, 3.0, rng)
+    out = release(S, 3.0, rng, noise=W)
     grid = math.ldexp(1.0, math.floor(math.log2(3.0)) - SNAP_BITS)
     np.testing.assert_array_equal(out / grid, np.rint(out / grid))
     np.testing.assert_array_equal(out, out.T)
     assert np.abs(out - (S + W)).max() <= grid / 2
     # outside secure mode nothing is rounded
-    plain = release(S, W, 3.0, np.random.default_rng(0))
+    plain = release(S, 3.0, np.random.default_rng(0), noise=W)
     np.testing.assert_array_equal(plain, S + W)
     assert snap(np.array([1.0]), 0.0)[0] == 1.0
 
