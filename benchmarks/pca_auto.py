@@ -95,7 +95,8 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return X, epsilon_of(gaussian(z), DELTA, "pld"), {}
 
     def fit_auto_() -> tuple[np.ndarray, float, dict]:
-        res = fit_auto(rows, S, k, epsilon=eps, delta=DELTA, rng=stream(0))
+        z = budget.plan_auto(eps, DELTA).noise_multipliers["z_pca"]
+        res = fit_auto(rows, S, k, noise_multiplier=z, delta=DELTA, rng=stream(0))
         p = res.info["prediction"]
         info = {"branch": res.branch, "pred_ag": p["error_analyze_gauss"],
                 "pred_it": p["error_iterate"], "radius_factor": p["radius_factor"],
@@ -103,20 +104,20 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         return res.basis, res.epsilon, info
 
     def fit_ag_rdp() -> tuple[np.ndarray, float, dict]:
-        plan = budget.plan_analyze_gauss(eps, DELTA)
+        plan = budget.plan_analyze_gauss(eps, DELTA, accountant="rdp")
         X, _ = analyze_gauss(S, k, plan.noise_multipliers["z0"] * fp, stream(1))
-        return X, budget.plan_epsilon(plan, DELTA), {}
+        return X, budget.plan_epsilon(plan, DELTA, "rdp"), {}
 
     def fit_fixed() -> tuple[np.ndarray, float, dict]:
         o = LIBRARY_METHODS["fixed"].defaults
         plan = budget.plan_fixed(eps, DELTA, n_iter=o["n_iter"], init_share=o["init_share"],
-                                 h_share=o["h_share"])
+                                 h_share=o["h_share"], accountant="rdp")
         z = {key: val * fp for key, val in plan.noise_multipliers.items()}
         init = private_init(S, k, z["z0"], stream(2))
         spec = TrialSpec(math.sqrt(k / n), o["n_iter"], z["zH"], z["zZ"], stream(3),
                          o["h_floor_factor"])
         (X,), _ = run_trials(rows, S, init.X0, [spec])
-        return X, budget.plan_epsilon(plan, DELTA), {}
+        return X, budget.plan_epsilon(plan, DELTA, "rdp"), {}
 
     def fit_select() -> tuple[np.ndarray, float, dict]:
         o = LIBRARY_METHODS["select"].defaults
@@ -125,7 +126,7 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
         z = {key: val * fp for key, val in plan.noise_multipliers.items()}
         init = private_init(S, k, z["z0"], stream(4))
         res = select(rows, S, init, z_run=z["z_run"], mean_trials=o["mean_trials"],
-                     score_share=o["score_share"], h_share=o["h_share"],
+                     score_share=o["score_share"], h_share=o["h_share"], accountant="rdp",
                      radii=clip_grid(n, k), iters=iteration_grid(o["t_max"]), rng=stream(5),
                      beta=o["beta"], h_floor_factor=o["h_floor_factor"])
         X = res.X
@@ -138,11 +139,11 @@ def run_methods(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, see
 
     def fit_power() -> tuple[np.ndarray, float, dict]:
         o = LIBRARY_METHODS["power"].defaults
-        plan = budget.plan_power(eps, DELTA, n_iter=o["n_iter"])
+        plan = budget.plan_power(eps, DELTA, n_iter=o["n_iter"], accountant="rdp")
         X0 = random_orthonormal(S.shape[0], k, stream(7))
         X = dp_power_method(S, X0, o["n_iter"], plan.noise_multipliers["z_power"] * fp,
                             stream(8))
-        return X, budget.plan_epsilon(plan, DELTA), {}
+        return X, budget.plan_epsilon(plan, DELTA, "rdp"), {}
 
     fits: dict[str, Callable[[], tuple[np.ndarray, float, dict]]] = {
         "analyze_gauss": fit_ag, "auto": fit_auto_, "analyze_gauss_rdp": fit_ag_rdp,

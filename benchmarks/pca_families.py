@@ -247,7 +247,9 @@ def fit_all(rows: Any, S: np.ndarray, V: np.ndarray, k: int, eps: float, seed: i
             X, _ = analyze_gauss(S, k, z * fp, stream())
         else:
             branch = {"auto": "rule", "auto_ag": "analyze_gauss", "auto_it": "iterate"}[m]
-            res = fit_auto(rows, S, k, epsilon=eps, delta=DELTA, rng=stream(), branch=branch)
+            z = plan_auto(eps, DELTA).noise_multipliers["z_pca"]
+            res = fit_auto(rows, S, k, noise_multiplier=z, delta=DELTA, rng=stream(),
+                           branch=branch)
             X = res.basis
             p = res.info["prediction"]
             info = {"branch": res.branch, "epsilon": res.epsilon,

@@ -71,7 +71,7 @@ def oracle(A: np.ndarray, S: np.ndarray, V: np.ndarray, k: int, eps: float, delt
     best = (math.inf, math.nan, 0)
     streams = rng.spawn(len(ORACLE_ITERS))
     for T, stream in zip(ORACLE_ITERS, streams, strict=True):
-        z = plan_fixed(eps, delta, n_iter=T).noise_multipliers
+        z = plan_fixed(eps, delta, n_iter=T, accountant="rdp").noise_multipliers
         init_rng, *trial_rngs = stream.spawn(1 + len(radii))
         init = private_init(S, k, z["z0"], init_rng)
         specs = [TrialSpec(float(R), T, z["zH"], z["zZ"], r)

@@ -21,7 +21,7 @@ def lab_file(tmp_path: Path) -> Path:
 
 
 class ReleaseSpy:
-    """Whether each release went through secure mode (``secure.release`` asks ``is_secure``)."""
+    """Whether each release went through secure mode (``noise.release`` asks ``is_secure``)."""
 
     def __init__(self) -> None:
         self.calls: list[bool] = []

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dpprecond import audit_cases
 from dpprecond.accounting import epsilon_of, gaussian
 from dpprecond.audit import (
     audit,
@@ -32,6 +31,8 @@ from dpprecond.audit import (
     gaussian_audit_ceiling,
     threshold_audit,
 )
+from dpprecond.audit import cases as audit_cases
+from dpprecond.audit.broken import extreme_norm_pair, old_scaled_gram
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.core import private_init
 from dpprecond.pca.rows import ClippedRows
@@ -253,35 +254,6 @@ def test_quarter_noise_is_a_detected_violation() -> None:
     assert res.epsilon_lower_bound > 1.5
 
 
-def old_scaled_gram(X: np.ndarray, row_norm: float) -> np.ndarray:
-    """The Gram matrix as computed before commit c0181e8 (privacy hole 1), reimplemented.
-
-    ``X^T X / row_norm^2`` minus ``(1/row_norm^2 - 1/||x_i||^2) x_i x_i^T`` over the rows
-    scaled down: for a row of norm 1e9 the subtraction cancels ~1e18 against ~1e18.
-    """
-    norms = np.sqrt(np.einsum("ij,ij->i", X, X))
-    over = norms > row_norm
-    scale = np.full(norms.shape, 1.0 / row_norm)
-    scale[over] = 1.0 / norms[over]
-    S = X.T @ X
-    S *= 1.0 / row_norm**2
-    idx = np.flatnonzero(over)
-    if idx.size:
-        Xc = X[idx] * np.sqrt(1.0 / row_norm**2 - scale[idx] ** 2)[:, None]
-        S -= Xc.T @ Xc
-    return S
-
-
-def extreme_norm_pair() -> tuple[np.ndarray, np.ndarray]:
-    """Hole 1's pair: row 0 = e1 against row 0 = 1e9 e1, identical after the scaling."""
-    X = np.random.default_rng(0).normal(size=(2000, 6))
-    X /= np.linalg.norm(X, axis=1).max()
-    X[0] = np.eye(6)[0]
-    Y = X.copy()
-    Y[0, 0] = 1e9
-    return X, Y
-
-
 @pytest.mark.parametrize("gram", ["old", "library"])
 def test_extreme_norm_pair_against_the_old_gram_is_a_violation(gram: str) -> None:
     X, Y = extreme_norm_pair()
@@ -356,7 +328,8 @@ def test_audit_probe() -> None:
 def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
     """For the same stream, the audited M1 and M2 are fit_auto's own first and third
     releases (recorded by secure.observe_releases), in its Analyze Gauss completion."""
-    from dpprecond.pca.auto import coupled_symmetric_noise, fit_auto
+    from dpprecond.noise import coupled_symmetric_gaussian
+    from dpprecond.pca.auto import fit_auto
     from dpprecond.pca.rows import DenseRows
     from dpprecond.secure import observe_releases
 
@@ -364,12 +337,12 @@ def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
     A = case.pair[0]
     S = ClippedRows.from_data(A, 1.0).gram()
     with observe_releases() as seen:
-        fit_auto(DenseRows(A), S, 1, epsilon=None, delta=DELTA,
+        fit_auto(DenseRows(A), S, 1, delta=DELTA,
                  rng=np.random.default_rng(9), noise_multiplier=case.info["z"],
                  branch="analyze_gauss")
     assert len(seen) == 3  # M1, the probe, M2
-    coupled = coupled_symmetric_noise(2, case.info["std_ag"], case.info["std1"],
-                                      np.random.default_rng(9))
+    coupled = coupled_symmetric_gaussian(2, case.info["std_ag"], case.info["std1"],
+                                         np.random.default_rng(9))
     np.testing.assert_array_equal(seen[0][0], S + coupled.first)
     np.testing.assert_allclose(seen[2][0], S + coupled.second, rtol=0, atol=1e-12)
     assert seen[0][1] == case.info["std1"]

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import dpprecond.noise as noise_module
 import dpprecond.secure as secure_module
 from dpprecond.fl import FLConfig, run_federated
+from dpprecond.noise import release
 from dpprecond.pca import fit_private_pca
-from dpprecond.secure import SNAP_BITS, SecureGenerator, release, snap
+from dpprecond.secure import SNAP_BITS, SecureGenerator, snap
 from tests.fl.conftest import make_problem
 
 N = 200_000
@@ -47,13 +49,13 @@ def test_snapping_rounds_to_the_public_grid_and_keeps_symmetry() -> None:
     S = S + S.T
     W = rng.standard_normal((4, 4)) * 3.0
     W = np.triu(W) + np.triu(W, 1).T
-    out = release(S, W, 3.0, rng)
+    out = release(S, 3.0, rng, noise=W)
     grid = math.ldexp(1.0, math.floor(math.log2(3.0)) - SNAP_BITS)
     np.testing.assert_array_equal(out / grid, np.rint(out / grid))
     np.testing.assert_array_equal(out, out.T)
     assert np.abs(out - (S + W)).max() <= grid / 2
     # outside secure mode nothing is rounded
-    plain = release(S, W, 3.0, np.random.default_rng(0))
+    plain = release(S, 3.0, np.random.default_rng(0), noise=W)
     np.testing.assert_array_equal(plain, S + W)
     assert snap(np.array([1.0]), 0.0)[0] == 1.0
 
@@ -84,9 +86,9 @@ def test_pca_auto_forms_every_release_through_release(monkeypatch: pytest.Monkey
 
     calls: list[bool] = []
 
-    def spy(value, noise, noise_std, rng):  # type: ignore[no-untyped-def]
-        calls.append(secure_module.is_secure(rng))
-        return secure_module.release(value, noise, noise_std, rng)
+    def spy(value, std, source, **kw):  # type: ignore[no-untyped-def]
+        calls.append(secure_module.is_secure(source))
+        return noise_module.release(value, std, source, **kw)
 
     monkeypatch.setattr(auto, "release", spy)
     X = np.random.default_rng(0).normal(size=(3000, 6))

@@ -38,17 +38,17 @@ def test_array_checks() -> None:
 
 
 def test_scalar_checks() -> None:
-    assert check_epsilon(1) == 1.0
+    assert check_epsilon("epsilon", 1) == 1.0
     for v in (0, -1.0):
         with pytest.raises(ValueError, match=f"epsilon > 0, got epsilon={v}"):
-            check_epsilon(v)
+            check_epsilon("epsilon", v)
     with pytest.raises(ValueError, match="finite epsilon"):
-        check_epsilon(float("inf"))
+        check_epsilon("epsilon", float("inf"))
     with pytest.raises(TypeError, match="epsilon"):
-        check_epsilon("1")
+        check_epsilon("epsilon", "1")
     for v in (0, 1, -0.1, float("nan")):
         with pytest.raises(ValueError, match="delta"):
-            check_delta(v)
+            check_delta("delta", v)
     with pytest.raises(ValueError, match="clip_norm > 0, got clip_norm=0"):
         check_positive("clip_norm", 0)
     assert check_positive("R", float("inf"), allow_inf=True) == float("inf")
@@ -75,14 +75,14 @@ def test_labels() -> None:
 
 
 def test_random_state() -> None:
-    a = check_random_state(3).normal(size=3)
-    np.testing.assert_array_equal(a, check_random_state(3).normal(size=3))
+    a = check_random_state("random_state", 3).normal(size=3)
+    np.testing.assert_array_equal(a, check_random_state("random_state", 3).normal(size=3))
     g = np.random.default_rng(0)
-    assert check_random_state(g) is g
+    assert check_random_state("random_state", g) is g
     with pytest.raises(TypeError, match="random_state"):
-        check_random_state("seed")
+        check_random_state("random_state", "seed")
     with pytest.raises(ValueError, match="random_state >= 0"):
-        check_random_state(-1)
+        check_random_state("random_state", -1)
 
 
 # --- dtypes: nothing non-numeric is cast to float silently -------------------------------

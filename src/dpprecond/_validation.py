@@ -3,6 +3,9 @@
 Every public entry point calls these helpers once, before any computation, so that a bad
 value fails fast with a message that names the parameter, the value received and what is
 expected. Values give ``ValueError``; wrong types give ``TypeError``. Nothing here asserts.
+Every checker takes the parameter's name first, then its value (``check_int("k", k,
+low=1)``, ``check_epsilon("target_epsilon", target_epsilon)``), and returns the checked
+value.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False,
     return v
 
 
-def check_epsilon(value: Any, name: str = "epsilon") -> float:
+def check_epsilon(name: str, value: Any) -> float:
     """Check a privacy parameter epsilon: a finite real > 0."""
     if _is_real(value) and float(value) <= 0:
         raise ValueError(
@@ -79,7 +82,7 @@ def check_epsilon(value: Any, name: str = "epsilon") -> float:
     return check_positive(name, value)
 
 
-def check_delta(value: Any, name: str = "delta") -> float:
+def check_delta(name: str, value: Any) -> float:
     """Check a privacy parameter delta: a real in the open interval (0, 1)."""
     if not _is_real(value):
         raise TypeError(f"Expected {name} to be a real number in (0, 1), got {value!r}.")
@@ -103,8 +106,7 @@ class LargeDeltaWarning(UserWarning):
     """A privacy target's delta is above ``1/n`` for the ``n`` records it protects."""
 
 
-def check_target_delta(value: Any, name: str = "target_delta",
-                       n_records: int | None = None) -> float:
+def check_target_delta(name: str, value: Any, n_records: int | None = None) -> float:
     """Check the delta of a privacy target: in (0, :data:`MAX_DELTA`], and below ``1/n``.
 
     A delta outside (0, 1) or above :data:`MAX_DELTA` raises ``ValueError`` naming
@@ -115,7 +117,7 @@ def check_target_delta(value: Any, name: str = "target_delta",
     the size of the data set, which this check treats as public (it is the caller's own
     data; the warning goes to the caller, nothing is released).
     """
-    v = check_delta(value, name)
+    v = check_delta(name, value)
     if v > MAX_DELTA:
         raise ValueError(
             f"{name}={value!r} is too large to protect anyone: delta is the probability that "
@@ -431,40 +433,21 @@ def check_labels(name: str, y: Any, n_classes: int | None = None,
     return arr.astype(np.int64, copy=False)
 
 
-def check_random_state(seed: Any, name: str = "random_state") -> np.random.Generator:
-    """Return a numpy ``Generator`` from ``None``, an int, a SeedSequence or a Generator.
-
-    ``np.random.RandomState`` is accepted for scikit-learn compatibility and converted by
-    drawing a seed from it (which advances it, as scikit-learn's own helpers do). ``name``
-    is the parameter the errors name.
-    """
-    if isinstance(seed, bool):
-        raise TypeError(f"Expected {name} to be None, an int, a SeedSequence or a numpy "
-                        f"Generator, got the bool {seed!r}.")
-    if seed is None or isinstance(seed, (numbers.Integral, np.random.SeedSequence)):
-        if isinstance(seed, numbers.Integral) and int(seed) < 0:
-            raise ValueError(f"Expected {name} >= 0, got {name}={seed}.")
-        return np.random.default_rng(seed)  # type: ignore[arg-type]
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if isinstance(seed, np.random.RandomState):
-        return np.random.default_rng(seed.randint(0, 2**31 - 1))
-    raise TypeError(f"Expected {name} to be None, an int, a SeedSequence or a "
-                    f"numpy Generator, got {type(seed).__name__}.")
-
-
 #: What every entry point accepts as ``seed`` (``None``: fresh OS entropy).
 SeedLike = int | np.random.SeedSequence | np.random.Generator | None
 
 
-def check_seed(seed: Any, name: str = "seed") -> np.random.SeedSequence:
-    """The root ``SeedSequence`` of a run from ``None``, an int, a SeedSequence or a Generator.
+def check_seed(name: str, seed: Any) -> np.random.SeedSequence:
+    """The root ``SeedSequence`` of a run: the library's one seed checker.
 
-    ``None`` (the default of every entry point) draws fresh entropy from the operating
-    system, so the noise of a release cannot be predicted. A fixed seed is for reproducible
-    research: anyone who knows it can regenerate the noise, so never publish a release made
-    with a seed you also publish. A ``Generator`` contributes a child of its seed sequence
-    (it is advanced, like spawning).
+    Accepts ``None``, an int ``>= 0``, a ``SeedSequence``, a numpy ``Generator`` or (for
+    scikit-learn compatibility) a ``np.random.RandomState``. ``None`` (the default of every
+    entry point) draws fresh entropy from the operating system, so the noise of a release
+    cannot be predicted. A fixed seed is for reproducible research: anyone who knows it can
+    regenerate the noise, so never publish a release made with a seed you also publish. A
+    ``Generator`` contributes a child of its seed sequence (it is advanced, like spawning);
+    a ``RandomState`` contributes a seed drawn from it (advancing it, as scikit-learn's own
+    helpers do). ``name`` is the parameter the errors name.
     """
     if seed is None:
         return np.random.SeedSequence()
@@ -475,9 +458,19 @@ def check_seed(seed: Any, name: str = "seed") -> np.random.SeedSequence:
         if isinstance(seq, np.random.SeedSequence):
             return seq.spawn(1)[0]
         return np.random.SeedSequence(int(seed.integers(0, 2**63)))
+    if isinstance(seed, np.random.RandomState):
+        return np.random.SeedSequence(int(seed.randint(0, 2**31 - 1)))
     if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
         if int(seed) < 0:
             raise ValueError(f"Expected {name} >= 0, got {name}={seed}.")
         return np.random.SeedSequence(int(seed))
     raise TypeError(f"Expected {name} to be None (fresh OS entropy), an int >= 0, a "
                     f"SeedSequence or a numpy Generator, got {type(seed).__name__}.")
+
+
+def check_random_state(name: str, seed: Any) -> np.random.Generator:
+    """A numpy ``Generator`` for ``seed``: a ``Generator`` itself, else one on
+    :func:`check_seed`'s sequence (same draws as ``np.random.default_rng(seed)``)."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    return np.random.default_rng(check_seed(name, seed))

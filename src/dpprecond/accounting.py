@@ -19,7 +19,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Final, Literal
 
 import dp_accounting
 import numpy as np
@@ -29,6 +29,8 @@ from scipy import optimize
 from dpprecond._validation import check_delta, check_epsilon, check_target_delta
 
 __all__ = [
+    "ACCOUNTANTS",
+    "DEFAULT_ACCOUNTANT",
     "MAX_NOISE_SCALE",
     "MIN_NOISE_SCALE",
     "NoiseFloorWarning",
@@ -44,6 +46,17 @@ __all__ = [
     "make_accountant",
 ]
 
+#: The ``dp_accounting`` accountants events are composed with: ``"pld"`` (privacy-loss
+#: distributions; exact for compositions of unsampled Gaussians, tight for subsampled ones)
+#: and ``"rdp"`` (Renyi; the one that supports ``RepeatAndSelectDpEvent``). The registry of
+#: accountant names: the CLI's choices, the config schemas and the options come from it.
+ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
+#: The default accountant of every entry point (the PCA methods, the federated runs, the
+#: pipeline, the CLI, the experiment configs). A ledger's ``"auto"`` is this accountant for
+#: every event it supports, else RDP; ``method="select"`` needs RDP (repeat-and-select).
+DEFAULT_ACCOUNTANT: Final = "pld"
+#: An accountant name: one of :data:`ACCOUNTANTS`, or ``"auto"`` (see
+#: :func:`resolve_accountant`).
 AccountantName = Literal["rdp", "pld", "auto"]
 
 #: RDP orders: dense at small orders (where tight epsilons live) and long enough for tiny
@@ -78,7 +91,7 @@ class PrivacyBudgetExceededError(RuntimeError):
 PLD_DISCRETIZATION = 1e-3
 
 
-def make_accountant(kind: AccountantName = "rdp") -> dp_accounting.PrivacyAccountant:
+def make_accountant(kind: AccountantName) -> dp_accounting.PrivacyAccountant:
     """Return a fresh ``dp_accounting`` accountant.
 
     ``"rdp"`` is the Renyi accountant (the only one that supports
@@ -91,7 +104,7 @@ def make_accountant(kind: AccountantName = "rdp") -> dp_accounting.PrivacyAccoun
     if kind == "pld":
         return dp_accounting.pld.PLDAccountant(
             value_discretization_interval=PLD_DISCRETIZATION)
-    raise ValueError(f"Unknown accountant={kind!r}; expected 'rdp' or 'pld'.")
+    raise ValueError(f"Unknown accountant={kind!r}; expected one of {list(ACCOUNTANTS)}.")
 
 
 def gaussian(noise_multiplier: float) -> dp_event.DpEvent:
@@ -163,18 +176,18 @@ def _contains_nonprivate(event: dp_event.DpEvent) -> bool:
 def resolve_accountant(event: dp_event.DpEvent, accountant: AccountantName) -> str:
     """The accountant that evaluates ``event``: ``"auto"`` is PLD when it supports the event
     (tighter), else RDP (for example ``RepeatAndSelectDpEvent``)."""
-    if accountant in ("rdp", "pld"):
+    if accountant in ACCOUNTANTS:
         return accountant
     if accountant != "auto":
-        raise ValueError(f"Unknown accountant={accountant!r}; expected 'rdp', 'pld' or "
-                         "'auto'.")
+        raise ValueError(f"Unknown accountant={accountant!r}; expected one of "
+                         f"{[*ACCOUNTANTS, 'auto']}.")
     if gaussian_precision(event) is not None:
         return "pld"
     return "pld" if make_accountant("pld").supports(event) else "rdp"
 
 
 def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: float,
-               accountant: AccountantName = "rdp") -> float:
+               accountant: AccountantName = DEFAULT_ACCOUNTANT) -> float:
     """Epsilon at ``delta`` of an event (or of the composition of a list of events).
 
     Returns ``inf`` for a non-private event and ``0`` for a no-op. With ``"pld"`` (or
@@ -182,7 +195,7 @@ def epsilon_of(event: dp_event.DpEvent | Sequence[dp_event.DpEvent], delta: floa
     Gaussian mechanism (:func:`gaussian_precision`); anything else goes through the
     accountant, and the result is cached (sweeps evaluate the same events many times).
     """
-    delta = check_delta(delta)
+    delta = check_delta("delta", delta)
     if not isinstance(event, dp_event.DpEvent):
         event = compose(list(event))
     if _contains_nonprivate(event):
@@ -222,7 +235,7 @@ _EPS_CACHE: dict[tuple[str, float, str], float] = {}
 
 
 def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: float,
-                    delta: float, accountant: AccountantName = "rdp",
+                    delta: float, accountant: AccountantName = DEFAULT_ACCOUNTANT,
                     rel_tol: float = 1e-4) -> float:
     """Smallest noise scale ``s`` such that ``make_event(s)`` is ``(epsilon, delta)``-DP.
 
@@ -241,8 +254,8 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
     subsampled events (a Poisson rate of 1e-6 used to walk the scale down to 1e-6 and run
     out of 20 GB), and a noise std of 5% of the sensitivity protects next to nothing anyway.
     """
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta)
+    epsilon = check_epsilon("epsilon", epsilon)
+    delta = check_delta("delta", delta)
 
     def eps_at(scale: float) -> float:
         try:
@@ -375,17 +388,18 @@ class PrivacyLedger:
         Maximum total epsilon at ``delta``; ``None`` records without a limit.
     accountant : {"auto", "pld", "rdp"}
         Which ``dp_accounting`` accountant composes the events; ``"auto"`` (default) uses
-        PLD (exact for Gaussian compositions) unless an event needs RDP.
+        :data:`DEFAULT_ACCOUNTANT` (PLD: exact for Gaussian compositions) unless an event
+        needs RDP (a ledger holds the events of every method).
     """
 
     def __init__(self, delta: float, max_epsilon: float | None = None,
                  accountant: AccountantName = "auto") -> None:
-        self.delta = check_target_delta(delta, "delta")
-        self.max_epsilon = None if max_epsilon is None else check_epsilon(max_epsilon,
-                                                                          "max_epsilon")
-        if accountant not in ("auto", "pld", "rdp"):
-            raise ValueError(f"Unknown accountant={accountant!r}; expected 'auto', 'pld' or "
-                             "'rdp'.")
+        self.delta = check_target_delta("delta", delta)
+        self.max_epsilon = None if max_epsilon is None else check_epsilon("max_epsilon",
+                                                                          max_epsilon)
+        if accountant not in ("auto", *ACCOUNTANTS):
+            raise ValueError(f"Unknown accountant={accountant!r}; expected one of "
+                             f"{['auto', *ACCOUNTANTS]}.")
         self.accountant: AccountantName = accountant
         self._runs: list[list] = []  # [event, count]
         self._detached = False

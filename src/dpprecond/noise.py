@@ -26,13 +26,15 @@ does not shift the draws of the releases after it.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 from dpprecond import secure as _secure
 
-__all__ = ["NoiseSource", "gaussian", "keyed_stream", "release", "symmetric_gaussian"]
+__all__ = ["CoupledNoise", "NoiseSource", "coupled_symmetric_gaussian", "gaussian", "keyed_stream",
+           "release", "symmetric_gaussian"]
 
 
 @runtime_checkable
@@ -139,6 +141,81 @@ def symmetric_gaussian(dim: int, std: float, source: NoiseSource, *,
     else:
         raise ValueError(f"Expected draws in ('square', 'triangle'), got draws={draws!r}.")
     return upper + np.triu(upper, 1).T
+
+
+# --------------------------------------------------------------------------------------
+# Coupled noise: two independent releases from one full-precision draw
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoupledNoise:
+    """Two independent symmetric Gaussian noises built from a full-budget draw.
+
+    ``full`` (entry variance ``v``) is the noise a single release at the combined precision
+    would add; ``extra`` (variance ``v1 - v``) is independent of it. Then
+
+    - ``first = full + extra`` has variance ``v1``;
+    - ``second = full - (v / (v1 - v)) extra`` has variance ``v v1 / (v1 - v)``, i.e.
+      precision ``1/v - 1/v1``;
+    - ``Cov(first, second) = v - (v / (v1 - v)) (v1 - v) = 0``: jointly Gaussian and
+      uncorrelated, hence independent, so ``(first, second)`` has exactly the distribution
+      of two independent draws and the privacy analysis of two independent releases holds;
+    - the inverse-variance average of ``S + first`` and ``S + second`` is ``S + full``.
+    """
+
+    full: np.ndarray
+    extra: np.ndarray
+    var_full: float
+    var_first: float
+
+    @property
+    def first(self) -> np.ndarray:
+        """The first release's noise (variance ``var_first``)."""
+        return self.full + self.extra
+
+    @property
+    def var_second(self) -> float:
+        """Entry variance of :attr:`second` (``inf`` when the first takes everything)."""
+        if self.var_first == self.var_full:
+            return math.inf
+        return self.var_full * self.var_first / (self.var_first - self.var_full)
+
+    @property
+    def second(self) -> np.ndarray:
+        """The second release's noise, independent of :attr:`first`."""
+        if self.var_first == self.var_full:
+            raise ValueError("No precision is left for a second release (var_first == "
+                             "var_full).")
+        return self.full - (self.var_full / (self.var_first - self.var_full)) * self.extra
+
+
+def coupled_symmetric_gaussian(dim: int, std_full: float, std_first: float,
+                               source: NoiseSource) -> CoupledNoise:
+    """Draw :class:`CoupledNoise` for two releases of a symmetric ``dim x dim`` statistic.
+
+    ``full`` is drawn first, with exactly the call :func:`symmetric_gaussian` makes for a
+    single release of entry std ``std_full``, so a source in the same state gives the same
+    ``full`` as that single release. ``extra``
+    (std ``sqrt(std_first^2 - std_full^2)``) is drawn next from the same generator.
+
+    Parameters
+    ----------
+    dim : int
+        Size of the symmetric matrices.
+    std_full : float
+        Entry std of the combined (full-precision) noise; ``0`` switches noise off.
+    std_first : float
+        Entry std of the first release's noise, ``>= std_full``.
+    source : NoiseSource
+        Where the draws come from.
+    """
+    if std_first < std_full:
+        raise ValueError(f"Expected std_first >= std_full, got std_first={std_first} < "
+                         f"std_full={std_full}.")
+    full = symmetric_gaussian(dim, std_full, source)
+    extra = symmetric_gaussian(dim, math.sqrt(std_first**2 - std_full**2), source)
+    return CoupledNoise(full, extra, std_full**2, std_first**2)
 
 
 def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = False,

@@ -56,19 +56,30 @@ from dpprecond._validation import (
     check_seed,
     check_target_delta,
 )
-from dpprecond.accounting import PrivacyLedger, calibrate_noise, compose, epsilon_of, gaussian
+from dpprecond.accounting import (
+    DEFAULT_ACCOUNTANT,
+    PrivacyLedger,
+    calibrate_noise,
+    compose,
+    epsilon_of,
+    gaussian,
+)
 from dpprecond.fl import ClientData, FLConfig, make_method, simulate
 from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
+from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.federated import TRUST_MODELS
+from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
            "split_budget"]
 
-#: Federated PCA methods of the pipeline (every release an unsampled Gaussian); the default
-#: is the PCA default, ``auto`` (docs/pca_auto.md).
-PCA_METHODS = ("auto", "analyze_gauss", "fixed")
-DEFAULT_PCA_METHOD = "auto"
+#: Federated PCA methods of the pipeline (every release an unsampled Gaussian), from the
+#: PCA registry (:data:`dpprecond.pca.methods.PIPELINE_METHODS`); the default is the PCA
+#: default, ``auto`` (docs/pca_auto.md).
+PCA_METHODS = PIPELINE_METHODS
+DEFAULT_PCA_METHOD = DEFAULT_METHOD
 
 
 def parse_features(text: str) -> tuple[str, int | None]:
@@ -154,7 +165,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
                  weighting: Literal["uniform", "size"] = "uniform",
-                 accountant: Literal["pld", "rdp"] = "pld", seed: SeedLike = None,
+                 accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False) -> PipelineResult:
     """Private features, then DP federated training, one ledger (see the module docstring).
@@ -178,8 +189,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     pca_share : float in (0, 1)
         Share of the budget's Gaussian precision spent on the PCA.
     pca_method, pca_options, trust
-        The federated PCA (``"auto"``, ``"analyze_gauss"`` or ``"fixed"``) and its trust
-        model.
+        The federated PCA (one of :data:`PCA_METHODS`: ``"auto"``, ``"analyze_gauss"`` or
+        ``"fixed"``) and its trust model.
     algorithm, learning_rate, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods),
         its ``learning_rate`` option (``None`` keeps its default) and its other options.
@@ -212,10 +223,10 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     row_norm = check_positive("row_norm", row_norm)
     private = target_epsilon is not None and not math.isinf(target_epsilon)
     if private:  # once for both stages: n, the records of all clients, is treated as public
-        check_target_delta(target_delta, "target_delta", X_train.shape[0])
+        check_target_delta("target_delta", target_delta, X_train.shape[0])
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
-    check_choice("trust", trust, ("local", "secure-aggregation"))
+    check_choice("trust", trust, TRUST_MODELS)
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
     eps_pca, eps_fl, V = None, target_epsilon, None
@@ -242,7 +253,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                                            target_epsilon=eps_pca, target_delta=target_delta,
                                            **(pca_options or {})))
         ledger.check(compose(stages))
-    part_seq, pca_seq, fl_seq = check_seed(seed).spawn(3)
+    part_seq, pca_seq, fl_seq = check_seed("seed", seed).spawn(3)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)
 

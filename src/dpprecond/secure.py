@@ -18,7 +18,8 @@ and ``--secure`` on the CLI) changes three things, after the Opacus idea of a se
    53-bit CSPRNG uniforms, divided by two, which spreads the low-order bits (their proposed
    mitigation).
 3. **Snapping.** Every noisy release is rounded to a public power-of-two grid ``Lambda``
-   about ``2^-24`` times its noise standard deviation (:func:`release`), which erases the
+   about ``2^-24`` times its noise standard deviation (:func:`dpprecond.noise.release`,
+   through :func:`snap`), which erases the
    low-order bits that carry the leak while changing each value by far less than the noise
    (a relative change of about ``1e-7`` of one standard deviation). This follows
    Mironov's snapping mechanism for Laplace noise.
@@ -169,7 +170,8 @@ def snap(values: np.ndarray, noise_std: float) -> np.ndarray:
 
 
 def release(value: Any, noise: Any, noise_std: float, rng: Any) -> Any:
-    """``value + noise``: the one place a noisy release is formed.
+    """``value + noise`` with noise drawn by the caller (the older form of
+    :func:`dpprecond.noise.release`, which draws the noise itself; new code uses that one).
 
     With a :class:`SecureGenerator` the sum is snapped (:func:`snap`); otherwise it is the
     plain float64 sum. ``value`` is not modified. Inside :func:`observe_releases` a copy of

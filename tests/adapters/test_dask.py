@@ -309,6 +309,32 @@ def test_a_missing_dask_names_the_extra(monkeypatch) -> None:
         importlib.import_module("dpprecond.adapters.dask")
 
 
+def test_a_dask_array_imports_and_registers_the_adapter() -> None:
+    """pca never imports the adapter: a fresh interpreter's first dask array imports it
+    (which registers DaskRows with pca.rows) and gets DaskRows."""
+    import subprocess
+
+    code = ("import sys, dask.array as da, numpy as np\n"
+            "from dpprecond.pca.rows import _ROW_ADAPTERS, make_rows\n"
+            "assert 'dpprecond.adapters.dask' not in sys.modules and not _ROW_ADAPTERS\n"
+            "rows = make_rows(da.from_array(np.eye(4), chunks=2), 1.0)\n"
+            "assert type(rows).__name__ == 'DaskRows', type(rows)\n"
+            "assert 'dpprecond.adapters.dask' in sys.modules and 'dask' in _ROW_ADAPTERS\n"
+            "assert type(make_rows(np.eye(4), 1.0)).__name__ == 'ClippedRows'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_dask_array_without_the_adapter_names_the_fix(monkeypatch) -> None:
+    from dpprecond.pca import rows as rows_mod
+
+    monkeypatch.delitem(rows_mod._ROW_ADAPTERS, "dask", raising=False)
+    monkeypatch.setitem(rows_mod._PROVIDERS, "dask", rows_mod._Provider(
+        rows_mod.is_dask_array, "dpprecond.adapters.no_such_adapter",
+        "pip install 'dpprecond[dask]'"))
+    with pytest.raises(ImportError, match=r"X is a dask array.*pip install 'dpprecond\[dask\]'"):
+        rows_mod.make_rows(da.from_array(np.eye(4), chunks=2), 1.0)
+
+
 # -- a dask.distributed cluster ------------------------------------------------------------
 
 

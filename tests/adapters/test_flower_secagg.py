@@ -128,7 +128,7 @@ def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
         replay = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0], seed=SEED,
                                   min_clients=min_clients)
         params, state = replay._params, replay._state
-        root = check_seed(SEED).spawn(3)[1]
+        root = check_seed("seed", SEED).spawn(3)[1]
         rounds = [[0, 1, 2], [0, 1]] if min_clients == 2 else [[0, 1, 2]]
         for t, clients in enumerate(rounds):
             total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,

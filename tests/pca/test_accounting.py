@@ -8,10 +8,10 @@ import pytest
 from dp_accounting import dp_event, rdp
 
 from dpprecond.accounting import RDP_ORDERS
+from dpprecond.noise import symmetric_gaussian
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.budget import trial_multipliers
 from dpprecond.pca.methods import METHODS
-from dpprecond.pca.noise import symmetric_gaussian
 
 EPS, DELTA = 1.0, 1e-6
 

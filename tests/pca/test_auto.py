@@ -11,11 +11,11 @@ from dp_accounting import dp_event
 
 from dpprecond.accounting import gaussian_precision
 from dpprecond.data.synthetic import spiked_covariance
+from dpprecond.noise import coupled_symmetric_gaussian, symmetric_gaussian
 from dpprecond.pca.auto import (
     HIST_EDGES,
     RADIUS_GRID,
     clipped_step,
-    coupled_symmetric_noise,
     estimate_spectrum,
     fit_auto,
     predict_errors,
@@ -50,7 +50,8 @@ def _z_pca(eps=EPS, delta=DELTA):
                                                 ("rule", None)])
 def test_epsilon_is_the_target_in_every_branch(data, branch, n_iter):
     rows, S, _ = data
-    res = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=3, branch=branch, n_iter=n_iter)
+    res = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=3, branch=branch,
+                   n_iter=n_iter)
     z = _z_pca()
     # The releases compose to exactly one Gaussian with the calibrated multiplier ...
     assert gaussian_precision(res.dp_event) == pytest.approx(z**-2, rel=1e-12)
@@ -87,7 +88,7 @@ def test_hidden_top_k_far_below_the_bound_takes_the_rows_scale_exactly(heavy):
     release at that scale shows the top k, and Analyze Gauss is completed there. Every
     release is a Gaussian and the total is still exactly the target."""
     rows, S, V = heavy
-    res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=1)
+    res = fit_auto(rows, S, 2, noise_multiplier=_z_pca(), delta=DELTA, rng=1)
     assert res.info["prediction"]["hidden"]
     assert res.branch == "analyze_gauss_rescaled"
     assert 0 < res.info["row_scale"] < 0.3
@@ -103,7 +104,7 @@ def test_hidden_analyze_gauss_completion_spends_exactly_what_is_left():
     shows nothing, and the Analyze Gauss completion gets exactly the precision left."""
     rows, _ = _heavy_rows(theta=0.0)
     S = rows.A.T @ rows.A
-    res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=1)
+    res = fit_auto(rows, S, 2, noise_multiplier=_z_pca(), delta=DELTA, rng=1)
     assert res.info["prediction"]["hidden"] and res.branch == "analyze_gauss"
     assert "z_rescaled" in res.info["noise_multipliers"] and res.info["row_scale"] == 1.0
     assert len(res.dp_event.events) == 4
@@ -116,7 +117,7 @@ def test_hidden_analyze_gauss_completion_spends_exactly_what_is_left():
 def test_analyze_gauss_branch_is_analyze_gauss_for_the_same_seed(data):
     rows, S, _ = data
     probe = 0.01
-    res = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=np.random.default_rng(9),
+    res = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=np.random.default_rng(9),
                    branch="analyze_gauss", probe_share=probe)
     # Analyze Gauss at the precision the branch spends on A^T A (all but the probe's share).
     z_ag = _z_pca() / math.sqrt(1 - probe)
@@ -131,7 +132,7 @@ def test_coupled_noise_is_two_independent_releases_that_average_to_the_full_one(
     firsts, seconds = [], []
     iu = np.triu_indices(150)
     for _ in range(6):
-        c = coupled_symmetric_noise(150, s_full, s_first, rng)
+        c = coupled_symmetric_gaussian(150, s_full, s_first, rng)
         first, second = c.first, c.second
         firsts.append(first[iu])
         seconds.append(second[iu])
@@ -153,12 +154,11 @@ def test_coupled_noise_is_two_independent_releases_that_average_to_the_full_one(
 
 
 def test_coupled_noise_full_part_is_the_single_release_draw():
-    a = coupled_symmetric_noise(7, 0.5, 0.9, np.random.default_rng(1))
-    from dpprecond.pca.noise import symmetric_gaussian
+    a = coupled_symmetric_gaussian(7, 0.5, 0.9, np.random.default_rng(1))
 
     assert np.array_equal(a.full, symmetric_gaussian(7, 0.5, np.random.default_rng(1)))
     with pytest.raises(ValueError, match="std_first >= std_full"):
-        coupled_symmetric_noise(3, 1.0, 0.5, np.random.default_rng(0))
+        coupled_symmetric_gaussian(3, 1.0, 0.5, np.random.default_rng(0))
 
 
 # -- sensitivities of the new releases ------------------------------------------------------
@@ -247,7 +247,7 @@ def test_clipped_step_sensitivity_2R_reached():
 @pytest.mark.parametrize("branch", ["analyze_gauss", "iterate", "rule"])
 def test_noise_off_and_no_clipping_returns_the_exact_subspace(data, branch):
     rows, S, V = data
-    res = fit_auto(rows, S, K, epsilon=None, delta=DELTA, rng=0, branch=branch,
+    res = fit_auto(rows, S, K, noise_multiplier=None, delta=DELTA, rng=0, branch=branch,
                    add_noise=False, clip_radius=math.inf)
     assert sin_theta(res.basis, V) < 1e-8
     assert res.epsilon == math.inf
@@ -256,9 +256,9 @@ def test_noise_off_and_no_clipping_returns_the_exact_subspace(data, branch):
 
 def test_reproducible_with_a_seed(data):
     rows, S, _ = data
-    a = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=42, branch="iterate")
-    b = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=42, branch="iterate")
-    c = fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=43, branch="iterate")
+    a = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=42, branch="iterate")
+    b = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=42, branch="iterate")
+    c = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=43, branch="iterate")
     assert np.array_equal(a.basis, b.basis)
     assert np.array_equal(a.info["probe_counts"], b.info["probe_counts"])
     assert not np.array_equal(a.basis, c.basis)
@@ -268,7 +268,7 @@ def test_useful_at_moderate_noise(data):
     """Both branches estimate the subspace of this well-separated spike (eps = 4)."""
     rows, S, V = data
     for branch in ("analyze_gauss", "iterate"):
-        res = fit_auto(rows, S, K, epsilon=4.0, delta=DELTA, rng=1, branch=branch)
+        res = fit_auto(rows, S, K, noise_multiplier=_z_pca(4.0), delta=DELTA, rng=1, branch=branch)
         assert sin_theta(res.basis, V) < 0.5
 
 
@@ -281,7 +281,7 @@ def test_extreme_rows(scale):
     S = rows.gram()
     assert np.all(np.isfinite(S))
     for branch in ("analyze_gauss", "iterate", "rule"):
-        res = fit_auto(rows, S, 2, epsilon=EPS, delta=DELTA, rng=0, branch=branch)
+        res = fit_auto(rows, S, 2, noise_multiplier=_z_pca(), delta=DELTA, rng=0, branch=branch)
         assert np.all(np.isfinite(res.basis))
         assert res.basis.T @ res.basis == pytest.approx(np.eye(2), abs=1e-10)
         assert res.epsilon == pytest.approx(EPS, rel=1e-4)
@@ -413,26 +413,24 @@ def test_row_scale_from_the_probe():
 def test_bad_options(data, opts, exc, match):
     rows, S, _ = data
     with pytest.raises(exc, match=match):
-        fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, rng=0, **opts)
+        fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=0, **opts)
 
 
 def test_bad_arguments(data):
     rows, S, _ = data
-    with pytest.raises(ValueError, match="epsilon"):
-        fit_auto(rows, S, K, epsilon=-1.0, delta=DELTA)
-    with pytest.raises(TypeError, match="epsilon"):
-        fit_auto(rows, S, K, epsilon=None, delta=DELTA)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        fit_auto(rows, S, K, noise_multiplier=-1.0, delta=DELTA)
+    with pytest.raises(TypeError, match="noise_multiplier"):
+        fit_auto(rows, S, K, noise_multiplier=None, delta=DELTA)
     with pytest.raises(ValueError, match="shape"):
-        fit_auto(rows, S[:5, :5], K, epsilon=EPS, delta=DELTA)
-    with pytest.raises(ValueError, match="budget_share"):
-        fit_auto(rows, S, K, epsilon=EPS, delta=DELTA, budget_share=0.0)
+        fit_auto(rows, S[:5, :5], K, noise_multiplier=_z_pca(), delta=DELTA)
     with pytest.raises(ValueError, match="k"):
-        fit_auto(rows, S, 31, epsilon=EPS, delta=DELTA)
+        fit_auto(rows, S, 31, noise_multiplier=_z_pca(), delta=DELTA)
 
 
 def test_k_equals_d_takes_the_analyze_gauss_branch(data):
     rows, S, _ = data
-    res = fit_auto(rows, S, 30, epsilon=EPS, delta=DELTA, rng=0)
+    res = fit_auto(rows, S, 30, noise_multiplier=_z_pca(), delta=DELTA, rng=0)
     assert res.branch == "analyze_gauss"
     assert res.basis.T @ res.basis == pytest.approx(np.eye(30), abs=1e-10)
     assert res.epsilon == pytest.approx(EPS, rel=1e-4)

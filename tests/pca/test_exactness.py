@@ -4,10 +4,10 @@ Gram-matrix implementation of Algorithm 2 equals a direct implementation."""
 import numpy as np
 import pytest
 
+from dpprecond.noise import gaussian, symmetric_gaussian
 from dpprecond.pca import fit_private_pca, sin_theta
 from dpprecond.pca.core import SQRT2, TrialSpec, orthonormalize, run_trials
 from dpprecond.pca.metrics import top_right_singular_vectors
-from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 
 NOISE_OFF = {
     "select": {"add_noise": False, "clip_grid": [np.inf]},
@@ -41,7 +41,7 @@ def _reference_alg2(A, X, R, T, zH, zZ, rng, floor_factor=4.0):
         C = Y * np.minimum(1.0, R / np.maximum(norms, 1e-300))
         Z = A.T @ C
         if zZ > 0:
-            Z = Z + gaussian_matrix(Z.shape, 2 * R * zZ, rng)
+            Z = Z + gaussian(Z.shape, 2 * R * zZ, rng)
         X = orthonormalize(Z)
     return X
 

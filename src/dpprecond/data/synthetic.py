@@ -72,7 +72,7 @@ def coherent_spiked(n: int, d: int, k: int, theta: float, fraction: float,
     theta = check_positive("theta", theta)
     fraction = check_fraction("fraction", fraction, low=0.0, high=1.0, low_open=True,
                               high_open=False)
-    gen = check_random_state(seed, "seed")
+    gen = check_random_state("seed", seed)
     V = _orthonormal(gen, d, k)
     X = gen.standard_normal((n, d))
     m = max(1, round(fraction * n))
@@ -96,7 +96,7 @@ def exact_spectrum(n: int, d: int, k: int, kappa: float, seed: Any = None, *,
     kappa = check_fraction("kappa", kappa, low=0.0, high=1.0, low_open=False, high_open=True)
     sigma_k = check_positive("sigma_k", sigma_k)
     decay = check_fraction("decay", decay, low=0.0, high=1.0, low_open=True, high_open=False)
-    gen = check_random_state(seed, "seed")
+    gen = check_random_state("seed", seed)
     U = _orthonormal(gen, n, d)
     V = _orthonormal(gen, d, d)
     sigma = np.empty(d)

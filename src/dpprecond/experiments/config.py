@@ -61,6 +61,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from dpprecond.accounting import DEFAULT_ACCOUNTANT
 from dpprecond.experiments.schema import (
     ExperimentFile,
     TuningTable,
@@ -82,7 +83,6 @@ __all__ = [
 
 #: Every method of :mod:`dpprecond.fl.methods`.
 ALGORITHMS = tuple(METHODS)
-PROTOCOLS = ("per-round", "per-T")
 
 RunSpec = dict[str, Any]
 
@@ -115,7 +115,7 @@ class ExperimentConfig:
     epsilons: tuple[float | None, ...] = (1.0,)
     delta: float = 1e-5
     clip_norm: float = 10.0
-    accountant: str = "pld"
+    accountant: str = DEFAULT_ACCOUNTANT
     protocol: str = "per-round"
     rounds: int = 70
     rounds_list: tuple[int, ...] = ()

@@ -26,17 +26,17 @@ from pydantic import (
     model_validator,
 )
 
-from dpprecond._validation import MAX_DELTA
+from dpprecond._validation import MAX_DELTA, check_choice
+from dpprecond.accounting import DEFAULT_ACCOUNTANT
+from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = [
-    "DATASET_NAMES",
     "ExperimentFile",
     "check_method_params",
     "format_errors",
     "method_parameters",
 ]
-
-DATASET_NAMES = ("digits", "fashion-mnist", "cifar10", "pathmnist")
 
 Number = StrictFloat | StrictInt
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
@@ -55,13 +55,18 @@ class DataTable(_Table):
     name: Literal["digits", "fashion-mnist", "cifar10", "pathmnist"]
     features: StrictStr = "pixels"
     pca_share: Annotated[Number, Field(gt=0, lt=1)] = 0.2
-    pca_method: Literal["auto", "analyze_gauss", "fixed"] = "auto"
+    pca_method: StrictStr = DEFAULT_METHOD
     trust: Literal["local", "secure-aggregation"] = "local"
     row_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     path: StrictStr | None = None
     checkpoint: StrictStr | None = None
     cache_dir: StrictStr | None = None
 
+
+    @field_validator("pca_method")
+    @classmethod
+    def _pca_method(cls, value: str) -> str:
+        return check_choice("pca_method", value, PIPELINE_METHODS)
 
     @field_validator("features")
     @classmethod
@@ -88,7 +93,7 @@ class PrivacyTable(_Table):
     epsilons: list[Epsilon] = Field(default=[1.0], min_length=1)
     delta: Annotated[Number, Field(gt=0, le=MAX_DELTA)] = 1e-5
     clip_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] = 10.0
-    accountant: Literal["pld", "rdp"] = "pld"
+    accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT  # the names of ACCOUNTANTS
 
     @field_validator("epsilons")
     @classmethod

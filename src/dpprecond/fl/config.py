@@ -45,7 +45,7 @@ def check_privacy_level(target_epsilon: float | None,
                          "to it) or noise_multiplier=... (explicit noise; noise_multiplier=0 "
                          "asks for a non-private run).")
     if target_epsilon is not None:
-        check_epsilon(target_epsilon, "target_epsilon")
+        check_epsilon("target_epsilon", target_epsilon)
     else:
         check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
 
@@ -137,7 +137,7 @@ class FLConfig:
         check_int("n_rounds", self.n_rounds, low=1)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
         check_privacy_level(self.target_epsilon, self.noise_multiplier)
-        check_target_delta(self.target_delta, "target_delta")
+        check_target_delta("target_delta", self.target_delta)
         check_choice("mechanism", self.mechanism, MECHANISMS)
         check_fraction("sampling_rate", self.sampling_rate, low_open=True, high_open=False)
         check_int("local_steps", self.local_steps, low=1)

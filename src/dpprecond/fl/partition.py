@@ -28,7 +28,7 @@ def iid_partition(n_examples: int, n_clients: int,
     """Shuffle and cut into ``n_clients`` near-equal parts (sizes differ by at most one)."""
     n_examples = check_int("n_examples", n_examples, low=1)
     n_clients = check_int("n_clients", n_clients, low=1, high=n_examples)
-    rng = check_random_state(seed, "seed")
+    rng = check_random_state("seed", seed)
     return [np.sort(part) for part in np.array_split(rng.permutation(n_examples), n_clients)]
 
 
@@ -67,7 +67,7 @@ def dirichlet_partition(y: np.ndarray, n_clients: int, alpha: float,
     if n_clients * min_size > n:
         raise ValueError(f"Cannot give n_clients={n_clients} clients min_size={min_size} "
                          f"examples each from {n} examples; use fewer clients.")
-    rng = check_random_state(seed, "seed")
+    rng = check_random_state("seed", seed)
     owner = np.empty(n, dtype=np.int64)
     for c in np.unique(y):  # loop over classes (few), vectorized inside
         idx = rng.permutation(np.flatnonzero(y == c))

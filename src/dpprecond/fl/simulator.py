@@ -82,7 +82,7 @@ def run_federated(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classe
     n_clients = check_int("n_clients", n_clients, low=1, high=X_train.shape[0])
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
     method = make_method(algorithm, learning_rate, **(method_options or {}))
-    sim_seq, part_seq = check_seed(seed).spawn(2)
+    sim_seq, part_seq = check_seed("seed", seed).spawn(2)
     sim_seed = None if secure else sim_seq  # secure: simulate draws from the CSPRNG
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))
     data = ClientData.from_partition(X_train, y_train, parts, n_classes)

@@ -5,9 +5,9 @@ Layout (functional core, thin shells):
 - :mod:`~dpprecond.pca.rows`: the clipped rows of ``A`` (division by the public
   ``row_norm``, clipping, centering), read block by block; every release is a sum over them;
 - :mod:`~dpprecond.pca.preprocess`: the same rows as one array (for evaluation);
-- :mod:`~dpprecond.pca.noise`: Gaussian (symmetric) matrix noise;
 - :mod:`~dpprecond.pca.core`: Algorithms 1-3 (private init, preconditioned clipped block
-  power iteration, private selection of (R, T));
+  power iteration, private selection of (R, T)); every release is
+  :func:`dpprecond.noise.release`;
 - :mod:`~dpprecond.pca.baselines`: Analyze Gauss, DP power method, exact top-k;
 - :mod:`~dpprecond.pca.budget`: (epsilon, delta, split) -> noise multipliers and DpEvent;
 - :mod:`~dpprecond.pca.metrics`: sin-theta, captured variance, coherence, eigengap;

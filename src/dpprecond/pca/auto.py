@@ -17,7 +17,8 @@ multiplier ``z`` (precision ``1/z^2``, calibrated exactly for ``(epsilon, delta)
    a. *Analyze Gauss*: a second release ``M2 = A^T A + W2`` with the rest of the
       precision, averaged with ``M1`` by inverse variance; the average is ``A^T A`` plus
       one symmetric Gaussian of precision ``(init_share + rest)/(2 z^2)`` per entry. The
-      two noises are drawn coupled (:func:`coupled_symmetric_noise`) so that this branch
+      two noises are drawn coupled (:func:`dpprecond.noise.coupled_symmetric_gaussian`) so
+      that this branch
       returns, for the same random stream, Analyze Gauss's own noise scaled by
       ``(1 - probe_share)^{-1/2}`` (exactly Analyze Gauss when ``probe_share = 0``).
    b. *Preconditioned clipped iteration* (:func:`clipped_step`), ``T`` times from ``X0``:
@@ -47,9 +48,9 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import (
+    SeedLike,
     check_choice,
     check_delta,
-    check_epsilon,
     check_fraction,
     check_int,
     check_positive,
@@ -57,25 +58,21 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
-from dpprecond.pca.budget import plan_auto
+from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
-from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
 from dpprecond.pca.rows import RowSource, clip_unit_rows
-from dpprecond.secure import release
 
 __all__ = [
     "AUTO_DEFAULTS",
     "HIST_EDGES",
     "RADIUS_GRID",
     "AutoResult",
-    "CoupledNoise",
     "Prediction",
     "Spectrum",
     "ag_error",
     "check_auto_options",
     "clipped_step",
     "clipping_factors",
-    "coupled_symmetric_noise",
     "estimate_spectrum",
     "fit_auto",
     "iteration_error",
@@ -116,81 +113,6 @@ AUTO_DEFAULTS: dict[str, Any] = {
     "rescale_share": 0.02,
     "add_noise": True,
 }
-
-
-# --------------------------------------------------------------------------------------
-# Noise coupling
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CoupledNoise:
-    """Two independent symmetric Gaussian noises built from a full-budget draw.
-
-    ``full`` (entry variance ``v``) is the noise a single release at the combined precision
-    would add; ``extra`` (variance ``v1 - v``) is independent of it. Then
-
-    - ``first = full + extra`` has variance ``v1``;
-    - ``second = full - (v / (v1 - v)) extra`` has variance ``v v1 / (v1 - v)``, i.e.
-      precision ``1/v - 1/v1``;
-    - ``Cov(first, second) = v - (v / (v1 - v)) (v1 - v) = 0``: jointly Gaussian and
-      uncorrelated, hence independent, so ``(first, second)`` has exactly the distribution
-      of two independent draws and the privacy analysis of two independent releases holds;
-    - the inverse-variance average of ``S + first`` and ``S + second`` is ``S + full``.
-    """
-
-    full: np.ndarray
-    extra: np.ndarray
-    var_full: float
-    var_first: float
-
-    @property
-    def first(self) -> np.ndarray:
-        """The first release's noise (variance ``var_first``)."""
-        return self.full + self.extra
-
-    @property
-    def var_second(self) -> float:
-        """Entry variance of :attr:`second` (``inf`` when the first takes everything)."""
-        if self.var_first == self.var_full:
-            return math.inf
-        return self.var_full * self.var_first / (self.var_first - self.var_full)
-
-    @property
-    def second(self) -> np.ndarray:
-        """The second release's noise, independent of :attr:`first`."""
-        if self.var_first == self.var_full:
-            raise ValueError("No precision is left for a second release (var_first == "
-                             "var_full).")
-        return self.full - (self.var_full / (self.var_first - self.var_full)) * self.extra
-
-
-def coupled_symmetric_noise(dim: int, std_full: float, std_first: float,
-                            rng: np.random.Generator) -> CoupledNoise:
-    """Draw :class:`CoupledNoise` for two releases of a symmetric ``dim x dim`` statistic.
-
-    ``full`` is drawn first, with exactly the call :func:`dpprecond.pca.noise.
-    symmetric_gaussian` makes for a single release of entry std ``std_full``, so a
-    generator in the same state gives the same ``full`` as that single release. ``extra``
-    (std ``sqrt(std_first^2 - std_full^2)``) is drawn next from the same generator.
-
-    Parameters
-    ----------
-    dim : int
-        Size of the symmetric matrices.
-    std_full : float
-        Entry std of the combined (full-precision) noise; ``0`` switches noise off.
-    std_first : float
-        Entry std of the first release's noise, ``>= std_full``.
-    rng : numpy.random.Generator
-        Noise source.
-    """
-    if std_first < std_full:
-        raise ValueError(f"Expected std_first >= std_full, got std_first={std_first} < "
-                         f"std_full={std_full}.")
-    full = symmetric_gaussian(dim, std_full, rng)
-    extra = symmetric_gaussian(dim, math.sqrt(std_first**2 - std_full**2), rng)
-    return CoupledNoise(full, extra, std_full**2, std_first**2)
 
 
 # --------------------------------------------------------------------------------------
@@ -269,7 +191,7 @@ def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
 
 
 def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.ndarray,
-          std: float, rng: Any) -> tuple[np.ndarray, np.ndarray]:
+          std: float, rng: NoiseSource) -> tuple[np.ndarray, np.ndarray]:
     """Release the probe: per bin of ``r_i / unit`` on ``edges``, the number of rows and the
     sum of their rest energies ``||a_i||^2 - ||X^T a_i||^2`` (one pass over ``A``).
 
@@ -287,7 +209,7 @@ def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.
     """
     nb = edges.size + 1
     total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,))
-    out = release(total, gaussian_matrix(total.shape, std, rng), std, rng)
+    out = release(total, std, rng)
     return out[:nb], out[nb:]
 
 
@@ -324,7 +246,7 @@ def rescaled_gram(rows: RowSource, tau: float) -> np.ndarray:
 
 
 def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
-                 noise_std: float, rng: np.random.Generator) -> np.ndarray:
+                 noise_std: float, rng: NoiseSource) -> np.ndarray:
     """Release ``Z = sum_i a_i c_i^T + G`` with ``c_i = clip_R(B X^T a_i)`` (one pass).
 
     Privacy: ``X`` and ``B`` are public (functions of earlier releases); each row
@@ -337,7 +259,7 @@ def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
     """
     d, k = X.shape
     Z = _block_sum(rows, _block_clipped_step, X @ B, radius, shape=(d, k))
-    return release(Z, gaussian_matrix((d, k), noise_std, rng), noise_std, rng)
+    return release(Z, noise_std, rng)
 
 
 def _preconditioner(H: np.ndarray, floor: float) -> np.ndarray:
@@ -727,7 +649,8 @@ class AutoResult:
         The releases actually made (composes to one Gaussian with multiplier
         ``noise_multipliers["z_pca"]``).
     epsilon : float
-        Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise).
+        Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise), computed
+        when asked (the library's callers account ``dp_event`` in their ledger).
     delta : float
     branch : str
         ``"analyze_gauss"`` or ``"iterate"``.
@@ -738,11 +661,15 @@ class AutoResult:
     basis: np.ndarray
     eigenvalues: np.ndarray
     dp_event: dp_event.DpEvent
-    epsilon: float
     delta: float
     branch: str
     info: dict[str, Any] = field(default_factory=dict)
     trace: float = math.nan
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon of ``dp_event`` at ``delta`` (PLD, exact; ``inf`` without noise)."""
+        return epsilon_of(self.dp_event, self.delta, "pld")
 
 
 def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -787,10 +714,10 @@ def check_auto_options(options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, delta: float,
-             rng: Any = None, budget_share: float = 1.0,
-             noise_multiplier: float | None = None, **options: Any) -> AutoResult:
-    """Private top-k PCA that spends the whole ``(epsilon, delta)``: see the module doc.
+def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float | None,
+             delta: float, rng: NoiseSource | SeedLike = None,
+             **options: Any) -> AutoResult:
+    """Private top-k PCA that spends one calibrated Gaussian budget: see the module doc.
 
     Parameters
     ----------
@@ -802,26 +729,18 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     k : int
         Number of components, ``1 <= k <= d`` (``k = d`` always takes the Analyze Gauss
         branch: there is no gap to predict).
-    epsilon : float or None
-        Target epsilon; ``None`` only with ``add_noise=False``.
+    noise_multiplier : float or None
+        The multiplier ``z`` of the one Gaussian this fit spends, calibrated by the caller
+        (``budget.plan_auto(epsilon, delta).noise_multipliers["z_pca"]``, as
+        :func:`dpprecond.pca.fit_private_pca` does: the calibration happens once, there);
+        ``None`` only with ``add_noise=False``.
     delta : float
-        Target delta.
-    rng : None, int, SeedSequence or numpy.random.Generator
+        Target delta (of :attr:`AutoResult.epsilon`).
+    rng : None, int, SeedSequence or NoiseSource
         Noise source (fresh OS entropy when ``None``). With the same generator state,
         the Analyze Gauss branch reuses exactly the noise that
         :func:`dpprecond.pca.baselines.analyze_gauss` would draw (scaled by
         ``(1 - probe_share)^{-1/2}``).
-    budget_share : float, default=1
-        Share of the ``(epsilon, delta)`` Gaussian precision this fit may spend; the
-        caller spent the rest on earlier Gaussian releases (a private mean with share
-        ``1 - budget_share``). The returned event is this fit's releases only; composed
-        with the caller's ``Gaussian(z / sqrt(1 - budget_share))`` it is exactly
-        ``(epsilon, delta)``.
-    noise_multiplier : float, optional
-        The multiplier ``z`` of the one Gaussian this fit spends, already calibrated by the
-        caller (``budget.plan_auto(...).noise_multipliers["z_pca"]``, as
-        :func:`dpprecond.pca.fit_private_pca` does); then ``epsilon`` and ``budget_share``
-        are not used for calibration.
     **options
         ``init_share`` (0.5): precision share of ``M1``. ``probe_share`` (0.01): share of
         the histogram probe. ``n_iter`` (None: the rule picks from ``iter_choices``,
@@ -857,11 +776,11 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     """
     opts = check_auto_options(options)
     noise = opts["add_noise"]
-    delta = check_delta(delta)
+    delta = check_delta("delta", delta)
     if noise and noise_multiplier is None:
-        epsilon = check_epsilon(epsilon)
-    budget_share = check_fraction("budget_share", budget_share, low_open=True,
-                                  high_open=False)
+        raise TypeError("Expected noise_multiplier (calibrated once by the caller: "
+                        "budget.plan_auto(epsilon, delta).noise_multipliers['z_pca']), got "
+                        "None; None is only for add_noise=False.")
     n, d = rows.shape
     k = check_int("k", k, low=1, high=d)
     S = np.asarray(S, dtype=np.float64)
@@ -870,17 +789,12 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
                          f"{S.shape}.")
     # A numpy Generator, or a stand-in that draws the noise differently (secure mode's
     # SecureGenerator, federated PCA's LocalNoise: each client's own noise).
-    gen = rng if hasattr(rng, "standard_normal") and not isinstance(
-        rng, np.random.RandomState) else check_random_state(rng, "rng")
+    gen: NoiseSource = (rng if isinstance(rng, NoiseSource) and not isinstance(
+        rng, np.random.RandomState) else check_random_state("rng", rng))
 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
-    if noise and noise_multiplier is not None:
-        z = check_positive("noise_multiplier", noise_multiplier)
-    elif noise:
-        z = plan_auto(epsilon, delta).noise_multipliers["z_pca"] / math.sqrt(budget_share)
-    else:
-        z = 0.0
+    z = check_positive("noise_multiplier", noise_multiplier) if noise else 0.0
     fp = 1.0 + rows.rounding_slack() if hasattr(rows, "rounding_slack") else 1.0
     z1, zc = z / math.sqrt(s1), z / math.sqrt(sc)
     z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
@@ -891,8 +805,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
     amp = float(getattr(gen, "noise_amplification", 1.0))
 
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
-    coupled = coupled_symmetric_noise(d, std_ag, std1, gen)
-    M1 = release(S, coupled.first, std1, gen)
+    coupled = coupled_symmetric_gaussian(d, std_ag, std1, gen)
+    M1 = release(S, std1, gen, noise=coupled.first)
     with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
         spectrum = np.linalg.eigvalsh(M1)[::-1]
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
@@ -928,7 +842,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
             zt = z / math.sqrt(st)
             std_t = SQRT2 * zt * fp
             S_tau = rescaled_gram(rows, tau)
-            M_tau = release(S_tau, symmetric_gaussian(d, std_t, gen), std_t, gen)
+            M_tau = release(S_tau, std_t, gen, symmetric=True)
             events.append(gaussian(zt))
             left -= st
             info["noise_multipliers"]["z_rescaled"] = zt
@@ -958,7 +872,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         assert rescaled is not None
         S_tau, M_tau, std_t, tau = rescaled
         std2 = SQRT2 * z_left * fp
-        M2 = release(S_tau, symmetric_gaussian(d, std2, gen), std2, gen)
+        M2 = release(S_tau, std2, gen, symmetric=True)
         v1, v2 = std_t**2, std2**2
         M = (M_tau / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         wa, X = top_eigvecs(M, k)
@@ -974,7 +888,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
                 v_left = (SQRT2 * z_left * fp) ** 2
                 second = second + symmetric_gaussian(d, math.sqrt(v_left - v2), gen)
                 v2 = v_left
-            M2 = release(S, second, math.sqrt(v2), gen)
+            M2 = release(S, math.sqrt(v2), gen, noise=second)
             v1 = coupled.var_first
             M = (M1 / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         else:
@@ -1006,8 +920,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, epsilon: float | None, d
         info.update(n_iter=T, clip_radius=radii[-1], clip_radius_factor=Rn, clip_radii=radii,
                     iteration_multipliers=zts)
     event = compose(events)
-    eps = epsilon_of(event, delta, "pld") if noise else math.inf
     info["branch"] = branch
     return AutoResult(basis=np.ascontiguousarray(X), eigenvalues=np.asarray(eigenvalues),
                       dp_event=event if noise else dp_event.NonPrivateDpEvent(),
-                      epsilon=eps, delta=delta, branch=branch, info=info, trace=trace)
+                      delta=delta, branch=branch, info=info, trace=trace)

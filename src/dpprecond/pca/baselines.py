@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpprecond.noise import NoiseSource, release
 from dpprecond.pca.core import SQRT2, orthonormalize, private_init, top_eigvecs
-from dpprecond.pca.noise import gaussian_matrix
-from dpprecond.secure import release
 
 __all__ = ["analyze_gauss", "dp_power_method", "exact_top_k", "random_orthonormal"]
 
@@ -30,7 +29,7 @@ def exact_top_k(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def analyze_gauss(S: np.ndarray, k: int, z: float,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                  rng: NoiseSource) -> tuple[np.ndarray, np.ndarray]:
     """Analyze Gauss: top-k eigenvectors and eigenvalues of ``A^T A + W`` (see module doc)."""
     init = private_init(S, k, z, rng)
     return init.X0, init.eigvals[:k]
@@ -42,7 +41,7 @@ def random_orthonormal(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def dp_power_method(S: np.ndarray, X0: np.ndarray, n_iter: int, z: float,
-                    rng: np.random.Generator) -> np.ndarray:
+                    rng: NoiseSource) -> np.ndarray:
     """Noisy power method: ``T`` times ``X <- QR(A^T A X + G)``, ``G`` std ``z sqrt(2)``.
 
     Parameters
@@ -55,12 +54,11 @@ def dp_power_method(S: np.ndarray, X0: np.ndarray, n_iter: int, z: float,
         Number of noisy iterations ``T``.
     z : float
         Per-iteration noise multiplier (``0``: exact power iteration).
-    rng : numpy.random.Generator
+    rng : NoiseSource
         Noise source.
     """
     X = X0
-    d, k = X.shape
+    std = z * SQRT2
     for _ in range(n_iter):
-        std = z * SQRT2
-        X = orthonormalize(release(S @ X, gaussian_matrix((d, k), std, rng), std, rng))
+        X = orthonormalize(release(S @ X, std, rng))
     return X

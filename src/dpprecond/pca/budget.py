@@ -1,8 +1,10 @@
 """From (epsilon, delta) and the budget split to noise multipliers and a DpEvent.
 
 This module only turns hyperparameters into noise multipliers and ``dp_accounting``
-events; every epsilon comes from :mod:`dpprecond.accounting` (Renyi accountant by default,
-the only one of ``dp_accounting`` 0.6 that supports ``RepeatAndSelectDpEvent``).
+events; every epsilon comes from :mod:`dpprecond.accounting` (its
+:data:`~dpprecond.accounting.DEFAULT_ACCOUNTANT` by default; :func:`plan_select` needs the
+Renyi accountant, the only one of ``dp_accounting`` 0.6 that supports
+``RepeatAndSelectDpEvent``).
 
 The split is expressed in *precision shares*: a Gaussian release with noise multiplier
 ``z`` has Renyi divergence ``alpha / (2 z^2)`` at every order ``alpha``, so Gaussians
@@ -47,7 +49,14 @@ from typing import Any
 
 from dp_accounting import dp_event
 
-from dpprecond.accounting import AccountantName, calibrate_noise, compose, epsilon_of, gaussian
+from dpprecond.accounting import (
+    DEFAULT_ACCOUNTANT,
+    AccountantName,
+    calibrate_noise,
+    compose,
+    epsilon_of,
+    gaussian,
+)
 
 __all__ = [
     "BudgetPlan",
@@ -139,7 +148,7 @@ def trial_multipliers(z_run: float, n_iter: int, *, score_share: float | None,
 
 def plan_fixed(epsilon: float | None, delta: float, *, n_iter: int, init_share: float = 0.25,
                h_share: float = 0.5, mean_share: float | None = None,
-               accountant: AccountantName = "rdp") -> BudgetPlan:
+               accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of Algorithm 1 followed by Algorithm 2 with a fixed number of iterations."""
     pca = 1.0 - (mean_share or 0.0)
 
@@ -164,7 +173,7 @@ def plan_fixed(epsilon: float | None, delta: float, *, n_iter: int, init_share: 
 
 def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
                 init_share: float = 0.25, mean_share: float | None = None,
-                accountant: AccountantName = "rdp") -> BudgetPlan:
+                accountant: AccountantName = "rdp") -> BudgetPlan:  # RDP: repeat-and-select
     """Budget of Algorithm 1 followed by Algorithm 3 (repeat-and-select, geometric trials).
 
     ``noise_multipliers`` holds ``z0`` and ``z_run``; a trial's own multipliers follow from
@@ -191,7 +200,7 @@ def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
 
 
 def plan_analyze_gauss(epsilon: float | None, delta: float, *, mean_share: float | None = None,
-                       accountant: AccountantName = "rdp") -> BudgetPlan:
+                       accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of Analyze Gauss: one Gaussian release of the upper triangle of ``A^T A``."""
 
     def build(c: float) -> BudgetPlan:
@@ -208,7 +217,7 @@ def plan_analyze_gauss(epsilon: float | None, delta: float, *, mean_share: float
 
 def plan_power(epsilon: float | None, delta: float, *, n_iter: int, private_init: bool = False,
                init_share: float = 0.25, mean_share: float | None = None,
-               accountant: AccountantName = "rdp") -> BudgetPlan:
+               accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of the DP power method: the iteration budget split evenly over ``n_iter``."""
 
     def build(c: float) -> BudgetPlan:
@@ -262,7 +271,8 @@ def plan_auto(epsilon: float | None, delta: float, *,
     return _calibrate(build, epsilon, delta, "pld")
 
 
-def plan_epsilon(plan: BudgetPlan, delta: float, accountant: AccountantName = "rdp") -> float:
+def plan_epsilon(plan: BudgetPlan, delta: float,
+                 accountant: AccountantName = DEFAULT_ACCOUNTANT) -> float:
     """Epsilon of a plan's event at ``delta`` (``inf`` when noise is off)."""
     if plan.scale == 0:
         return math.inf

@@ -41,9 +41,8 @@ from scipy import linalg
 
 from dpprecond._threads import serial_blas
 from dpprecond.clipping import clip_to_radius, safe_row_norms
-from dpprecond.pca.noise import gaussian_matrix, symmetric_gaussian
+from dpprecond.noise import NoiseSource, release
 from dpprecond.pca.rows import DenseRows, RowSource
-from dpprecond.secure import release
 
 __all__ = [
     "SQRT2",
@@ -144,7 +143,7 @@ class InitRelease:
     M: np.ndarray | None = None
 
 
-def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> InitRelease:
+def private_init(S: np.ndarray, k: int, z0: float, rng: NoiseSource) -> InitRelease:
     """Algorithm 1: release ``M = A^T A + W`` and take its top-k eigenvectors.
 
     Privacy: the upper triangle (with diagonal) of ``S = A^T A`` has replace-one l2
@@ -166,13 +165,13 @@ def private_init(S: np.ndarray, k: int, z0: float, rng: np.random.Generator) -> 
     """
     d = S.shape[0]
     std = z0 * SQRT2
-    M = release(S, symmetric_gaussian(d, std, rng), std, rng)
+    M = release(S, std, rng, symmetric=True)
     w, V = top_eigvecs(M, min(k + 1, d))
     return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std, M=M)
 
 
 def refine_init(S: np.ndarray, init: InitRelease, z: float,
-                rng: np.random.Generator) -> InitRelease:
+                rng: NoiseSource) -> InitRelease:
     """A second release of ``A^T A``, averaged with the first by inverse variance.
 
     Privacy: the same Gaussian mechanism as :func:`private_init` (sensitivity ``sqrt(2)``,
@@ -186,7 +185,7 @@ def refine_init(S: np.ndarray, init: InitRelease, z: float,
     k = init.X0.shape[1]
     d = S.shape[0]
     std = z * SQRT2
-    M2 = release(S, symmetric_gaussian(d, std, rng), std, rng)
+    M2 = release(S, std, rng, symmetric=True)
     if init.noise_std == 0 or std == 0:
         M = M2 if std == 0 else init.M
         combined_std = 0.0
@@ -215,7 +214,7 @@ class TrialSpec:
     n_iter: int
     zH: float
     zZ: float
-    rng: np.random.Generator
+    rng: NoiseSource
     h_floor_factor: float = 4.0
 
 
@@ -310,7 +309,6 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
         Rows clipped in each trial's last iteration (diagnostic; not a private release).
     """
     rows = DenseRows(A) if isinstance(A, np.ndarray) else A
-    d = rows.shape[1]
     k = X0.shape[1]
     L = len(trials)
     out: list[np.ndarray] = [X0.copy() for _ in range(L)]
@@ -331,7 +329,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 H = Xs[:, sl].T @ SX[:, sl]
                 H = 0.5 * (H + H.T)
                 sH = tr.zH * SQRT2
-                H = release(H, symmetric_gaussian(k, sH, tr.rng), sH, tr.rng)
+                H = release(H, sH, tr.rng, symmetric=True)
                 amp = float(getattr(tr.rng, "noise_amplification", 1.0))  # LocalNoise
                 floor = tr.h_floor_factor * sH * amp if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
                 B, _ = _preconditioner(H, floor)
@@ -345,7 +343,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 Zj = Z[:, j * k:(j + 1) * k]
                 if tr.zZ > 0:
                     sZ = 2.0 * tr.clip_radius * tr.zZ
-                    Zj = release(Zj, gaussian_matrix((d, k), sZ, tr.rng), sZ, tr.rng)
+                    Zj = release(Zj, sZ, tr.rng)
                 out[i] = orthonormalize(Zj)
                 clipped_last[i] = int(clipped_count[j])
     return out, clipped_last
@@ -477,7 +475,7 @@ def select(A: np.ndarray | RowSource, S: np.ndarray, init: InitRelease, *, z_run
         noisy[i] = selection_score(G, X)
         if z_scores[i] > 0:
             s_score = z_scores[i] * SQRT2 / h
-            noisy[i] = release(noisy[i], spec.rng.normal(0.0, s_score), s_score, spec.rng)
+            noisy[i] = release(float(noisy[i]), s_score, spec.rng)
     best = int(np.argmin(noisy))
     return SelectionResult(Xs[best], specs[best].clip_radius, specs[best].n_iter,
                            float(noisy[best]), n_trials, int(clipped[best]), False,

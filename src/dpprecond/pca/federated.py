@@ -38,18 +38,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
-__all__ = ["FEDERATED_METHODS", "TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
+__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
 
+#: Who adds the noise of federated PCA: every client its own share (``local``) or a
+#: trusted aggregate (``secure-aggregation``).
 TRUST_MODELS = ("local", "secure-aggregation")
-#: Methods whose releases are all sums over rows.
-FEDERATED_METHODS = ("auto", "analyze_gauss", "fixed", "power", "exact")
-Trust = Literal["local", "secure-aggregation"]
 
 
 class FederatedRows:
@@ -211,7 +210,7 @@ class LocalNoise:
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"LocalNoise has no {name!r}: only noise draws run federated "
                              "(the method needs another kind of randomness; see "
-                             "dpprecond.pca.federated.FEDERATED_METHODS).")
+                             "dpprecond.pca.methods.FEDERATED_METHODS).")
 
 
 def split_noise(central: np.ndarray, std: float, n_clients: int,

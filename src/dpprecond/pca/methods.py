@@ -26,7 +26,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import check_choice, check_fraction, check_int, check_positive
-from dpprecond.accounting import compose, gaussian
+from dpprecond.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, compose, gaussian
 from dpprecond.pca import budget as _budget
 from dpprecond.pca.auto import AUTO_DEFAULTS, check_auto_options, fit_auto
 from dpprecond.pca.baselines import (
@@ -45,7 +45,8 @@ from dpprecond.pca.core import (
 )
 from dpprecond.pca.rows import RowSource
 
-__all__ = ["METHODS", "OPTION_CHECKS", "FitContext", "MethodOutput", "PCAMethod"]
+__all__ = ["FEDERATED_METHODS", "METHODS", "OPTION_CHECKS", "PIPELINE_METHODS",
+           "PRIVATE_METHODS", "FitContext", "MethodOutput", "PCAMethod"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _checked_by_method(name: str, v: Any) -> Any:
 #: Validator of every option of every method, by name: ``check(name, value) -> value``.
 OPTION_CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "add_noise": _bool,
-    "accountant": lambda n, v: check_choice(n, v, ["rdp", "pld"]),
+    "accountant": lambda n, v: check_choice(n, v, ACCOUNTANTS),
     "mean_share": _open_fraction,
     "init_share": _open_fraction,
     "score_share": _open_fraction,
@@ -189,6 +190,12 @@ class PCAMethod:
     check: Callable[[dict[str, Any]], None] = lambda opts: None
     private: bool = True
     description: str = ""
+    #: every release is a sum over rows, so it runs on rows held by clients
+    #: (``fit_private_pca(clients=...)``, :mod:`dpprecond.pca.federated`)
+    federated: bool = False
+    #: offered as the private feature step of :func:`dpprecond.pipeline.run_pipeline`
+    #: (federated, and released eigenvalues to report)
+    in_pipeline: bool = False
 
     def options(self, given: dict[str, Any]) -> dict[str, Any]:
         """The method's options: defaults updated by ``given``, every value checked.
@@ -232,8 +239,7 @@ def _run_auto(ctx: FitContext) -> MethodOutput:
     opts = _auto_options(ctx.options)
     multipliers = ctx.plan.noise_multipliers
     noise = opts["add_noise"] and multipliers.get("z_pca", 0.0) > 0
-    res = fit_auto(ctx.rows, ctx.S, ctx.k, epsilon=None, delta=ctx.delta,
-                   rng=ctx.init_stream,
+    res = fit_auto(ctx.rows, ctx.S, ctx.k, delta=ctx.delta, rng=ctx.init_stream,
                    noise_multiplier=multipliers["z_pca"] if noise else None,
                    **{**opts, "add_noise": bool(noise)})
     info = {key: (val.tolist() if isinstance(val, np.ndarray) else val)
@@ -339,10 +345,25 @@ METHODS: dict[str, PCAMethod] = {
         "auto",
         {**_COMMON, **{k: v for k, v in AUTO_DEFAULTS.items() if k != "add_noise"}},
         lambda eps, delta, o, ms: _budget.plan_auto(eps, delta, mean_share=ms),
-        _run_auto, _check_auto,
+        _run_auto, _check_auto, federated=True, in_pipeline=True,
         description="a partial release of A^T A, a coherence probe, then Analyze Gauss "
                     "completed exactly or the preconditioned clipped iteration (the "
                     "default; docs/pca_auto.md)"),
+    "analyze_gauss": PCAMethod(
+        "analyze_gauss", {**_COMMON, "accountant": DEFAULT_ACCOUNTANT},
+        lambda eps, delta, o, ms: _budget.plan_analyze_gauss(
+            eps, delta, mean_share=ms, accountant=o["accountant"]),
+        _run_analyze_gauss, federated=True, in_pipeline=True,
+        description="Analyze Gauss (Dwork, Talwar, Thakurta and Zhang 2014)"),
+    "fixed": PCAMethod(
+        "fixed",
+        {**_COMMON, "accountant": DEFAULT_ACCOUNTANT, "clip_radius": None, "n_iter": 2,
+         "init_share": 0.25, "h_share": 0.5, "h_floor_factor": 4.0},
+        lambda eps, delta, o, ms: _budget.plan_fixed(
+            eps, delta, n_iter=o["n_iter"], init_share=o["init_share"], h_share=o["h_share"],
+            mean_share=ms, accountant=o["accountant"]),
+        _run_fixed, _no_infinite_radius_with_noise, federated=True, in_pipeline=True,
+        description="Algorithm 1 then Algorithm 2 with a fixed (R, T)"),
     "select": PCAMethod(
         "select",
         {**_COMMON, "accountant": "rdp", "mean_trials": 3.0, "init_share": 0.5,
@@ -355,33 +376,26 @@ METHODS: dict[str, PCAMethod] = {
         _run_select, _check_select,
         description="Algorithm 1 then private selection of (R, T) by repeat-and-select "
                     "(the seed paper's method)"),
-    "fixed": PCAMethod(
-        "fixed",
-        {**_COMMON, "accountant": "pld", "clip_radius": None, "n_iter": 2,
-         "init_share": 0.25, "h_share": 0.5, "h_floor_factor": 4.0},
-        lambda eps, delta, o, ms: _budget.plan_fixed(
-            eps, delta, n_iter=o["n_iter"], init_share=o["init_share"], h_share=o["h_share"],
-            mean_share=ms, accountant=o["accountant"]),
-        _run_fixed, _no_infinite_radius_with_noise,
-        description="Algorithm 1 then Algorithm 2 with a fixed (R, T)"),
-    "analyze_gauss": PCAMethod(
-        "analyze_gauss", {**_COMMON, "accountant": "pld"},
-        lambda eps, delta, o, ms: _budget.plan_analyze_gauss(
-            eps, delta, mean_share=ms, accountant=o["accountant"]),
-        _run_analyze_gauss,
-        description="Analyze Gauss (Dwork, Talwar, Thakurta and Zhang 2014)"),
     "power": PCAMethod(
         "power",
-        {**_COMMON, "accountant": "pld", "n_iter": 10, "power_init": "random",
+        {**_COMMON, "accountant": DEFAULT_ACCOUNTANT, "n_iter": 10, "power_init": "random",
          "init_share": 0.25},
         lambda eps, delta, o, ms: _budget.plan_power(
             eps, delta, n_iter=o["n_iter"], private_init=o["power_init"] == "private",
             init_share=o["init_share"], mean_share=ms, accountant=o["accountant"]),
-        _run_power, _check_power,
+        _run_power, _check_power, federated=True,
         description="the DP power method (row model)"),
     "exact": PCAMethod(
         "exact", {},
         lambda eps, delta, o, ms: _budget.plan_analyze_gauss(None, delta, mean_share=None),
-        _run_exact, private=False,
+        _run_exact, private=False, federated=True,
         description="the non-private reference (epsilon = inf)"),
 }
+
+#: The private methods, in registry order (the CLI's ``--method`` choices; ``all`` runs them).
+PRIVATE_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.private)
+#: Methods whose releases are all sums over rows (``fit_private_pca(clients=...)``).
+FEDERATED_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.federated)
+#: The pipeline's private feature methods (``run_pipeline(pca_method=...)``, ``dpprecond fl
+#: --pca-method``, the experiment configs' ``pca_method``).
+PIPELINE_METHODS: tuple[str, ...] = tuple(n for n, m in METHODS.items() if m.in_pipeline)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpprecond.pca.noise import gaussian_matrix
+from dpprecond.noise import NoiseSource, release
 from dpprecond.pca.rows import ClippedRows, mean_sensitivity
 
 __all__ = ["PreprocessedRows", "mean_sensitivity", "preprocess"]
@@ -55,7 +55,7 @@ class PreprocessedRows:
 
 def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | None = None,
                mean_noise_multiplier: float = 0.0,
-               rng: np.random.Generator | None = None) -> PreprocessedRows:
+               rng: NoiseSource | None = None) -> PreprocessedRows:
     """Divide rows by ``row_norm``, bound them to norm 1 and optionally center them.
 
     Parameters
@@ -69,7 +69,7 @@ def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | Non
     mean_noise_multiplier : float
         Noise multiplier of the private mean (``center="private"`` only); ``0`` releases the
         exact mean (non-private, for tests).
-    rng : numpy.random.Generator
+    rng : NoiseSource
         Randomness for the private mean.
 
     Returns
@@ -78,13 +78,13 @@ def preprocess(X: np.ndarray, row_norm: float, *, center: str | np.ndarray | Non
     """
     X = np.asarray(X, dtype=np.float64)
     rows = ClippedRows.from_data(X, row_norm)
-    n, d = X.shape
+    n = X.shape[0]
     if center is not None:
         if isinstance(center, str):  # "private"; validated by the caller
             if rng is None:
                 raise ValueError("center='private' needs an explicit rng for the mean's noise.")
-            mu = rows.column_sum() / n
-            mu += gaussian_matrix((d,), mean_noise_multiplier * mean_sensitivity(n), rng)
+            mu = release(rows.column_sum() / n,
+                         mean_noise_multiplier * mean_sensitivity(n), rng)
         else:
             mu = np.asarray(center, dtype=np.float64) / row_norm
         rows = rows.centered(mu)

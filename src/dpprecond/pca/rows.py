@@ -70,6 +70,7 @@ __all__ = [
     "ClippedRows",
     "DataRows",
     "DenseRows",
+    "RowAdapter",
     "RowSource",
     "block_gram",
     "block_rows_for",
@@ -83,6 +84,7 @@ __all__ = [
     "norms_of",
     "raw_gram_allowed",
     "recenter_rows",
+    "register_row_source",
     "rounding_slack_bound",
     "scale_rows",
     "scan_rows",
@@ -311,18 +313,86 @@ class DataRows(RowSource, Protocol):
     def rounding_slack(self, n_terms: int | None = None) -> float: ...
 
 
-def make_rows(X: Any, row_norm: float, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> DataRows:
-    """Step 1 and the first pass for ``X``: :class:`ClippedRows`, or ``DaskRows``.
+# --------------------------------------------------------------------------------------
+# Row-source adapters: inputs other than in-memory arrays register themselves here
+# --------------------------------------------------------------------------------------
 
-    A dask array gets :class:`dpprecond.adapters.dask.DaskRows` (its passes run on the
-    dask scheduler, a ``dask.distributed`` cluster included); anything else (a numpy or
-    memory-mapped array) gets :class:`ClippedRows`. ``X`` is validated lazily by the
-    caller (:func:`dpprecond._validation.check_matrix_lazy`).
+
+class RowAdapter(NamedTuple):
+    """A row source for one kind of input, registered by the adapter that implements it.
+
+    ``accepts(X)`` says whether ``X`` is that kind of input (without importing the engine);
+    ``build(X, row_norm, block_bytes=...)`` is step 1 and the first pass for it.
     """
-    if is_dask_array(X):
-        from dpprecond.adapters.dask import DaskRows
 
-        return DaskRows.from_data(X, row_norm, block_bytes=block_bytes)
+    name: str
+    accepts: Callable[[Any], bool]
+    build: Callable[..., DataRows]
+
+
+class _Provider(NamedTuple):
+    """Where the adapter of a known kind of input lives, imported when one first arrives."""
+
+    accepts: Callable[[Any], bool]
+    module: str
+    install: str
+
+
+#: Registered adapters (by name); filled by the adapters' packages when they are imported.
+_ROW_ADAPTERS: dict[str, RowAdapter] = {}
+
+#: The adapters this package knows of without importing them: a dask array imports
+#: ``dpprecond.adapters.dask`` (which registers itself) the first time one arrives.
+_PROVIDERS: dict[str, _Provider] = {
+    "dask": _Provider(is_dask_array, "dpprecond.adapters.dask",
+                      "pip install 'dpprecond[dask]'"),
+}
+
+
+def register_row_source(name: str, accepts: Callable[[Any], bool],
+                        build: Callable[..., DataRows]) -> None:
+    """Register the row source of an external engine (called by its adapter on import).
+
+    Registering a name again replaces it (re-importing an adapter is harmless).
+    """
+    _ROW_ADAPTERS[name] = RowAdapter(name, accepts, build)
+
+
+def _adapter_for(X: Any) -> RowAdapter | None:
+    """The registered adapter accepting ``X``, importing a known provider on first use."""
+    for adapter in _ROW_ADAPTERS.values():
+        if adapter.accepts(X):
+            return adapter
+    for name, provider in _PROVIDERS.items():
+        if name not in _ROW_ADAPTERS and provider.accepts(X):
+            import importlib
+
+            try:
+                importlib.import_module(provider.module)  # registers the adapter
+            except ImportError as exc:
+                raise ImportError(
+                    f"X is a {name} array, which needs the {name} row source "
+                    f"({provider.module}): {provider.install}, then pass X again "
+                    f"({exc}).") from exc
+            if name not in _ROW_ADAPTERS:
+                raise ImportError(f"Importing {provider.module} did not register the {name} "
+                                  "row source (register_row_source).")
+            return _ROW_ADAPTERS[name]
+    return None
+
+
+def make_rows(X: Any, row_norm: float, *, block_bytes: int = DEFAULT_BLOCK_BYTES) -> DataRows:
+    """Step 1 and the first pass for ``X``: :class:`ClippedRows`, or a registered adapter's.
+
+    An input that a registered row-source adapter accepts gets that adapter's rows (a dask
+    array: ``dpprecond.adapters.dask.DaskRows``, whose passes run on the dask scheduler, a
+    ``dask.distributed`` cluster included; the adapter is imported on the first dask
+    array); anything else (a numpy or memory-mapped array) gets :class:`ClippedRows`. ``X``
+    is validated lazily by the caller (:func:`dpprecond._validation.check_matrix_lazy`).
+    """
+    adapter = _adapter_for(X)
+    if adapter is not None:
+        return adapter.build(X, row_norm, block_bytes=block_bytes)
     return ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
 
 

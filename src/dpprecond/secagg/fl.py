@@ -163,7 +163,7 @@ def simulate_secure(model: FLModel, data: ClientData,
     release = plan_event(plan)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
-    root = check_seed(seed)
+    root = check_seed("seed", seed)
     init_seq, noise_root, _ = root.spawn(3)
     n_records = int(data.X.shape[0])
     # noise of G per coordinate: K / k_min shares of variance v / k_min each ... / (gamma N)^2

@@ -208,7 +208,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         raise ValueError(f"Set exactly one of run config target-epsilon and noise-multiplier, "
                          f"got target-epsilon={run_config.get('target-epsilon', '')!r} and "
                          f"noise-multiplier={run_config.get('noise-multiplier', '')!r}.")
-    check_target_delta(run_config.get("target-delta", 1e-5), "target-delta")
+    check_target_delta("target-delta", run_config.get("target-delta", 1e-5))
     return FLConfig(
         n_rounds=run_config.get("n-rounds", 20), clip_norm=run_config.get("clip-norm", 10.0),
         target_epsilon=eps, noise_multiplier=z,
@@ -284,7 +284,7 @@ def strategy_from_run_config(context: Context, *,
         ds = PartitionedDataset.from_run_config(rc).dataset()
         model = LinearSoftmax(ds.n_features, ds.n_classes)
         if config.private:  # the federation's records are the dataset's training rows
-            check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
+            check_target_delta("target-delta", config.target_delta, ds.X_train.shape[0])
         if _bool(rc, "evaluate", True):
             X_test, y_test = ds.X_test, ds.y_test
     seed = _noise_seed(rc)
@@ -345,7 +345,7 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
         raise RunConfigError(f"secagg_strategy_from_run_config needs run config "
                              f"trust='secure-aggregation', got trust={config.trust!r}.")
     ds = PartitionedDataset.from_run_config(rc).dataset()
-    check_target_delta(config.target_delta, "target-delta", ds.X_train.shape[0])
+    check_target_delta("target-delta", config.target_delta, ds.X_train.shape[0])
     X_test = y_test = None
     if _bool(rc, "evaluate", True):
         X_test, y_test = ds.X_test, ds.y_test

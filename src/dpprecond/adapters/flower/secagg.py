@@ -138,7 +138,7 @@ class SecAggDPClient(NumPyClient):
                  noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
-        self.noise_root = None if noise_seed is None else check_seed(noise_seed).spawn(3)[1]
+        self.noise_root = None if noise_seed is None else check_seed("noise_seed", noise_seed).spawn(3)[1]
         self.min_noise_multiplier = float(min_noise_multiplier)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
@@ -261,7 +261,7 @@ class SecAggDPStrategy(Strategy):
         self.y_test = None if y_test is None else check_labels(
             "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
             n_rows=self.X_test.shape[0] if self.X_test is not None else None)
-        init_seq = check_seed(seed).spawn(3)[0]
+        init_seq = check_seed("seed", seed).spawn(3)[0]
         self._params = np.asarray(model.init_params(np.random.default_rng(init_seq)),
                                   dtype=np.float64)
         noise_var = (self.n_clients / self.min_clients * self.plan_.noise_variance

@@ -437,7 +437,7 @@ class BatchNoise:
 
     Stands in for the generator of a release whose value is computed once (the same data in
     every run): ``standard_normal(size)`` returns shape ``(n, *size)``, so the library's
-    ``value + noise`` (:func:`dpprecond.secure.release`) broadcasts to ``n`` releases, each
+    ``value + noise`` (:func:`dpprecond.noise.release`) broadcasts to ``n`` releases, each
     with exactly the noise law of one call.
     """
 
@@ -457,7 +457,7 @@ def probe_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 40,
 
     The release is the probe's own: its per-block vector (:func:`dpprecond.pca.auto.
     _block_probe`, summed by the rows' own pass, as ``probe`` sums it) plus Gaussian noise
-    of std ``2 z`` through :func:`dpprecond.secure.release`; a test checks that for one run
+    of std ``2 z`` through :func:`dpprecond.noise.release`; a test checks that for one run
     it equals ``probe``'s release for the same stream. (``probe`` splits the released
     vector into counts and energies; the audit keeps it whole, and batches the runs with
     :class:`BatchNoise`.) The noise multiplier is calibrated for one Gaussian release at
@@ -467,10 +467,9 @@ def probe_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 40,
     the top bin, rest energy ``1 - eps^2``), so the vector moves by
     ``sqrt(1 + 1 + 1 + (1 - eps^2)^2) -> 2``. Statistic: the release on that change.
     """
+    from dpprecond.noise import release
     from dpprecond.pca.auto import HIST_EDGES, _block_probe, _block_sum
-    from dpprecond.pca.noise import gaussian_matrix
     from dpprecond.pca.rows import ClippedRows
-    from dpprecond.secure import release
 
     unit = math.sqrt(1.0 / n)
     z = calibrate_noise(gaussian, epsilon, delta, "pld")
@@ -492,8 +491,7 @@ def probe_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 40,
     def mechanism(A: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
         total = noiseless(A)
         std = 2.0 * z
-        noise = gaussian_matrix((size,), std, BatchNoise(rng, n_runs))  # type: ignore[arg-type]
-        return release(total, noise, std, rng) @ direction
+        return release(total, std, BatchNoise(rng, n_runs)) @ direction
 
     return AuditCase("PCA auto: the probe (counts and rest energies per bin)", mechanism,
                      True, (D, D2), epsilon_of(gaussian(z), delta, "pld"), delta,
@@ -510,17 +508,17 @@ def auto_coupled_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100
     delta)`` with ``auto``'s default shares: ``M1 = A^T A + first`` (multiplier
     ``z / sqrt(init_share)``) and, in the Analyze Gauss completion, ``M2 = A^T A + second``
     (``z / sqrt(rest)``), the pair drawn by
-    :func:`~dpprecond.pca.auto.coupled_symmetric_noise` and released by
-    :func:`dpprecond.secure.release`, exactly as :func:`~dpprecond.pca.auto.fit_auto` does
+    :func:`~dpprecond.noise.coupled_symmetric_gaussian` and released by
+    :func:`dpprecond.noise.release`, exactly as :func:`~dpprecond.pca.auto.fit_auto` does
     (a test checks that, for the same stream, the releases are ``fit_auto``'s). The claim
     is the composition of those two releases; the probe between them is audited by
     :func:`probe_case`. Pair and batching as :func:`pca_init_case` (``c`` runs are the
     diagonal blocks of one release of ``I_c (x) S``). Statistic: the inverse-variance
     combination of the two releases' projections (the sufficient statistic of the pair).
     """
-    from dpprecond.pca.auto import AUTO_DEFAULTS, coupled_symmetric_noise
+    from dpprecond.noise import coupled_symmetric_gaussian, release
+    from dpprecond.pca.auto import AUTO_DEFAULTS
     from dpprecond.pca.budget import plan_auto
-    from dpprecond.secure import release
 
     s1, sc = AUTO_DEFAULTS["init_share"], AUTO_DEFAULTS["probe_share"]
     rest = 1.0 - s1 - sc
@@ -537,9 +535,9 @@ def auto_coupled_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100
         for lo in range(0, n_runs, chunk):
             c = min(chunk, n_runs - lo)
             big = np.kron(np.eye(c), S)
-            coupled = coupled_symmetric_noise(c * d, std_ag, std1, rng)
-            M1 = release(big, coupled.first, std1, rng)
-            M2 = release(big, coupled.second, math.sqrt(coupled.var_second), rng)
+            coupled = coupled_symmetric_gaussian(c * d, std_ag, std1, rng)
+            M1 = release(big, std1, rng, noise=coupled.first)
+            M2 = release(big, math.sqrt(coupled.var_second), rng, noise=coupled.second)
             v1, v2 = coupled.var_first, coupled.var_second
             stats = []
             for M in (M1, M2):

@@ -342,7 +342,7 @@ def largest_certifiable_bound(claimed_epsilon: float, n_heldout: int, delta: flo
     from dpprecond.accounting import calibrate_noise, gaussian
 
     claimed_epsilon = check_positive("claimed_epsilon", claimed_epsilon)
-    z = calibrate_noise(gaussian, claimed_epsilon, check_delta(delta), "pld", rel_tol=1e-6)
+    z = calibrate_noise(gaussian, claimed_epsilon, check_delta("delta", delta), "pld", rel_tol=1e-6)
     return gaussian_audit_ceiling(1.0 / z, n_heldout, delta, confidence)
 
 
@@ -379,4 +379,4 @@ def _check_audit_delta(delta: Any) -> float:
     if isinstance(delta, (int, float)) and math.isfinite(delta) and delta >= 1:
         raise ValueError(f"Expected delta in [0, 1), got delta={delta!r}: a claim with "
                          "delta >= 1 says nothing and cannot be audited.")
-    return check_delta(delta)
+    return check_delta("delta", delta)
