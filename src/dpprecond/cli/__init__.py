@@ -24,12 +24,13 @@ SUBCOMMANDS = ("dpprecond.cli.pca", "dpprecond.cli.fl", "dpprecond.cli.demo",
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (all sub-commands registered)."""
+    from dpprecond.cli.options import add
+
     parser = argparse.ArgumentParser(
         prog="dpprecond",
         description="Differentially private learning with cheap preconditioners.")
     parser.add_argument("--version", action="version", version=f"dpprecond {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log more (-v info and the traceback of an error, -vv debug)")
+    add(parser, "verbose")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(sub)

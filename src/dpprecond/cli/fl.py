@@ -48,33 +48,6 @@ def load_fl_data(data: str, data_path: str | None = None, features: str = "pixel
                      "a labelled .npz/.csv file.")
 
 
-def _option(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--option expects NAME=VALUE, got {text!r}")
-    low = value.lower()
-    if low in ("true", "false"):
-        return key, low == "true"
-    if low in ("none", "null"):
-        return key, None
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            continue
-    return key, value
-
-
-def _epsilon(text: str) -> float:
-    if text.lower() in ("inf", "none", "nonprivate", "non-private"):
-        return math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--epsilon expects a number or 'inf' (non-private), got {text!r}") from None
-
-
 def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict[str, Any]:
     """FLConfig's privacy arguments from the command line.
 
@@ -96,6 +69,30 @@ def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict
     return out
 
 
+def method_learning_rates() -> str:
+    """The default ``--lr`` of every method, e.g. ``fedgd, sofim 0.1; adam, yogi 0.01``.
+
+    Read from the methods' own signatures (:func:`dpprecond.fl.method_options`); a method
+    without a ``learning_rate`` (local-step methods) names its own step-size options.
+    """
+    from dpprecond.fl.methods import METHODS, method_options
+
+    by_value: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    for name in METHODS:
+        opts = method_options(name)
+        if "learning_rate" in opts:
+            by_value.setdefault(f"{opts['learning_rate'].default:g}", []).append(name)
+        else:
+            steps = " and ".join(f"--option {key}={opts[key].default:g}"
+                                 for key in ("local_lr", "global_lr") if key in opts)
+            others.setdefault(steps, []).append(name)
+    parts = [f"{', '.join(names)} {value}" for value, names in by_value.items()]
+    parts += [f"{', '.join(names)}: no --lr, their step sizes are {steps}"
+              for steps, names in others.items()]
+    return "the method's own: " + "; ".join(parts)
+
+
 def _level_text(level: dict[str, float]) -> str:
     if "target_epsilon" in level:
         return f"epsilon={level['target_epsilon']:g}"
@@ -115,101 +112,46 @@ def register(subparsers: Any) -> None:
         description="Simulate record-level DP federated learning of a linear softmax head "
                     "(all clients in one process, vectorized). Privacy unit: one record of "
                     "one client, replace-one; every client adds its own noise.")
+    from dpprecond.cli.options import add
+
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="digits", metavar="NAME|FILE",
-                   help=f"one of {', '.join(BUILT_IN)}, or a labelled .npz (X_train, "
-                        "y_train, X_test, y_test) or .csv file (default: digits)")
-    g.add_argument("--data-path", default=None,
-                   help="directory or file of a built-in dataset (default: its standard "
-                        "location)")
-    g.add_argument("--features", default="pixels", metavar="pixels|resnet20|pca:K|random:K",
-                   help="pixels or resnet20 (fixed features of the built-in image data), "
-                        "pca:K (private federated PCA to K dims, charged to the budget: "
-                        "--pca-share) or random:K (a fixed random map, free); default pixels")
-    g.add_argument("--pca-share", type=float, default=None,
-                   help="share of the budget's Gaussian precision spent on pca:K features "
-                        "(default: 0.2)")
-    g.add_argument("--pca-method", default=None, choices=["auto", "analyze_gauss", "fixed"],
-                   help="the federated PCA of pca:K features (default: auto)")
-    g.add_argument("--trust", default=None, choices=["local", "secure-aggregation"],
-                   help="who adds the pca:K noise: every client its own (local, default: "
-                        "each client's message meets the target on its own; the aggregate "
-                        "has sqrt(K) times the noise), or shares of std/sqrt(K) under an "
-                        "assumed secure aggregation (only the sum meets the target, and only "
-                        "if the protocol reveals nothing else; none runs here)")
-    g.add_argument("--row-norm", type=float, default=None,
-                   help="public bound on a row's l2 norm, for pca:K (default: sqrt(d) for the "
-                        "built-in image data, whose features lie in [-1, 1]; required for "
-                        "files)")
-    g.add_argument("--checkpoint", default=None,
-                   help="ResNet-20 weights file for --features resnet20 (default: the "
-                        "standard location)")
-    g.add_argument("--cache-dir", default=None,
-                   help="feature cache directory (default: $DPPRECOND_DATA or "
-                        "~/.cache/dpprecond)")
-    g.add_argument("--label-column", type=int, default=-1,
-                   help="label column of a .csv file (default: -1, the last)")
-    g.add_argument("--test-fraction", type=float, default=0.2,
-                   help="held-out share of a file without its own split (default: 0.2)")
+    add(g, "fl_data")
+    add(g, "data_path")
+    add(g, "features")
+    add(g, "pca_share")
+    add(g, "fl_pca_method")
+    add(g, "trust")
+    add(g, "fl_row_norm")
+    add(g, "checkpoint")
+    add(g, "cache_dir")
+    add(g, "label_column")
+    add(g, "test_fraction")
     g = p.add_argument_group("federation")
-    g.add_argument("--clients", type=int, default=20, help="number of clients K (default: 20)")
-    g.add_argument("--partition", default="iid", choices=["iid", "dirichlet"],
-                   help="how the data is split among clients (default: iid)")
-    g.add_argument("--alpha", type=float, default=0.5,
-                   help="Dirichlet concentration of --partition dirichlet (default: 0.5)")
-    g.add_argument("--weighting", default="uniform", choices=["uniform", "size"],
-                   help="aggregation weights (default: uniform, as the paper)")
-    g.add_argument("--rounds", type=int, default=70, help="number of rounds T (default: 70)")
+    add(g, "clients")
+    add(g, "partition")
+    add(g, "alpha")
+    add(g, "weighting")
+    add(g, "rounds")
     g = p.add_argument_group("privacy")
-    g.add_argument("--epsilon", type=_epsilon, default=None,
-                   help="target epsilon of the whole run, or 'inf' for a non-private run "
-                        "(default: 1 unless --noise-multiplier is given)")
-    g.add_argument("--delta", type=float, default=1e-5, help="target delta (default: 1e-5)")
-    g.add_argument("--noise-multiplier", type=float, default=None,
-                   help="explicit noise multiplier z instead of --epsilon (not both)")
-    g.add_argument("--clip-norm", type=float, default=10.0,
-                   help="per-example gradient clipping norm C (default: 10)")
-    g.add_argument("--mechanism", default="full-batch",
-                   choices=["full-batch", "poisson", "client-level"],
-                   help="client mechanism of the gradient methods (default: full-batch, the "
-                        "paper's)")
-    g.add_argument("--sampling-rate", type=float, default=1.0,
-                   help="Poisson sampling rate of --mechanism poisson (default: 1)")
-    g.add_argument("--local-steps", type=int, default=1,
-                   help="local steps of --mechanism poisson/client-level (default: 1)")
-    g.add_argument("--local-lr", type=float, default=0.1,
-                   help="local learning rate of --mechanism poisson/client-level "
-                        "(default: 0.1)")
-    g.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
-                   help="dp_accounting accountant (default: pld)")
-    g.add_argument("--max-epsilon", type=float, default=None,
-                   help="refuse to start a run whose whole plan (the pca:K features and "
-                        "every round) would spend more than this (default: no cap)")
+    add(g, "fl_epsilon")
+    add(g, "delta", default=1e-5)
+    add(g, "noise_multiplier")
+    add(g, "clip_norm")
+    add(g, "mechanism")
+    add(g, "sampling_rate")
+    add(g, "local_steps")
+    add(g, "local_lr")
+    add(g, "accountant")
+    add(g, "fl_max_epsilon")
     g = p.add_argument_group("method")
-    g.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=list(METHODS),
-                   help=f"the method (default: {DEFAULT_ALGORITHM}); sofim = the paper's "
-                        "form, sofim-momentum = the authors' code, sofim-lagged = ours (see "
-                        "docs/fl.md)")
-    g.add_argument("--lr", type=float, default=None,
-                   help="the method's (server) learning rate (default: the method's own)")
-    g.add_argument("--option", type=_option, action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="another option of the method, e.g. beta=0.9, rho=0.5, "
-                        "local_steps=5, gamma=1 (repeatable; see "
-                        "dpprecond.fl.method_options)")
+    add(g, "algorithm", default=DEFAULT_ALGORITHM, choices=tuple(METHODS))
+    add(g, "lr", shown=method_learning_rates())
+    add(g, "method_option")
     g = p.add_argument_group("output")
-    g.add_argument("--seed", type=int, default=None,
-                   help="seed of all randomness, for reproducible research only (anyone who "
-                        "knows it can regenerate the noise); default: fresh OS entropy")
-    g.add_argument("--out", default="fl-out",
-                   help="output directory for history.json and accuracy.png (default: "
-                        "fl-out)")
-    g.add_argument("--progress", action="store_true",
-                   help="a tqdm bar instead of one line per round")
-    g.add_argument("--secure", action="store_true",
-                   help="secure mode for every stage (the pca:K features and the "
-                        "training): noise from the OS CSPRNG, snapped releases; refuses "
-                        "--seed (docs/privacy.md)")
+    add(g, "fl_seed")
+    add(g, "out")
+    add(g, "progress")
+    add(g, "fl_secure")
     p.set_defaults(func=run)
 
 
