@@ -24,9 +24,10 @@ SUBCOMMANDS = ("dpprecond.cli.pca", "dpprecond.cli.fl", "dpprecond.cli.demo",
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (all sub-commands registered)."""
+    from dpprecond.cli.errors import Parser
     from dpprecond.cli.options import add
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dpprecond",
         description="Differentially private learning with cheap preconditioners.")
     parser.add_argument("--version", action="version", version=f"dpprecond {__version__}")
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpprecond`` console script."""
+    from dpprecond.cli.errors import leaf_parser, user_message
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
@@ -54,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Bad input gets a clear one-line message, not a traceback (-v shows it).
         if args.verbose:
             traceback.print_exc()
-        print(f"dpprecond {args.command}: error: {exc}", file=sys.stderr)
+        # in the user's terms: the flags typed, not the library's parameter names
+        text = user_message(str(exc), leaf_parser(parser, args), argv)
+        print(f"{leaf_parser(parser, args).prog}: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dpprecond {args.command}: interrupted", file=sys.stderr)

@@ -58,6 +58,10 @@ def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict
         return {"target_epsilon": 1.0}
     out: dict[str, Any] = {}
     if epsilon is not None:
+        if not epsilon > 0:  # also nan
+            raise ValueError(f"--epsilon must be > 0, got --epsilon {epsilon:g}: a smaller "
+                             "epsilon is more private, and epsilon <= 0 is no target; for a "
+                             "non-private run give --epsilon inf.")
         if math.isinf(epsilon):
             out["noise_multiplier"] = 0.0
         else:
@@ -178,6 +182,23 @@ def plot_history(histories: dict[str, list[dict[str, float]]], path: Path,
 
 
 
+def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any]) -> None:
+    """``--lr`` and ``--option NAME=VALUE`` against the method's own options, with the fix."""
+    from dpprecond.fl.methods import method_options
+
+    valid = method_options(algorithm)
+    if lr is not None and "learning_rate" not in valid:
+        steps = " / ".join(f"--option {k}={valid[k].default:g}" for k in ("local_lr",
+                           "global_lr") if k in valid)
+        raise ValueError(f"--lr does not apply to --algorithm {algorithm} (it has no "
+                         f"server learning rate); set its step sizes with {steps}.")
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        names = ", ".join(unknown)
+        raise ValueError(f"--option {names}: not an option of --algorithm {algorithm}; its "
+                         f"options are {', '.join(sorted(valid))} (--option NAME=VALUE).")
+
+
 def _prepare_out(path: str) -> Path:
     """Create the output directory before training, so a bad path fails at once."""
     out = Path(path)
@@ -213,7 +234,11 @@ def run(args: argparse.Namespace) -> int:
                       local_lr=args.local_lr, weighting=args.weighting,
                       accountant=args.accountant).validated()
     options = dict(args.option)
+    _check_method_flags(args.algorithm, args.lr, options)
     make_method(args.algorithm, args.lr, **options)  # refuse bad options before loading
+    from dpprecond.cli.options import check_row_norm
+
+    check_row_norm(args.row_norm)
     ledger = None
     if args.max_epsilon is not None:
         ledger = PrivacyLedger(args.delta, max_epsilon=args.max_epsilon)

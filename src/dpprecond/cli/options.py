@@ -20,7 +20,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OPTIONS", "Option", "add", "epsilon_or_inf", "flag_names", "option_pair"]
+__all__ = ["OPTIONS", "Option", "add", "check_row_norm", "epsilon_or_inf", "flag_names",
+           "option_pair"]
+
+
+def check_row_norm(value: float | None) -> float | None:
+    """``--row-norm``: ``None`` (the domain's bound) or a finite number > 0, else a
+    ``ValueError`` naming the flag, the value and the fix."""
+    if value is None or (math.isfinite(value) and value > 0):
+        return value
+    raise ValueError(f"--row-norm must be a finite public bound > 0 on the l2 norm of a row, "
+                     f"got --row-norm {value:g}; give the largest norm the data's domain "
+                     "allows (e.g. sqrt(d) for d features in [0, 1]), never one read from "
+                     "the data, or leave it out for a built-in dataset.")
 
 
 def epsilon_or_inf(text: str) -> float:
@@ -290,7 +302,7 @@ OPTIONS: dict[str, Option] = {
                            help="a cap, not a target: refuse to start a run whose whole "
                                 "plan (the pca:K features and every round) would spend "
                                 "more than this; the run spends --epsilon"),
-    "algorithm": _opt("--algorithm", param="method",
+    "algorithm": _opt("--algorithm",
                       help="the method; sofim = the paper's form, sofim-momentum = the "
                            "authors' code, sofim-lagged = ours (see docs/fl.md)"),
     "lr": _opt("--lr", type=float, default=None, unit="step size", param="learning_rate",
@@ -361,13 +373,13 @@ def add(parser: Any, name: str, **changes: Any) -> argparse.Action:
     return action
 
 
-def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """``{library parameter: flag}`` of the options of ``parser`` that set one."""
-    out: dict[str, str] = {}
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, tuple[str, ...]]:
+    """``{library parameter: its flags}`` of the options of ``parser`` that set one."""
+    out: dict[str, tuple[str, ...]] = {}
     for action in parser._actions:
         opt = getattr(action, "option", None)
         if opt is not None and opt.param and not opt.positional:
-            out.setdefault(opt.param, max(opt.flags, key=len))
+            out.setdefault(opt.param, opt.flags)
     return out
 
 

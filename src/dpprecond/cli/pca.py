@@ -213,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     check_target_delta(args.delta, "--delta")  # before the data is read
     ledger = None if args.max_epsilon is None else PrivacyLedger(
         args.delta, max_epsilon=check_epsilon(args.max_epsilon, "--max-epsilon"))
+    from dpprecond.cli.options import check_row_norm
+
+    check_row_norm(args.row_norm)  # before the data is read
     X, domain_bound, desc = load_pca_matrix(args.data, args.data_path)
     row_norm = args.row_norm if args.row_norm is not None else domain_bound
     if row_norm is None:
