@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 
 from dpprecond import __version__
@@ -52,15 +53,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from dpprecond.accounting import PrivacyBudgetExceededError
 
+    prog = leaf_parser(parser, args).prog
+
+    def show(message: Warning | str, category: type[Warning], *_: object,
+             **__: object) -> None:  # a warning is one line in the user's terms
+        text = user_message(str(message), leaf_parser(parser, args), argv)
+        print(f"{prog}: warning: {text}", file=sys.stderr, flush=True)
+
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, ImportError, PrivacyBudgetExceededError) as exc:
         # Bad input gets a clear one-line message, not a traceback (-v shows it).
         if args.verbose:
             traceback.print_exc()
         # in the user's terms: the flags typed, not the library's parameter names
         text = user_message(str(exc), leaf_parser(parser, args), argv)
-        print(f"{leaf_parser(parser, args).prog}: error: {text}", file=sys.stderr)
+        print(f"{prog}: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dpprecond {args.command}: interrupted", file=sys.stderr)
