@@ -97,6 +97,25 @@ def method_learning_rates() -> str:
     return "the method's own: " + "; ".join(parts)
 
 
+def _cap_text(args: argparse.Namespace, level: dict[str, Any]) -> str:
+    """With ``--max-epsilon``: the epsilon the run uses against the cap, in one line."""
+    if args.max_epsilon is None:
+        return ""
+    if "target_epsilon" in level:
+        given = "--epsilon" if args.epsilon is not None else "the default --epsilon"
+        text = (f"epsilon: the run spends {level['target_epsilon']:g} ({given}); "
+                f"--max-epsilon {args.max_epsilon:g} is a cap that only checks the plan")
+        if args.epsilon is None:
+            text += f", not a target: give --epsilon {args.max_epsilon:g} to spend it"
+        return text + "."
+    return (f"epsilon: the run's noise is set by {_level_text(level)}; --max-epsilon "
+            f"{args.max_epsilon:g} is a cap that only checks the plan.")
+
+
+def _of_cap(args: argparse.Namespace) -> str:
+    return "" if args.max_epsilon is None else f" (cap --max-epsilon {args.max_epsilon:g})"
+
+
 def _level_text(level: dict[str, float]) -> str:
     if "target_epsilon" in level:
         return f"epsilon={level['target_epsilon']:g}"
@@ -262,13 +281,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
           f"seed={seed}")
+    cap = _cap_text(args, level)
+    if cap:
+        print(cap)
 
     def line(rec: dict[str, float]) -> None:
         if not args.progress:
-            print(f"round {rec['round']:3d}  acc {rec['test_accuracy']:.4f}  "
-                  f"loss {rec['test_loss']:.4f}  eps {rec['epsilon']:.3f}  "
-                  f"|update| {rec['update_norm']:.3g}  {rec['seconds'] * 1e3:.0f} ms",
-                  flush=True)
+            print(_round_line(rec), flush=True)
 
     start = time.perf_counter()
     result = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
@@ -288,9 +307,67 @@ def run(args: argparse.Namespace) -> int:
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
           f"{result.n_releases} releases per client, noise multiplier "
           f"z={result.noise_multiplier:.4g} ({noise}); epsilon spent {eps} at "
-          f"delta={args.delta:g}; {time.perf_counter() - start:.1f} s")
+          f"delta={args.delta:g}{_of_cap(args)}; {time.perf_counter() - start:.1f} s")
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
+
+
+def total_epsilon_text(total: float, pca: float | None, training: float,
+                       delta: float) -> str:
+    """The pipeline's privacy line: the composed total and what each stage alone spends.
+
+    The stages are Gaussian releases composed exactly (PLD): their epsilons do not add
+    up, the total is smaller than the sum, and the line says so.
+    """
+    if math.isinf(total):
+        return f"total epsilon per record inf (non-private) at delta={delta:g}"
+    if pca is None:
+        return (f"total epsilon per record {total:.4f} at delta={delta:g} (the features "
+                "are free; all of it is the training's)")
+    return (f"total epsilon per record {total:.4f} at delta={delta:g}, from one ledger: PCA "
+            f"alone {pca:.4f}, training alone {training:.4f}; composed {total:.4f}, not "
+            f"their sum {pca + training:.4f}: composition is not additive (the Gaussian "
+            "releases of both stages are composed exactly)")
+
+
+class _Stages:
+    """Says when the features stage starts and ends, then prints the rounds (the features
+    stage has no rounds: without this a pca:K run is silent until training starts)."""
+
+    def __init__(self, args: argparse.Namespace, start: float) -> None:
+        self.args, self.start, self.started = args, start, False
+        kind = args.features.split(":", 1)[0]
+        what = ("private federated PCA of the clients' rows" if kind == "pca" else
+                "random features (public, no budget)")
+        self.bar = None
+        if args.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=1, desc=f"features {args.features}", unit="stage")
+        else:
+            print(f"stage 1 of 2: {what} to {args.features.split(':', 1)[1]} dims ...",
+                  flush=True)
+
+    def round(self, rec: dict[str, float]) -> None:
+        """The engine's per-round callback."""
+        if not self.started:
+            self.started = True
+            took = time.perf_counter() - self.start - rec["seconds"]
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.close()
+            else:
+                print(f"stage 1 of 2 done in {took:.1f} s; stage 2 of 2: training, "
+                      f"{self.args.rounds} rounds", flush=True)
+        if not self.args.progress:
+            print(_round_line(rec), flush=True)
+
+
+def _round_line(rec: dict[str, float]) -> str:
+    """One round of the history, every number with 4 decimals."""
+    return (f"round {rec['round']:3d}  acc {rec['test_accuracy']:.4f}  "
+            f"loss {rec['test_loss']:.4f}  eps {rec['epsilon']:.4f}  "
+            f"|update| {rec['update_norm']:.4f}  {rec['seconds'] * 1e3:.0f} ms")
 
 
 def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
@@ -319,7 +396,11 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
           f"{trust}, row_norm {row_norm:g}); algorithm={args.algorithm}, "
           f"K={args.clients}, T={args.rounds}, "
           f"{'non-private' if eps is None else f'epsilon={eps:g}'}, delta={args.delta}")
+    cap = _cap_text(args, level)
+    if cap:
+        print(cap)
     start = time.perf_counter()
+    stage = _Stages(args, start)
     res = run_pipeline(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                        features=args.features, target_epsilon=eps, target_delta=args.delta,
                        row_norm=row_norm, pca_share=pca_share, pca_method=pca_method,
@@ -329,17 +410,15 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,
                        clip_norm=args.clip_norm, weighting=args.weighting,
                        accountant=args.accountant, seed=args.seed, ledger=ledger,
-                       secure=args.secure, progress=args.progress)
+                       secure=args.secure, progress=args.progress, callback=stage.round)
     res.fl.config.update(data=args.data, features=res.features)
     res.save_json(out / "history.json")
     plot_history({args.algorithm: res.fl.history}, out / "accuracy.png",
                  f"{args.data}, {args.features}, K={args.clients}")
-    total = "inf (non-private)" if math.isinf(res.epsilon) else f"{res.epsilon:.4f}"
-    pca = "" if res.pca_epsilon is None else f" (PCA {res.pca_epsilon:.4f}, training " \
-        f"{res.fl.epsilon:.4f})"
-    print(f"final test accuracy {res.final_accuracy:.4f}; features: {res.features}; total "
-          f"epsilon per record {total}{pca} at delta={args.delta:g} from one ledger; "
+    print(f"final test accuracy {res.final_accuracy:.4f}; features: {res.features}; "
           f"{time.perf_counter() - start:.1f} s")
+    print(total_epsilon_text(res.epsilon, res.pca_epsilon, res.fl.epsilon, args.delta)
+          + _of_cap(args))
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
 
