@@ -64,3 +64,12 @@ def test_pca_features_show_their_stage_and_the_composition(
     tot, pca, train, summed = map(float, m.groups())
     assert tot == pytest.approx(2.0, abs=1e-4)
     assert max(pca, train) < tot < pca + train == pytest.approx(summed, abs=2e-4)
+
+
+def test_progress_off_a_terminal_prints_the_round_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["fl", "--rounds", "3", "--clients", "5", "--progress", "--features", "pca:4",
+                 "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "\x1b[" not in err and "rounds:" not in err
+    assert sum(ln.startswith("round ") for ln in out.splitlines()) == 3

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -236,6 +237,8 @@ def _prepare_out(path: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``dpprecond fl``."""
+    if args.progress and not sys.stderr.isatty():  # a file or a pipe: lines, not redraws
+        args.progress = False
     from dpprecond.accounting import PrivacyLedger
     from dpprecond.fl import FLConfig, run_federated
     from dpprecond.fl.methods import make_method
