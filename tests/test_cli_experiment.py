@@ -59,3 +59,40 @@ def test_progress_off_a_terminal_is_plain_lines(tiny: Path,
     assert [ln.split(" done")[0] for ln in lines] == [f"tiny sweep: run {i} of 4"
                                                       for i in range(1, 5)]
     assert all("accuracy " in ln for ln in lines)
+
+
+def test_report_refuses_a_directory_of_another_experiment_file(
+        tiny: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["experiment", "run", str(tiny), "--no-progress", "--max-runs", "2"]) == 0
+    assert main(["experiment", "report", str(tiny)]) == 0
+    report_dir = tiny.parent / "out"
+    manifest = (report_dir / "manifest.json").read_text()
+    assert '"config": "../tiny.toml"' in manifest
+    before = (report_dir / "report.md").read_text()
+    other = tiny.parent / "other.toml"  # another file, the same report directory
+    other.write_text(TINY.replace('seeds = [0, 1]', 'seeds = [0]'))
+    capsys.readouterr()
+    assert main(["experiment", "report", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{report_dir} holds the report of {tiny}" in err
+    assert "--output DIR" in err and "--force" in err
+    assert (report_dir / "report.md").read_text() == before  # untouched
+    assert main(["experiment", "report", str(tiny)]) == 0  # its own file may rewrite it
+    assert main(["experiment", "report", str(other), "--output",
+                 str(tiny.parent / "elsewhere")]) == 0
+    assert main(["experiment", "report", str(other), "--force"]) == 0
+    assert '"config": "../other.toml"' in (report_dir / "manifest.json").read_text()
+
+
+def test_a_tuned_file_replaces_its_source_report_not_the_reverse(
+        tiny: Path, capsys: pytest.CaptureFixture) -> None:
+    """``tune`` without --report: the tuned report replaces the untuned one (documented);
+    the untuned file may then not overwrite the tuned report."""
+    assert main(["experiment", "run", str(tiny), "--no-progress", "--max-runs", "1"]) == 0
+    assert main(["experiment", "report", str(tiny)]) == 0
+    tuned = tiny.parent / "tiny-tuned.toml"
+    tuned.write_text(TINY.replace('output = "out"', 'output = "out"\ntuned_from = "tiny"'))
+    assert main(["experiment", "report", str(tuned)]) == 0
+    capsys.readouterr()
+    assert main(["experiment", "report", str(tiny)]) == 2
+    assert f"holds the report of {tuned}" in capsys.readouterr().err

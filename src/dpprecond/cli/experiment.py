@@ -162,7 +162,7 @@ def report(args: argparse.Namespace) -> int:
 
     for path in args.config:
         cfg = _load(path, args.output)
-        md = write_report(cfg)
+        md = write_report(cfg, config_path=path, force=args.force)
         print(f"wrote {md}")
     return 0
 
