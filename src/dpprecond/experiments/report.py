@@ -60,7 +60,7 @@ def check_report_dir(cfg: ExperimentConfig, out: Path,
     """Refuse (:class:`ReportDirectoryError`) to write ``cfg``'s report into ``out`` when
     ``out``'s manifest names another experiment file, unless ``force``.
 
-    The same file (same path, or the same name and origin when a path is unknown) may
+    The same file (same path, or the same experiment name when a path is unknown) may
     rewrite its report; the tuned file of an experiment may replace that experiment's
     report (``dpprecond experiment tune`` without ``--report``), not the other way round.
     """
@@ -72,7 +72,7 @@ def check_report_dir(cfg: ExperimentConfig, out: Path,
     if old.get("config") and new["config"]:
         same = (out / old["config"]).resolve() == (out / new["config"]).resolve()
     else:
-        same = (old.get("name"), old.get("tuned_from")) == (new["name"], new["tuned_from"])
+        same = old.get("name") == new["name"]  # no file to compare: the experiment's name
     replaces_its_source = (new["tuned_from"] is not None and old.get("tuned_from") is None
                            and old.get("name") == new["tuned_from"])
     if same or replaces_its_source:
