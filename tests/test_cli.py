@@ -139,3 +139,13 @@ def test_experiment_run_of_a_binary_file_names_the_file(tmp_path: Path,
     assert main(["experiment", "run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "not a TOML experiment file" in err
+
+
+def test_pca_json_names_the_centering_mode(tmp_path: Path) -> None:
+    """``center`` held the mode ("none"/"private"), not a centre: it is ``centering`` now,
+    and the old key stays (deprecated) with the same value."""
+    out = tmp_path / "c.json"
+    assert main(["pca", "-k", "2", "--method", "analyze_gauss", "--center", "private",
+                 "--seed", "0", "--json", str(out)]) == 0
+    payload = load_strict(out)
+    assert payload["centering"] == "private" == payload["center"]

@@ -251,7 +251,9 @@ def run(args: argparse.Namespace) -> int:
         from dpprecond._files import write_json
 
         payload = {"data": desc, "k": args.n_components, "delta": args.delta,
-                   "row_norm": row_norm, "seed": args.seed, "center": args.center,
+                   "row_norm": row_norm, "seed": args.seed, "centering": args.center,
+                   # deprecated: the same mode under its old name (it is not a centre)
+                   "center": args.center,
                    "results": records}
         write_json(args.json_path, payload, indent=2)  # strict JSON (docs/outputs.md)
         print(f"wrote {args.json_path}")
