@@ -11,6 +11,20 @@ import pytest
 from dpprecond.cli import main
 
 
+@pytest.fixture()
+def shown_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warnings written to stderr as outside pytest (which records them instead): the
+    default ``showwarning`` writes ``warnings.formatwarning(...)``, the CLI's one line."""
+    import sys
+    import warnings
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setattr(warnings, "showwarning", show)
+
+
 @pytest.fixture(scope="module")
 def digits_npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dpprecond.features import load_features
@@ -22,7 +36,8 @@ def digits_npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_climbing_run_warns_and_the_cap_is_not_the_epsilon(
-        digits_npz: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        digits_npz: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        shown_warnings: None) -> None:
     """The README's example: scaffold with 3 local steps under --max-epsilon 4 spends the
     default epsilon 1, and its test loss climbs (digits, 70 rounds)."""
     assert main(["fl", "--data", str(digits_npz), "--algorithm", "scaffold", "--option",

@@ -81,6 +81,20 @@ def _small_experiment(source: Path, target: Path) -> None:
     target.write_text(tomli_w.dumps(doc), encoding="utf-8")
 
 
+@pytest.fixture()
+def shown_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warnings written to stderr as outside pytest (which records them instead): the
+    default ``showwarning`` writes ``warnings.formatwarning(...)``, the CLI's one line."""
+    import sys
+    import warnings
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setattr(warnings, "showwarning", show)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dpprecond.features import load_features
@@ -106,7 +120,8 @@ def _argv(command: str) -> list[str]:
                          ids=[f"{d}: {c[10:60]}" for d, c in COMMANDS])
 def test_a_documented_command_runs(doc: str, command: str, workdir: Path,
                                    monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture) -> None:
+                                   capsys: pytest.CaptureFixture,
+                                   shown_warnings: None) -> None:
     monkeypatch.chdir(workdir)
     argv = _argv(command)
     if argv[:2] == ["experiment", "compare"]:  # the sweeps it compares must have run

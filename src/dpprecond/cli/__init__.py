@@ -7,6 +7,7 @@ assembles them. Library code never prints; printing happens here and in those mo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -55,14 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     prog = leaf_parser(parser, args).prog
 
-    def show(message: Warning | str, category: type[Warning], *_: object,
-             **__: object) -> None:  # a warning is one line in the user's terms
+    def one_line(message: Warning | str, category: type[Warning], filename: str,
+                 lineno: int, line: str | None = None) -> str:
+        # a warning is one line in the user's terms (not a file, a line number and a class)
         text = user_message(str(message), leaf_parser(parser, args), argv)
-        print(f"{prog}: warning: {text}", file=sys.stderr, flush=True)
+        return f"{prog}: warning: {text}\n"
 
+    plain_format = warnings.formatwarning
     try:
-        with warnings.catch_warnings():
-            warnings.showwarning = show
+        with contextlib.ExitStack() as stack:
+            stack.callback(setattr, warnings, "formatwarning", plain_format)
+            warnings.formatwarning = one_line
             return int(args.func(args) or 0)
     except (ValueError, TypeError, OSError, ImportError, PrivacyBudgetExceededError) as exc:
         # Bad input gets a clear one-line message, not a traceback (-v shows it).
