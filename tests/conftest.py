@@ -50,3 +50,9 @@ def release_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReleaseSpy]:
 
     monkeypatch.setattr(secure_module, "is_secure", is_secure)
     yield spy
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The marker of the tests that run the documents' commands (tests/test_docs_commands.py)."""
+    config.addinivalue_line("markers", "docs: runs a command of README.md or of a doc's quick "
+                                       "start, on small data")

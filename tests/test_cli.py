@@ -51,9 +51,9 @@ def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.Capture
     (["pca", "--data", "missing.npy", "--row-norm", "1"], "missing.npy"),
     (["pca", "--epsilon", "0"], "--epsilon > 0, got --epsilon=0"),
     (["pca", "--delta", "1"], "--delta in the open interval (0, 1), got --delta=1.0"),
-    (["pca", "-k", "0"], "n_components"),
+    (["pca", "-k", "0"], "Expected -k >= 1, got -k=0"),
     (["pca", "--data", "mnist"], "Unknown --data 'mnist'"),
-    (["pca", "--row-norm", "-1"], "row_norm > 0, got row_norm=-1.0"),
+    (["pca", "--row-norm", "-1"], "--row-norm must be a finite public bound > 0"),
 ])
 def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,
                                          capsys: pytest.CaptureFixture) -> None:
@@ -139,3 +139,13 @@ def test_experiment_run_of_a_binary_file_names_the_file(tmp_path: Path,
     assert main(["experiment", "run", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "not a TOML experiment file" in err
+
+
+def test_pca_json_names_the_centering_mode(tmp_path: Path) -> None:
+    """``center`` held the mode ("none"/"private"), not a centre: it is ``centering`` now,
+    and the old key stays (deprecated) with the same value."""
+    out = tmp_path / "c.json"
+    assert main(["pca", "-k", "2", "--method", "analyze_gauss", "--center", "private",
+                 "--seed", "0", "--json", str(out)]) == 0
+    payload = load_strict(out)
+    assert payload["centering"] == "private" == payload["center"]

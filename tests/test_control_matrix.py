@@ -358,7 +358,7 @@ class CliPcaRow(CliRow):
         out = c.tmp / "r.json"
         assert_cli_refused(c.cli(self.argv(c, "--epsilon", "2", "--max-epsilon", "2.2",
                                            "--json", str(out))),
-                           "max_epsilon=2.2", "nothing was released")
+                           "--max-epsilon=2.2", "nothing was released")
         assert not out.exists()  # the table's whole plan (1 and 2: 2.30) was refused
         rc, _ = c.cli(self.argv(c, "--max-epsilon", "1"))
         assert rc == 0
@@ -388,7 +388,7 @@ class CliFlRow(CliRow):
     def ledger(self, c: Cell) -> None:
         hist = c.tmp / "o" / "history.json"
         assert_cli_refused(c.cli(self.argv(c, "--max-epsilon", "0.5")),
-                           "max_epsilon=0.5", "nothing was released")
+                           "--max-epsilon=0.5", "nothing was released")
         assert not hist.exists()
         assert c.cli(self.argv(c, "--max-epsilon", "1"))[0] == 0 and hist.exists()
 

@@ -37,7 +37,7 @@ import contextlib
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -167,7 +167,9 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  weighting: Literal["uniform", "size"] = "uniform",
                  accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
-                 progress: bool = False) -> PipelineResult:
+                 progress: bool = False,
+                 callback: Callable[[dict[str, float]], None] | None = None,
+                 ) -> PipelineResult:
     """Private features, then DP federated training, one ledger (see the module docstring).
 
     Parameters
@@ -210,6 +212,10 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         comes from fresh entropy too).
     progress : bool
         Show a tqdm bar over the rounds.
+    callback : callable, optional
+        Called with each training round's history record (as by
+        :func:`dpprecond.fl.engine.simulate`); the first call marks the end of the
+        features stage.
     """
     if secure and seed is not None:
         raise ValueError(f"secure=True refuses seeds (got seed={seed!r}): a seeded run's "
@@ -283,7 +289,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     with _delta_checked():
         fl = simulate(model, train, method, config, X_test=Z_test, y_test=y_test,
                       seed=None if secure else fl_seq, ledger=ledger, progress=progress,
-                      secure=secure)
+                      callback=callback, secure=secure)
     total = ledger.epsilon if ledger is not None else math.inf
     return PipelineResult(fl, desc, total, target_delta, ledger, eps_pca,
                           None if V is None else np.ascontiguousarray(V.T), Z_test)

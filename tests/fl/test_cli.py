@@ -43,7 +43,7 @@ def test_main_reports_bad_input(capsys: pytest.CaptureFixture) -> None:
     from dpprecond.cli import main
 
     assert main(["fl", "--clip-norm", "-1", "--rounds", "1"]) == 2
-    assert "clip_norm" in capsys.readouterr().err
+    assert "--clip-norm" in capsys.readouterr().err  # the flag the user typed
 
 
 def test_bad_epsilon_text() -> None:
@@ -110,7 +110,7 @@ def test_max_epsilon_is_honoured_on_every_feature_path(lab_file, tmp_path, featu
     argv[argv.index("pca:3")] = features
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "max_epsilon=0.5" in err and "nothing was released" in err
+    assert "--max-epsilon=0.5" in err and "nothing was released" in err
     assert not (tmp_path / "o" / "history.json").exists()
     argv[argv.index("0.5")] = "1"
     assert main(argv) == 0

@@ -24,50 +24,45 @@ __all__ = ["register", "report", "run", "tune"]
 
 def register(subparsers: Any) -> None:
     """Add the ``experiment`` sub-command (``run``, ``report``, ``tune``)."""
+    from dpprecond.cli.options import add
+
     p = subparsers.add_parser(
         "experiment", help="run and report the DP federated comparison from a TOML file",
         description="Declarative experiments: DP-FedSOFIM against the DP federated "
                     "baselines (same client mechanism, same total privacy loss per client).")
     sub = p.add_subparsers(dest="experiment_command", metavar="ACTION")
     r = sub.add_parser("run", help="run every missing run of an experiment file (resumable)")
-    r.add_argument("config", help="experiment TOML file (see experiments/)")
-    r.add_argument("--max-runs", type=int, default=None, help="stop after N new runs")
-    r.add_argument("--output", default=None, help="override the file's output directory")
-    r.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    r.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="runs at a time, each in its own process with one BLAS thread "
-                        "(default 1)")
-    r.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                   help="run only this part of the grid first, e.g. --where clients=20 "
-                        "--where partition=iid --where seed=0 (repeatable)")
+    add(r, "config")
+    add(r, "max_runs")
+    add(r, "output")
+    add(r, "no_progress")
+    add(r, "jobs")
+    add(r, "where")
     r.set_defaults(func=run)
-    t = sub.add_parser("tune", help="tune on a validation split of the training data")
-    t.add_argument("config")
-    t.add_argument("--output", default=None)
-    t.add_argument("--report", default=None, metavar="DIR",
-                   help="report directory of the tuned file (default: the source file's, so "
-                        "the tuned report replaces the untuned one); written relative to "
-                        "the tuned file")
-    t.add_argument("--no-progress", action="store_true")
-    t.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="runs at a time, each in its own process with one BLAS thread "
-                        "(default 1)")
+    t = sub.add_parser("tune", help="tune on a validation split of the training data",
+                       description="Tune every method's step size (and the options of "
+                                   "[tuning.grid.<method>]) on a validation split of the "
+                                   "training data, not charged to the privacy budget; "
+                                   "writes <name>-tuned.toml next to the file and "
+                                   "tuning.json in the report directory.")
+    add(t, "config")
+    add(t, "tune_output")
+    add(t, "tune_report")
+    add(t, "no_progress")
+    add(t, "jobs")
     t.set_defaults(func=tune)
     s = sub.add_parser("report", help="tables, figures and McNemar tests of finished runs")
-    s.add_argument("config", nargs="+", help="experiment TOML file(s)")
-    s.add_argument("--output", default=None, help="override the output directory")
+    add(s, "configs")
+    add(s, "output")
+    add(s, "force")
     s.set_defaults(func=report)
     c = sub.add_parser("compare", help="several experiments side by side against a "
                                        "reference method (accuracy, McNemar, rounds)")
-    c.add_argument("config", nargs="+", help="experiment TOML files (finished runs on disk)")
-    c.add_argument("--reference", default="fedgd",
-                   help="the method every other is compared with (default fedgd)")
-    c.add_argument("--labels", nargs="+", default=None, metavar="NAME",
-                   help="a name per experiment for the tables (default: their names)")
-    c.add_argument("--md", default=None, metavar="PATH",
-                   help="also write the markdown here (default: print only)")
-    c.add_argument("--figure", default=None, metavar="PNG",
-                   help="also draw accuracy against epsilon, a panel per experiment")
+    add(c, "compare_configs")
+    add(c, "reference")
+    add(c, "labels")
+    add(c, "md")
+    add(c, "figure")
     c.set_defaults(func=compare)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -167,7 +162,7 @@ def report(args: argparse.Namespace) -> int:
 
     for path in args.config:
         cfg = _load(path, args.output)
-        md = write_report(cfg)
+        md = write_report(cfg, config_path=path, force=args.force)
         print(f"wrote {md}")
     return 0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -48,33 +49,6 @@ def load_fl_data(data: str, data_path: str | None = None, features: str = "pixel
                      "a labelled .npz/.csv file.")
 
 
-def _option(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--option expects NAME=VALUE, got {text!r}")
-    low = value.lower()
-    if low in ("true", "false"):
-        return key, low == "true"
-    if low in ("none", "null"):
-        return key, None
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            continue
-    return key, value
-
-
-def _epsilon(text: str) -> float:
-    if text.lower() in ("inf", "none", "nonprivate", "non-private"):
-        return math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--epsilon expects a number or 'inf' (non-private), got {text!r}") from None
-
-
 def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict[str, Any]:
     """FLConfig's privacy arguments from the command line.
 
@@ -85,6 +59,10 @@ def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict
         return {"target_epsilon": 1.0}
     out: dict[str, Any] = {}
     if epsilon is not None:
+        if not epsilon > 0:  # also nan
+            raise ValueError(f"--epsilon must be > 0, got --epsilon {epsilon:g}: a smaller "
+                             "epsilon is more private, and epsilon <= 0 is no target; for a "
+                             "non-private run give --epsilon inf.")
         if math.isinf(epsilon):
             out["noise_multiplier"] = 0.0
         else:
@@ -94,6 +72,49 @@ def privacy_level(epsilon: float | None, noise_multiplier: float | None) -> dict
             raise ValueError("Give --epsilon or --noise-multiplier, not both.")
         out["noise_multiplier"] = noise_multiplier
     return out
+
+
+def method_learning_rates() -> str:
+    """The default ``--lr`` of every method, e.g. ``fedgd, sofim 0.1; adam, yogi 0.01``.
+
+    Read from the methods' own signatures (:func:`dpprecond.fl.method_options`); a method
+    without a ``learning_rate`` (local-step methods) names its own step-size options.
+    """
+    from dpprecond.fl.methods import METHODS, method_options
+
+    by_value: dict[str, list[str]] = {}
+    others: dict[str, list[str]] = {}
+    for name in METHODS:
+        opts = method_options(name)
+        if "learning_rate" in opts:
+            by_value.setdefault(f"{opts['learning_rate'].default:g}", []).append(name)
+        else:
+            steps = " and ".join(f"--option {key}={opts[key].default:g}"
+                                 for key in ("local_lr", "global_lr") if key in opts)
+            others.setdefault(steps, []).append(name)
+    parts = [f"{', '.join(names)} {value}" for value, names in by_value.items()]
+    parts += [f"{', '.join(names)}: no --lr, their step sizes are {steps}"
+              for steps, names in others.items()]
+    return "the method's own: " + "; ".join(parts)
+
+
+def _cap_text(args: argparse.Namespace, level: dict[str, Any]) -> str:
+    """With ``--max-epsilon``: the epsilon the run uses against the cap, in one line."""
+    if args.max_epsilon is None:
+        return ""
+    if "target_epsilon" in level:
+        given = "--epsilon" if args.epsilon is not None else "the default --epsilon"
+        text = (f"epsilon: the run spends {level['target_epsilon']:g} ({given}); "
+                f"--max-epsilon {args.max_epsilon:g} is a cap that only checks the plan")
+        if args.epsilon is None:
+            text += f", not a target: give --epsilon {args.max_epsilon:g} to spend it"
+        return text + "."
+    return (f"epsilon: the run's noise is set by {_level_text(level)}; --max-epsilon "
+            f"{args.max_epsilon:g} is a cap that only checks the plan.")
+
+
+def _of_cap(args: argparse.Namespace) -> str:
+    return "" if args.max_epsilon is None else f" (cap --max-epsilon {args.max_epsilon:g})"
 
 
 def _level_text(level: dict[str, float]) -> str:
@@ -107,113 +128,54 @@ def _level_text(level: dict[str, float]) -> str:
 
 def register(subparsers: Any) -> None:
     """Add the ``fl`` sub-command to the main parser's sub-parsers."""
-    from dpprecond.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT
-    from dpprecond.fl.config import MECHANISMS
     from dpprecond.fl.methods import METHODS
     from dpprecond.fl.simulator import DEFAULT_ALGORITHM
-    from dpprecond.pca.federated import TRUST_MODELS
-    from dpprecond.pipeline import PCA_METHODS
 
     p = subparsers.add_parser(
         "fl", help="DP federated learning: DP-FedSOFIM vs DP-FedGD and baselines",
         description="Simulate record-level DP federated learning of a linear softmax head "
                     "(all clients in one process, vectorized). Privacy unit: one record of "
                     "one client, replace-one; every client adds its own noise.")
+    from dpprecond.cli.options import add
+
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="digits", metavar="NAME|FILE",
-                   help=f"one of {', '.join(BUILT_IN)}, or a labelled .npz (X_train, "
-                        "y_train, X_test, y_test) or .csv file (default: digits)")
-    g.add_argument("--data-path", default=None,
-                   help="directory or file of a built-in dataset (default: its standard "
-                        "location)")
-    g.add_argument("--features", default="pixels", metavar="pixels|resnet20|pca:K|random:K",
-                   help="pixels or resnet20 (fixed features of the built-in image data), "
-                        "pca:K (private federated PCA to K dims, charged to the budget: "
-                        "--pca-share) or random:K (a fixed random map, free); default pixels")
-    g.add_argument("--pca-share", type=float, default=None,
-                   help="share of the budget's Gaussian precision spent on pca:K features "
-                        "(default: 0.2)")
-    g.add_argument("--pca-method", default=None, choices=list(PCA_METHODS),
-                   help="the federated PCA of pca:K features (default: auto)")
-    g.add_argument("--trust", default=None, choices=list(TRUST_MODELS),
-                   help="who adds the pca:K noise: every client its own (local, default: "
-                        "each client's message meets the target on its own; the aggregate "
-                        "has sqrt(K) times the noise), or shares of std/sqrt(K) under an "
-                        "assumed secure aggregation (only the sum meets the target, and only "
-                        "if the protocol reveals nothing else; none runs here)")
-    g.add_argument("--row-norm", type=float, default=None,
-                   help="public bound on a row's l2 norm, for pca:K (default: sqrt(d) for the "
-                        "built-in image data, whose features lie in [-1, 1]; required for "
-                        "files)")
-    g.add_argument("--checkpoint", default=None,
-                   help="ResNet-20 weights file for --features resnet20 (default: the "
-                        "standard location)")
-    g.add_argument("--cache-dir", default=None,
-                   help="feature cache directory (default: $DPPRECOND_DATA or "
-                        "~/.cache/dpprecond)")
-    g.add_argument("--label-column", type=int, default=-1,
-                   help="label column of a .csv file (default: -1, the last)")
-    g.add_argument("--test-fraction", type=float, default=0.2,
-                   help="held-out share of a file without its own split (default: 0.2)")
+    add(g, "fl_data")
+    add(g, "data_path")
+    add(g, "features")
+    add(g, "pca_share")
+    add(g, "fl_pca_method")
+    add(g, "trust")
+    add(g, "fl_row_norm")
+    add(g, "checkpoint")
+    add(g, "cache_dir")
+    add(g, "label_column")
+    add(g, "test_fraction")
     g = p.add_argument_group("federation")
-    g.add_argument("--clients", type=int, default=20, help="number of clients K (default: 20)")
-    g.add_argument("--partition", default="iid", choices=["iid", "dirichlet"],
-                   help="how the data is split among clients (default: iid)")
-    g.add_argument("--alpha", type=float, default=0.5,
-                   help="Dirichlet concentration of --partition dirichlet (default: 0.5)")
-    g.add_argument("--weighting", default="uniform", choices=["uniform", "size"],
-                   help="aggregation weights (default: uniform, as the paper)")
-    g.add_argument("--rounds", type=int, default=70, help="number of rounds T (default: 70)")
+    add(g, "clients")
+    add(g, "partition")
+    add(g, "alpha")
+    add(g, "weighting")
+    add(g, "rounds")
     g = p.add_argument_group("privacy")
-    g.add_argument("--epsilon", type=_epsilon, default=None,
-                   help="target epsilon of the whole run, or 'inf' for a non-private run "
-                        "(default: 1 unless --noise-multiplier is given)")
-    g.add_argument("--delta", type=float, default=1e-5, help="target delta (default: 1e-5)")
-    g.add_argument("--noise-multiplier", type=float, default=None,
-                   help="explicit noise multiplier z instead of --epsilon (not both)")
-    g.add_argument("--clip-norm", type=float, default=10.0,
-                   help="per-example gradient clipping norm C (default: 10)")
-    g.add_argument("--mechanism", default="full-batch",
-                   choices=list(MECHANISMS),
-                   help="client mechanism of the gradient methods (default: full-batch, the "
-                        "paper's)")
-    g.add_argument("--sampling-rate", type=float, default=1.0,
-                   help="Poisson sampling rate of --mechanism poisson (default: 1)")
-    g.add_argument("--local-steps", type=int, default=1,
-                   help="local steps of --mechanism poisson/client-level (default: 1)")
-    g.add_argument("--local-lr", type=float, default=0.1,
-                   help="local learning rate of --mechanism poisson/client-level "
-                        "(default: 0.1)")
-    g.add_argument("--accountant", default=DEFAULT_ACCOUNTANT, choices=list(ACCOUNTANTS),
-                   help=f"dp_accounting accountant (default: {DEFAULT_ACCOUNTANT})")
-    g.add_argument("--max-epsilon", type=float, default=None,
-                   help="refuse to start a run whose whole plan (the pca:K features and "
-                        "every round) would spend more than this (default: no cap)")
+    add(g, "fl_epsilon")
+    add(g, "delta", default=1e-5)
+    add(g, "noise_multiplier")
+    add(g, "clip_norm")
+    add(g, "mechanism")
+    add(g, "sampling_rate")
+    add(g, "local_steps")
+    add(g, "local_lr")
+    add(g, "accountant")
+    add(g, "fl_max_epsilon")
     g = p.add_argument_group("method")
-    g.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=list(METHODS),
-                   help=f"the method (default: {DEFAULT_ALGORITHM}); sofim = the paper's "
-                        "form, sofim-momentum = the authors' code, sofim-lagged = ours (see "
-                        "docs/fl.md)")
-    g.add_argument("--lr", type=float, default=None,
-                   help="the method's (server) learning rate (default: the method's own)")
-    g.add_argument("--option", type=_option, action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="another option of the method, e.g. beta=0.9, rho=0.5, "
-                        "local_steps=5, gamma=1 (repeatable; see "
-                        "dpprecond.fl.method_options)")
+    add(g, "algorithm", default=DEFAULT_ALGORITHM, choices=tuple(METHODS))
+    add(g, "lr", shown=method_learning_rates())
+    add(g, "method_option")
     g = p.add_argument_group("output")
-    g.add_argument("--seed", type=int, default=None,
-                   help="seed of all randomness, for reproducible research only (anyone who "
-                        "knows it can regenerate the noise); default: fresh OS entropy")
-    g.add_argument("--out", default="fl-out",
-                   help="output directory for history.json and accuracy.png (default: "
-                        "fl-out)")
-    g.add_argument("--progress", action="store_true",
-                   help="a tqdm bar instead of one line per round")
-    g.add_argument("--secure", action="store_true",
-                   help="secure mode for every stage (the pca:K features and the "
-                        "training): noise from the OS CSPRNG, snapped releases; refuses "
-                        "--seed (docs/privacy.md)")
+    add(g, "fl_seed")
+    add(g, "out")
+    add(g, "progress")
+    add(g, "fl_secure")
     p.set_defaults(func=run)
 
 
@@ -240,6 +202,23 @@ def plot_history(histories: dict[str, list[dict[str, float]]], path: Path,
 
 
 
+def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any]) -> None:
+    """``--lr`` and ``--option NAME=VALUE`` against the method's own options, with the fix."""
+    from dpprecond.fl.methods import method_options
+
+    valid = method_options(algorithm)
+    if lr is not None and "learning_rate" not in valid:
+        steps = " / ".join(f"--option {k}={valid[k].default:g}" for k in ("local_lr",
+                           "global_lr") if k in valid)
+        raise ValueError(f"--lr does not apply to --algorithm {algorithm} (it has no "
+                         f"server learning rate); set its step sizes with {steps}.")
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        names = ", ".join(unknown)
+        raise ValueError(f"--option {names}: not an option of --algorithm {algorithm}; its "
+                         f"options are {', '.join(sorted(valid))} (--option NAME=VALUE).")
+
+
 def _prepare_out(path: str) -> Path:
     """Create the output directory before training, so a bad path fails at once."""
     out = Path(path)
@@ -258,6 +237,8 @@ def _prepare_out(path: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``dpprecond fl``."""
+    if args.progress and not sys.stderr.isatty():  # a file or a pipe: lines, not redraws
+        args.progress = False
     from dpprecond.accounting import PrivacyLedger
     from dpprecond.fl import FLConfig, run_federated
     from dpprecond.fl.methods import make_method
@@ -275,7 +256,11 @@ def run(args: argparse.Namespace) -> int:
                       local_lr=args.local_lr, weighting=args.weighting,
                       accountant=args.accountant).validated()
     options = dict(args.option)
+    _check_method_flags(args.algorithm, args.lr, options)
     make_method(args.algorithm, args.lr, **options)  # refuse bad options before loading
+    from dpprecond.cli.options import check_row_norm
+
+    check_row_norm(args.row_norm)
     ledger = None
     if args.max_epsilon is not None:
         ledger = PrivacyLedger(args.delta, max_epsilon=args.max_epsilon)
@@ -299,13 +284,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
           f"seed={seed}")
+    cap = _cap_text(args, level)
+    if cap:
+        print(cap)
 
     def line(rec: dict[str, float]) -> None:
         if not args.progress:
-            print(f"round {rec['round']:3d}  acc {rec['test_accuracy']:.4f}  "
-                  f"loss {rec['test_loss']:.4f}  eps {rec['epsilon']:.3f}  "
-                  f"|update| {rec['update_norm']:.3g}  {rec['seconds'] * 1e3:.0f} ms",
-                  flush=True)
+            print(_round_line(rec), flush=True)
 
     start = time.perf_counter()
     result = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
@@ -325,9 +310,67 @@ def run(args: argparse.Namespace) -> int:
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
           f"{result.n_releases} releases per client, noise multiplier "
           f"z={result.noise_multiplier:.4g} ({noise}); epsilon spent {eps} at "
-          f"delta={args.delta:g}; {time.perf_counter() - start:.1f} s")
+          f"delta={args.delta:g}{_of_cap(args)}; {time.perf_counter() - start:.1f} s")
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
+
+
+def total_epsilon_text(total: float, pca: float | None, training: float,
+                       delta: float) -> str:
+    """The pipeline's privacy line: the composed total and what each stage alone spends.
+
+    The stages are Gaussian releases composed exactly (PLD): their epsilons do not add
+    up, the total is smaller than the sum, and the line says so.
+    """
+    if math.isinf(total):
+        return f"total epsilon per record inf (non-private) at delta={delta:g}"
+    if pca is None:
+        return (f"total epsilon per record {total:.4f} at delta={delta:g} (the features "
+                "are free; all of it is the training's)")
+    return (f"total epsilon per record {total:.4f} at delta={delta:g}, from one ledger: PCA "
+            f"alone {pca:.4f}, training alone {training:.4f}; composed {total:.4f}, not "
+            f"their sum {pca + training:.4f}: composition is not additive (the Gaussian "
+            "releases of both stages are composed exactly)")
+
+
+class _Stages:
+    """Says when the features stage starts and ends, then prints the rounds (the features
+    stage has no rounds: without this a pca:K run is silent until training starts)."""
+
+    def __init__(self, args: argparse.Namespace, start: float) -> None:
+        self.args, self.start, self.started = args, start, False
+        kind = args.features.split(":", 1)[0]
+        what = ("private federated PCA of the clients' rows" if kind == "pca" else
+                "random features (public, no budget)")
+        self.bar = None
+        if args.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=1, desc=f"features {args.features}", unit="stage")
+        else:
+            print(f"stage 1 of 2: {what} to {args.features.split(':', 1)[1]} dims ...",
+                  flush=True)
+
+    def round(self, rec: dict[str, float]) -> None:
+        """The engine's per-round callback."""
+        if not self.started:
+            self.started = True
+            took = time.perf_counter() - self.start - rec["seconds"]
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.close()
+            else:
+                print(f"stage 1 of 2 done in {took:.1f} s; stage 2 of 2: training, "
+                      f"{self.args.rounds} rounds", flush=True)
+        if not self.args.progress:
+            print(_round_line(rec), flush=True)
+
+
+def _round_line(rec: dict[str, float]) -> str:
+    """One round of the history, every number with 4 decimals."""
+    return (f"round {rec['round']:3d}  acc {rec['test_accuracy']:.4f}  "
+            f"loss {rec['test_loss']:.4f}  eps {rec['epsilon']:.4f}  "
+            f"|update| {rec['update_norm']:.4f}  {rec['seconds'] * 1e3:.0f} ms")
 
 
 def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
@@ -356,7 +399,11 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
           f"{trust}, row_norm {row_norm:g}); algorithm={args.algorithm}, "
           f"K={args.clients}, T={args.rounds}, "
           f"{'non-private' if eps is None else f'epsilon={eps:g}'}, delta={args.delta}")
+    cap = _cap_text(args, level)
+    if cap:
+        print(cap)
     start = time.perf_counter()
+    stage = _Stages(args, start)
     res = run_pipeline(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                        features=args.features, target_epsilon=eps, target_delta=args.delta,
                        row_norm=row_norm, pca_share=pca_share, pca_method=pca_method,
@@ -366,17 +413,15 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,
                        clip_norm=args.clip_norm, weighting=args.weighting,
                        accountant=args.accountant, seed=args.seed, ledger=ledger,
-                       secure=args.secure, progress=args.progress)
+                       secure=args.secure, progress=args.progress, callback=stage.round)
     res.fl.config.update(data=args.data, features=res.features)
     res.save_json(out / "history.json")
     plot_history({args.algorithm: res.fl.history}, out / "accuracy.png",
                  f"{args.data}, {args.features}, K={args.clients}")
-    total = "inf (non-private)" if math.isinf(res.epsilon) else f"{res.epsilon:.4f}"
-    pca = "" if res.pca_epsilon is None else f" (PCA {res.pca_epsilon:.4f}, training " \
-        f"{res.fl.epsilon:.4f})"
-    print(f"final test accuracy {res.final_accuracy:.4f}; features: {res.features}; total "
-          f"epsilon per record {total}{pca} at delta={args.delta:g} from one ledger; "
+    print(f"final test accuracy {res.final_accuracy:.4f}; features: {res.features}; "
           f"{time.perf_counter() - start:.1f} s")
+    print(total_epsilon_text(res.epsilon, res.pca_epsilon, res.fl.epsilon, args.delta)
+          + _of_cap(args))
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
 

@@ -170,38 +170,32 @@ def register(subparsers: Any) -> None:
         description="Private top-k PCA (privacy unit: one row, replace-one adjacency). "
                     "Prints the epsilon spent (from dp_accounting) and the subspace error "
                     "against the exact top-k subspace.")
-    p.add_argument("--data", default="digits",
-                   help="digits | fashion-mnist | path to a .npy/.csv matrix (default digits)")
-    p.add_argument("--data-path", help="directory of the dataset files (fashion-mnist: the "
-                   "four IDX files; default /usr/share/datasets/fashion-mnist)")
-    p.add_argument("-k", "--n-components", type=int, default=5, help="k (default 5)")
-    p.add_argument("--method", action="append", choices=[*PRIVATE_METHODS, "all"],
-                   help="method (repeatable; default auto, the best measured (docs/pca_auto.md); "
-                        "'all' runs every private method)")
-    p.add_argument("--epsilon", type=float, action="append",
-                   help="target epsilon (repeatable; default 1)")
-    p.add_argument("--delta", type=float, default=1e-6, help="target delta (default 1e-6)")
-    p.add_argument("--row-norm", type=float,
-                   help="public bound on the row l2 norm; required for files, defaults to "
-                        "sqrt(d) for the [0, 1]-pixel datasets")
-    p.add_argument("--center", choices=["none", "private"], default="none",
-                   help="uncentered PCA (default) or a private mean charged to the budget")
-    p.add_argument("--clip-radius", type=float, help="R for --method fixed")
-    p.add_argument("--n-iter", type=int, help="T for --method fixed / power")
-    p.add_argument("--mean-trials", type=float, help="mean number of trials for select")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of the noise, for reproducible research only (anyone who knows "
-                        "it can regenerate the noise); default: fresh OS entropy")
-    p.add_argument("--json", dest="json_path",
-                   help="write all results, with every fit's released components, to this "
-                        "strict JSON file (docs/outputs.md)")
-    p.add_argument("--secure", action="store_true",
-                   help="secure mode: noise from the OS CSPRNG, snapped releases; refuses "
-                        "--seed (docs/privacy.md)")
-    p.add_argument("--max-epsilon", type=float, default=None,
-                   help="refuse to start unless the whole table (every fit is a release on "
-                        "the same rows: their composition) spends at most this; prints the "
-                        "total (default: no cap)")
+    from dpprecond.cli.options import add
+
+    add(p, "pca_data")
+    add(p, "pca_data_path")
+    add(p, "n_components")
+    add(p, "pca_method", choices=(*PRIVATE_METHODS, "all"))
+    add(p, "pca_epsilon")
+    add(p, "delta")
+    add(p, "row_norm")
+    add(p, "center")
+    from dpprecond.pca.methods import METHODS
+
+    owners = _OPTION_OWNERS
+
+    def shown(key: str) -> str:  # the methods' own defaults, from the registry
+        values = [(m, METHODS[m].defaults[key]) for m in owners[key]]
+        return ", ".join(f"{v:g} for {m}" if v is not None else f"sqrt(k/n) for {m}"
+                         for m, v in values)
+
+    add(p, "clip_radius", shown=shown("clip_radius"))
+    add(p, "n_iter", shown=shown("n_iter"))
+    add(p, "mean_trials", shown=shown("mean_trials"))
+    add(p, "seed")
+    add(p, "pca_json")
+    add(p, "secure")
+    add(p, "pca_max_epsilon")
     p.set_defaults(func=run)
 
 
@@ -217,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
     check_target_delta("--delta", args.delta)  # before the data is read
     ledger = None if args.max_epsilon is None else PrivacyLedger(
         args.delta, max_epsilon=check_epsilon("--max-epsilon", args.max_epsilon))
+    from dpprecond.cli.options import check_row_norm
+
+    check_row_norm(args.row_norm)  # before the data is read
     X, domain_bound, desc = load_pca_matrix(args.data, args.data_path)
     row_norm = args.row_norm if args.row_norm is not None else domain_bound
     if row_norm is None:
@@ -252,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
         from dpprecond._files import write_json
 
         payload = {"data": desc, "k": args.n_components, "delta": args.delta,
-                   "row_norm": row_norm, "seed": args.seed, "center": args.center,
+                   "row_norm": row_norm, "seed": args.seed, "centering": args.center,
+                   # deprecated: the same mode under its old name (it is not a centre)
+                   "center": args.center,
                    "results": records}
         write_json(args.json_path, payload, indent=2)  # strict JSON (docs/outputs.md)
         print(f"wrote {args.json_path}")

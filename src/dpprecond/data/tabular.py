@@ -10,6 +10,7 @@ to report with their position.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from dpprecond.data.base import error_text
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["load_matrix"]
 
@@ -138,6 +141,11 @@ def _load_text(path: Path, delimiter: str, skip_header: bool | None) -> np.ndarr
         cells = [c.strip() for c in _first_line(path).split("#", 1)[0].split(delimiter)]
         cells = [c for c in cells if c]
         skip_header = bool(cells) and not any(_is_number(c) for c in cells)
+        if skip_header:  # say so: a dropped first row must never go unnoticed
+            line = _first_line(path).strip()
+            logger.warning("%s: line 1 (%s) has no number and was skipped as a header; pass "
+                           "skip_header=False to read it as data.", path,
+                           line if len(line) <= 60 else line[:57] + "...")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="loadtxt: input contained no data")

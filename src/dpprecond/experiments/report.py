@@ -1,6 +1,11 @@
 """Tables, figures and paired tests from the finished runs of an experiment.
 
-:func:`write_report` writes into the experiment's output directory:
+:func:`write_report` writes into the experiment's report directory (``report`` in the
+file, else its ``output``):
+
+- ``manifest.json``: which experiment file the report is of; a report directory holding
+  another file's report is refused (:class:`ReportDirectoryError`), except that the tuned
+  file of an experiment replaces that experiment's report (``tune``'s documented default);
 
 - ``results.csv`` (one row per run) and ``results.json`` (runs with their accuracy curves);
 - ``report.md``: per (clients, partition) setting, the final test accuracy of every method
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,64 @@ from dpprecond.experiments.stats import mcnemar_exact, rounds_to_reach
 from dpprecond.experiments.tuning import NOT_CHARGED
 from dpprecond.plots import line_figure
 
-__all__ = ["accuracy_table", "eps_label", "write_report"]
+__all__ = ["MANIFEST", "ReportDirectoryError", "accuracy_table", "check_report_dir",
+           "eps_label", "write_report"]
+
+#: The file in a report directory that names the experiment file of its report.
+MANIFEST = "manifest.json"
+
+
+class ReportDirectoryError(ValueError):
+    """A report directory holds the report of another experiment file."""
+
+
+def _identity(cfg: ExperimentConfig, config_path: str | os.PathLike | None,
+              out: Path) -> dict[str, Any]:
+    config = None
+    if config_path is not None:  # relative to the report directory: the clone can move
+        config = Path(os.path.relpath(Path(config_path).resolve(), out.resolve())).as_posix()
+    return {"config": config, "name": cfg.name, "tuned_from": cfg.tuned_from}
+
+
+def check_report_dir(cfg: ExperimentConfig, out: Path,
+                     config_path: str | os.PathLike | None = None, *,
+                     force: bool = False) -> None:
+    """Refuse (:class:`ReportDirectoryError`) to write ``cfg``'s report into ``out`` when
+    ``out``'s manifest names another experiment file, unless ``force``.
+
+    The same file (same path, or the same experiment name when a path is unknown) may
+    rewrite its report; the tuned file of an experiment may replace that experiment's
+    report (``dpprecond experiment tune`` without ``--report``), not the other way round.
+    """
+    path = out / MANIFEST
+    if force or not path.exists():
+        return
+    old = json.loads(path.read_text(encoding="utf-8"))
+    new = _identity(cfg, config_path, out)
+    if old.get("config") and new["config"]:
+        same = (out / old["config"]).resolve() == (out / new["config"]).resolve()
+    else:
+        same = old.get("name") == new["name"]  # no file to compare: the experiment's name
+    replaces_its_source = (new["tuned_from"] is not None and old.get("tuned_from") is None
+                           and old.get("name") == new["tuned_from"])
+    if same or replaces_its_source:
+        return
+
+    def what(ident: dict[str, Any]) -> str:
+        if ident.get("config"):
+            return str(os.path.normpath(out / ident["config"]))
+        tuned = f", tuned from {ident['tuned_from']!r}" if ident.get("tuned_from") else ""
+        return f"the experiment {ident.get('name')!r}{tuned}"
+
+    raise ReportDirectoryError(
+        f"{out} holds the report of {what(old)} ({path}); this is {what(new)}. Refusing to "
+        "overwrite it: give this report another directory (--output DIR, or report = "
+        "\"DIR\" in the experiment file), or pass --force to replace it.")
+
+
+def _write_manifest(cfg: ExperimentConfig, out: Path,
+                    config_path: str | os.PathLike | None) -> None:
+    write_json(out / MANIFEST, _identity(cfg, config_path, out), indent=2)
 
 CSV_FIELDS = ("id", "method", "algorithm", "clients", "partition", "epsilon", "rounds", "seed",
               "final_accuracy", "noise_multiplier", "epsilon_spent", "n_releases", "seconds",
@@ -245,14 +308,21 @@ def _figures(cfg: ExperimentConfig, settings: dict[tuple[int, str], list[dict[st
 
 
 def write_report(cfg: ExperimentConfig, *, y_test: np.ndarray | None = None,
-                 cache: DataCache | None = None) -> Path:
+                 cache: DataCache | None = None,
+                 config_path: str | os.PathLike | None = None,
+                 force: bool = False) -> Path:
     """Write the CSV/JSON results, figures and ``report.md``; return the markdown path.
 
     ``y_test`` (the test labels, for the McNemar tests) is loaded from the data set when
-    not given.
+    not given. ``config_path``: the experiment file, named in the directory's
+    :data:`MANIFEST`; a directory holding another file's report raises
+    :class:`ReportDirectoryError` before anything is written, unless ``force``
+    (:func:`check_report_dir`).
     """
     out = Path(cfg.report_dir or cfg.output)
+    check_report_dir(cfg, out, config_path, force=force)
     out.mkdir(parents=True, exist_ok=True)
+    _write_manifest(cfg, out, config_path)
     recs = load_records(cfg, with_predictions=True)
     expected = expand_runs(cfg)
     _write_csv_json(out, recs)

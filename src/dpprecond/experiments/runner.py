@@ -15,6 +15,7 @@ randomness (initialization, noise per (round, client)); the first two match
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,7 +23,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from dpprecond.experiments.config import (
 )
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
+from dpprecond.fl.divergence import CLIMB_RATIO, DivergenceWarning
 from dpprecond.fl.engine import FLResult, simulate
 from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import LinearSoftmax
@@ -212,11 +215,51 @@ def _init_worker(cache: DataCache, parent: int) -> None:
     threadpool_limits(limits=1)
 
 
-def _execute_and_save(spec: RunSpec, runs_dir: Path) -> dict[str, Any]:
+#: The logger of the per-run notice "noise_multiplier=0: a non-private run"; a sweep says
+#: it once for all its non-private runs instead.
+_NON_PRIVATE_LOGGER = "dpprecond.fl.accounting"
+
+
+@contextlib.contextmanager
+def _per_run_notices_off() -> Iterator[None]:
+    """Silence the per-run non-private notice (the sweep has said it once)."""
+    quiet = logging.getLogger(_NON_PRIVATE_LOGGER)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+
+
+def _execute_counted(spec: RunSpec, cache: DataCache,
+                     progress: bool) -> tuple[dict[str, Any], np.ndarray, bool]:
+    """:func:`execute_run`, with the run's :class:`DivergenceWarning` counted (a sweep
+    reports how many runs climbed once) instead of shown; other warnings pass."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DivergenceWarning)
+        record, pred = execute_run(spec, cache, progress=progress)
+    climbed = False
+    for w in caught:
+        if issubclass(w.category, DivergenceWarning):
+            climbed = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return record, pred, climbed
+
+
+def _execute_and_save(spec: RunSpec, runs_dir: Path) -> tuple[dict[str, Any], bool]:
     assert _WORKER_CACHE is not None
-    record, pred = execute_run(spec, _WORKER_CACHE, progress=False)
+    with _per_run_notices_off():
+        record, pred, climbed = _execute_counted(spec, _WORKER_CACHE, progress=False)
     _save_run(runs_dir, record, pred)
-    return record
+    return record, climbed
+
+
+def _run_label(spec: RunSpec) -> str:
+    eps = "inf" if spec["epsilon"] is None else f"{spec['epsilon']:g}"
+    return (f"{spec['method']} K={spec['clients']} {spec['partition']} eps={eps} "
+            f"seed={spec['seed']}")
 
 
 def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: bool = True,
@@ -245,37 +288,63 @@ def run_experiment(cfg: ExperimentConfig, *, tuning: bool = False, progress: boo
              if all(s.get(k) == v for k, v in (where or {}).items())]
     todo = [s for s in specs if not (runs_dir / f"{run_id(s)}.json").exists()]
     logger.info("%s: %d runs, %d already done", cfg.name, len(specs), len(specs) - len(todo))
-    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), disable=not progress,
-               desc=f"{cfg.name} {'tuning' if tuning else 'sweep'}", unit="run")
+    # a bar on a terminal; elsewhere (a log file, a pipe) one plain line per run: tqdm's
+    # redraws, and its cursor moves between nested bars, are junk in a file
+    interactive = progress and sys.stderr.isatty()
+    kind = "tuning" if tuning else "sweep"
+    bar = tqdm(total=len(specs), initial=len(specs) - len(todo), disable=not interactive,
+               desc=f"{cfg.name} {kind}", unit="run")
     if max_runs is not None:
         todo = todo[:max_runs]
     cache = cache or DataCache(cfg)
+    non_private = sum(1 for s in todo if s["epsilon"] is None)
+    if non_private:  # once for the sweep, not once per run
+        logger.warning("%s: %d of the %d runs to do are non-private (epsilon inf, "
+                       "noise_multiplier=0): reference runs with no privacy guarantee.",
+                       cfg.name, non_private, len(todo))
+    done = len(specs) - len(todo)
+    climbed: list[str] = []
 
-    def finished(record: dict[str, Any]) -> None:
+    def finished(record: dict[str, Any], climb: bool) -> None:
+        nonlocal done
+        done += 1
+        if climb:
+            climbed.append(_run_label(record["spec"]))
         if on_record is not None:
             on_record(record)
         bar.update(1)
+        if progress and not interactive:
+            print(f"{cfg.name} {kind}: run {done} of {len(specs)} done "
+                  f"({_run_label(record['spec'])}): accuracy "
+                  f"{record['final_accuracy']:.4f}, {record['seconds']:.1f} s",
+                  file=sys.stderr, flush=True)
 
-    if jobs > 1 and len(todo) > 1:
-        for key in dict.fromkeys((s["data"], s["features"]) for s in todo):
-            feats = "pixels" if key[1].split(":")[0] in ("pca", "random") else key[1]
-            cache.get(key[0], feats)  # load once in the parent; forked workers share it
-        pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_init_worker,
-                                   initargs=(cache, os.getpid()))
-        try:
-            futures = [pool.submit(_execute_and_save, spec, runs_dir) for spec in todo]
-            for future in as_completed(futures):
-                finished(future.result())
-        finally:  # on an error or Ctrl-C: drop the queued runs, do not wait for them
-            pool.shutdown(wait=True, cancel_futures=True)
-    else:
-        for spec in todo:
-            bar.set_postfix_str(f"{spec['method']} K={spec['clients']} {spec['partition']} "
-                                f"eps={spec['epsilon']} seed={spec['seed']}")
-            record, pred = execute_run(spec, cache, progress=progress)
-            _save_run(runs_dir, record, pred)
-            finished(record)
+    with _per_run_notices_off():
+        if jobs > 1 and len(todo) > 1:
+            for key in dict.fromkeys((s["data"], s["features"]) for s in todo):
+                feats = "pixels" if key[1].split(":")[0] in ("pca", "random") else key[1]
+                cache.get(key[0], feats)  # load once in the parent; forked workers share it
+            pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)),
+                                       initializer=_init_worker,
+                                       initargs=(cache, os.getpid()))
+            try:
+                futures = [pool.submit(_execute_and_save, spec, runs_dir) for spec in todo]
+                for future in as_completed(futures):
+                    finished(*future.result())
+            finally:  # on an error or Ctrl-C: drop the queued runs, do not wait for them
+                pool.shutdown(wait=True, cancel_futures=True)
+        else:
+            for spec in todo:
+                bar.set_postfix_str(_run_label(spec))
+                record, pred, climb = _execute_counted(spec, cache, progress=interactive)
+                _save_run(runs_dir, record, pred)
+                finished(record, climb)
     bar.close()
+    if climbed:
+        logger.warning("%s: the test loss climbed (to >= %g x its lowest) in %d of the %d "
+                       "runs, e.g. %s: their noise or step size dominates; the report's "
+                       "accuracy tables show what they reached.", cfg.name, CLIMB_RATIO,
+                       len(climbed), len(todo), "; ".join(climbed[:3]))
     return len(todo)
 
 

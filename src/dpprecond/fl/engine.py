@@ -57,6 +57,7 @@ from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
 from dpprecond.fl.client import round_generators
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
+from dpprecond.fl.divergence import check_history
 from dpprecond.fl.methods import GradientMethod, Method, RunSpec, make_method
 from dpprecond.fl.models import FLModel, LinearSoftmax
 from dpprecond.fl.server import GradientTransformation
@@ -383,6 +384,7 @@ def simulate(model: FLModel, data: ClientData,
                     "events": events})
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)  # the seed must not outlive the run
+    check_history(history, method.name)  # every method warns when its test loss climbed
     eps = history[-1]["epsilon"]
     return FLResult(params, history, method.noise_multiplier(multipliers), eps,
                     config.target_delta, {**asdict(config), **method.describe()},

@@ -153,9 +153,14 @@ def check_pca_input(X: Any, n_components: Any) -> tuple[np.ndarray, int]:
 def _check_center(center: Any, d: int) -> str | np.ndarray | None:
     if center is None:
         return None
+    valid = (f"None (uncentered), 'private' (a private mean charged to the budget) or a "
+             f"public mean of shape ({d},)")
     if isinstance(center, str):
-        check_choice("center", center, ["private"])
+        if center != "private":
+            raise ValueError(f"Unknown center={center!r}; expected one of {valid}.")
         return center
+    if np.ndim(center) == 0:  # True, 1.0 ...: not a mean of the d columns
+        raise TypeError(f"Expected center to be {valid}, got center={center!r}.")
     mean = check_array("center", center, ndim=1)
     if mean.shape != (d,):
         raise ValueError(f"Expected center to be None, 'private' or a public mean of shape "
