@@ -138,7 +138,8 @@ class SecAggDPClient(NumPyClient):
                  noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
-        self.noise_root = None if noise_seed is None else check_seed("noise_seed", noise_seed).spawn(3)[1]
+        self.noise_root = (None if noise_seed is None
+                           else check_seed("noise_seed", noise_seed).spawn(3)[1])
         self.min_noise_multiplier = float(min_noise_multiplier)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
