@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ import numpy as np
 from dp_accounting import dp_event
 from tqdm.auto import tqdm
 
-from dpprecond._files import write_json
 from dpprecond._threads import serial_blas
 from dpprecond._validation import (
     SeedLike,
@@ -58,66 +57,15 @@ from dpprecond.fl.client import round_generators
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.divergence import check_history
-from dpprecond.fl.methods import GradientMethod, Method, RunSpec, make_method
+from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel, LinearSoftmax
+from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secure import SECURE_ROOT
 
 __all__ = ["FLResult", "as_method", "plan_event", "simulate"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class FLResult:
-    """Outcome of a run: final parameters, per-round history and the privacy figures.
-
-    ``events`` lists every private release of one client, in order (one entry per release),
-    so that what was charged can be checked against what was released; ``epsilon`` is
-    their composition at ``delta`` (``inf`` for a non-private run).
-    """
-
-    params: np.ndarray
-    history: list[dict[str, float]]
-    noise_multiplier: float
-    epsilon: float
-    delta: float
-    config: dict[str, Any] = field(default_factory=dict)
-    events: list[dp_event.DpEvent] = field(default_factory=list)
-
-    @property
-    def final_accuracy(self) -> float:
-        """Test accuracy after the last round."""
-        return self.history[-1]["test_accuracy"]
-
-    @property
-    def n_releases(self) -> int:
-        """How many private releases each client made."""
-        return len(self.events)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The run as written to disk: privacy figures, settings, history and the released
-        model (``params``, the final parameters: post-processing of the releases)."""
-        return {"noise_multiplier": self.noise_multiplier, "epsilon": self.epsilon,
-                "delta": self.delta, "n_releases": self.n_releases, "config": self.config,
-                "history": self.history, "params": self.params}
-
-    def save_json(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` as strict JSON, atomically (:func:`dpprecond._files.
-        write_json`: a non-private run's ``epsilon`` is ``null``; docs/outputs.md)."""
-        write_json(path, self.to_dict())
-
-
-def as_method(method: Method | GradientTransformation | str) -> Method:
-    """A :class:`~dpprecond.fl.methods.Method` from a method, a server transform or a name."""
-    if isinstance(method, Method):
-        return method
-    if isinstance(method, GradientTransformation):
-        return GradientMethod(method)
-    if isinstance(method, str):
-        return make_method(method)
-    raise TypeError(f"Expected a Method, a GradientTransformation or a method name, got "
-                    f"{type(method).__name__}.")
 
 
 #: The layout of a checkpoint's state: ``(server state, client state or None)``.

@@ -37,9 +37,9 @@ from dpprecond.accounting import PrivacyLedger, calibrate_noise
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
-from dpprecond.fl.engine import FLResult, as_method
 from dpprecond.fl.methods import GradientMethod, Method
 from dpprecond.fl.models import FLModel
+from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.skellam import (
     SkellamPlan,

@@ -76,9 +76,9 @@ from dpprecond.adapters.flower.client_app import (
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
-from dpprecond.fl.engine import FLResult, as_method
 from dpprecond.fl.methods import Method
 from dpprecond.fl.models import FLModel
+from dpprecond.fl.result import FLResult, as_method
 from dpprecond.secagg.fl import check_secure_aggregation, secure_noise_multiplier
 from dpprecond.secagg.skellam import SkellamPlan, decode, plan_event, plan_skellam
 
