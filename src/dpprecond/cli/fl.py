@@ -182,6 +182,11 @@ def register(subparsers: Any) -> None:
                         "(default: 0.1)")
     g.add_argument("--accountant", default="pld", choices=["pld", "rdp"],
                    help="dp_accounting accountant (default: pld)")
+    g.add_argument("--tune", action="store_true",
+                   help="select the method, server step and clip privately (repeat-and-"
+                        "select, charged: --epsilon is the total, tuning included)")
+    g.add_argument("--tune-trials", type=float, default=3.0,
+                   help="mean number of trials of --tune (default: 3)")
     g.add_argument("--max-epsilon", type=float, default=None,
                    help="refuse to start a run whose whole plan (the pca:K features and "
                         "every round) would spend more than this (default: no cap)")
@@ -289,6 +294,12 @@ def run(args: argparse.Namespace) -> int:
     base = args.features if kind in ("pixels", "resnet20") else "pixels"
     ds, feat = load_fl_data(args.data, args.data_path, base, args.checkpoint,
                             args.cache_dir, args.label_column, args.test_fraction)
+    if args.tune:  # private selection (dpprecond.cli.fl_tune); pixel features or a file
+        if kind in ("pca", "random"):
+            raise ValueError("--tune runs on fixed features; drop --features pca:K/random:K.")
+        from dpprecond.cli.fl_tune import run_tune
+
+        return run_tune(args, ds, config, out, ledger)
     if kind in ("pca", "random"):
         return _run_pipeline(args, ds, level, out, ledger)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
