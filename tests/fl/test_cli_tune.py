@@ -20,7 +20,7 @@ def test_tune_on_digits_reports_the_total_epsilon(tmp_path, capsys) -> None:
     saved = json.loads((out / "history.json").read_text())
     assert saved["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert "n_trials" not in saved
-    assert saved["candidate"]["algorithm"] in ("fedgd", "sofim-lagged", "adam")
+    assert saved["candidate"]["algorithm"] in ("fedgd", "adam")
 
 
 def test_tune_on_a_users_npz_file(tmp_path, capsys) -> None:

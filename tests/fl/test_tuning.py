@@ -102,6 +102,12 @@ def test_the_ledger_is_checked_first_and_charged(problem: tuple) -> None:
     assert ledger.epsilon == pytest.approx(res.epsilon, rel=1e-9)
 
 
+def test_a_held_out_split_scores_on_its_own_records(problem: tuple) -> None:
+    res = _tune(problem, validation_fraction=0.25, seed=0)
+    assert res.n_validation == 60
+    assert _tune(problem, seed=0).n_validation == 240  # default: every training record
+
+
 def test_n_trials_is_not_published(problem: tuple) -> None:
     out = _tune(problem, seed=0).to_dict()
     assert "n_trials" not in out
@@ -127,7 +133,8 @@ def test_a_poisson_count_of_zero_releases_nothing(problem: tuple) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"validation_fraction": 0.0}, "validation_fraction"),
+    ({"validation_fraction": -0.1}, "validation_fraction"),
+    ({"validation_fraction": 0.999}, "validation_fraction"),
     ({"validation_fraction": 1.0}, "validation_fraction"),
     ({"score_share": 1.0}, "score_share"),
     ({"mean_trials": 0.5}, "mean_trials"),

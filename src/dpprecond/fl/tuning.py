@@ -4,25 +4,29 @@
 Steinke 2022, Liu and Talwar 2019) over federated runs, built only on
 :func:`~dpprecond.fl.simulator.run_federated` and :func:`~dpprecond.fl.engine.plan_event`:
 
-1. the training records are split once, at random and independently of their values, into
-   a fitting part and a validation part of ``n_val = round(validation_fraction * n)``
-   records (``n_val`` is public);
+1. with ``validation_fraction > 0`` the training records are split once, at random and
+   independently of their values, into a fitting part and a validation part of
+   ``n_val = round(validation_fraction * n)`` records (``n_val`` is public); with
+   ``validation_fraction = 0`` (the default) every record trains and scores;
 2. ``K`` trials, ``K`` drawn from the chosen distribution with mean ``mean_trials`` and kept
    hidden. Each trial draws a candidate uniformly from the search space (method, server
    step, clip norm, method options, adaptive clipping), trains it on the fitting part and
-   releases a noisy validation accuracy;
+   releases its noisy accuracy on the scoring records;
 3. the trial of the highest noisy score is released: its model, its candidate and its
    score. Nothing else (the other trials, ``K``) is released.
 
 **Privacy unit**: one record of one client, replace-one, as every run of the package.
 
-**The score** is the number of correctly classified validation records, noised by every
-client for its own share (``K_clients`` Gaussians of std ``z_score``), divided by
-``n_val``. Replacing one validation record changes the count by at most 1 (that record's
-indicator), so the count has l2 sensitivity 1 and the accuracy ``1/n_val``
-(:func:`score_sensitivity`); replacing a fitting record changes only the trained model,
-whose release is accounted for by the training run. A record is in one part only, but the
-accounting composes both parts for every record (an upper bound).
+**The score** is the number of correctly classified scoring records, noised by every
+client for its own share (``K_clients`` Gaussians of std ``z_score``), divided by their
+number ``n_val``. For a *fixed* model, replacing one record changes the count by at most 1
+(that record's indicator): l2 sensitivity 1, and ``1/n_val`` for the accuracy
+(:func:`score_sensitivity`). The trial releases the model and then the count of that
+model, so by adaptive composition its cost is the training run's plus one Gaussian of
+sensitivity 1, whether the scoring records also trained the model (``validation_fraction
+= 0``: the accuracy on the training records, ``n`` of them, the least noisy score) or are
+held out (an unbiased score on fewer records). The accounting composes both for every
+record.
 
 **One trial is one Gaussian.** Every candidate's training run is a composition of
 unsampled Gaussian releases (the full-batch mechanism, with or without adaptive
@@ -130,15 +134,13 @@ def search_space(algorithms: Mapping[str, Iterable[float | None]],
             for lr, clip, ac in product(list(lrs), list(clip_norms), list(adaptive))]
 
 
-#: The default search space: DP-FedGD, lagged DP-FedSOFIM and server Adam at three server
-#: steps each, fixed clips 1 and 10 and adaptive clipping (median) from 1.
-DEFAULT_SEARCH: tuple[Candidate, ...] = tuple(search_space(
-    {"fedgd": (0.1, 0.3, 1.0), "sofim-lagged": (0.02, 0.05, 0.1),
-     "adam": (0.003, 0.01, 0.03)},
-    clip_norms=(1.0, 10.0)) + search_space(
-    {"fedgd": (0.1, 0.3, 1.0), "sofim-lagged": (0.02, 0.05, 0.1),
-     "adam": (0.003, 0.01, 0.03)},
-    clip_norms=(1.0,), adaptive=(AdaptiveClip(),)))
+#: The default search space (8 candidates): DP-FedGD (server steps 0.3 and 1) and server
+#: Adam (0.01 and 0.03), each with adaptive clipping (the median, from the base
+#: ``clip_norm``) or a fixed clip of 1. A compact space of candidates that each learn:
+#: every trial draws one at random, and a few trials must find a good one.
+DEFAULT_SEARCH: tuple[Candidate, ...] = tuple(
+    search_space({"fedgd": (0.3, 1.0), "adam": (0.01, 0.03)}, adaptive=(AdaptiveClip(),))
+    + search_space({"fedgd": (0.3, 1.0), "adam": (0.01, 0.03)}, clip_norms=(1.0,)))
 
 
 def score_sensitivity(n_validation: int) -> float:
@@ -231,7 +233,7 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  config: FLConfig, candidates: Sequence[Candidate] = DEFAULT_SEARCH,
                  mean_trials: float = 5.0,
                  trials: Literal["geometric", "logarithmic", "poisson"] | float = "geometric",
-                 validation_fraction: float = 0.2, score_share: float = 0.1,
+                 validation_fraction: float = 0.0, score_share: float = 0.1,
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, model: FLModel | None = None, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, progress: bool = False,
@@ -258,7 +260,8 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         Distribution of the number of trials, or a truncated-negative-binomial shape
         (:mod:`dpprecond.selection`).
     validation_fraction : float
-        Share of the training records held out for the score.
+        Share of the training records held out for the score, in ``[0, 1)``; 0 (default)
+        scores on the training records themselves.
     score_share : float
         Share of each trial's budget (Gaussian precision) spent on its score.
     n_clients, partition, alpha, model
@@ -287,13 +290,13 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     _check_tuning_config(config)
     shape = trial_shape(trials)
     repeat_and_select_event(dp_event.GaussianDpEvent(1.0), mean_trials, shape)  # checks
-    frac = check_fraction("validation_fraction", validation_fraction, low_open=True)
+    frac = check_fraction("validation_fraction", validation_fraction)
     share = check_fraction("score_share", score_share, low_open=True)
     X_train = check_array("X_train", X_train)
     y_train = check_labels("y_train", y_train, n_classes, n_rows=X_train.shape[0])
     n = X_train.shape[0]
-    n_val = round(frac * n)
-    if n_val < 1 or n - n_val < n_clients:
+    n_val = round(frac * n) if frac > 0 else n
+    if n_val < 1 or (frac > 0 and n - n_val < n_clients):
         raise ValueError(f"validation_fraction={frac:g} of {n} records leaves {n_val} for "
                          f"validation and {n - n_val} for {n_clients} clients; both parts "
                          "need records (at least one per client).")
@@ -316,10 +319,12 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     root = check_seed(seed)
     ctrl_seq, trial_root = root.spawn(2)
     ctrl: Any = SecureGenerator() if secure else np.random.default_rng(ctrl_seq)
-    order = np.argsort(ctrl.random(n), kind="stable")  # a value-independent split
-    val_idx, fit_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
-    X_val, y_val = X_train[val_idx], y_train[val_idx]
-    X_fit, y_fit = X_train[fit_idx], y_train[fit_idx]
+    X_val, y_val, X_fit, y_fit = X_train, y_train, X_train, y_train
+    if frac > 0:
+        order = np.argsort(ctrl.random(n), kind="stable")  # a value-independent split
+        val_idx, fit_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+        X_val, y_val = X_train[val_idx], y_train[val_idx]
+        X_fit, y_fit = X_train[fit_idx], y_train[fit_idx]
     n_trials = draw_trial_count(ctrl, mean_trials, shape)
     picks = [int(ctrl.integers(0, len(cands))) for _ in range(n_trials)]
 
