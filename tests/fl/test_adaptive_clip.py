@@ -224,3 +224,12 @@ def test_noise_aware_sofim_is_refused(problem: tuple) -> None:
 def test_the_initial_clip_overrides_clip_norm(problem: tuple) -> None:
     res = _run(problem, adaptive=AdaptiveClip(initial_clip=0.7), target_epsilon=1.0)
     assert res.config["clip_norms"][0] == 0.7  # type: ignore[attr-defined]
+
+
+def test_the_flower_adapter_refuses_adaptive_clipping_by_name() -> None:
+    pytest.importorskip("flwr")
+    from dpprecond.adapters.flower.server_side import ServerSide
+
+    cfg = FLConfig(n_rounds=2, target_epsilon=1.0, adaptive_clip=AdaptiveClip())
+    with pytest.raises(ValueError, match="adaptive_clip"):
+        ServerSide("fedgd", LinearSoftmax(6, 3), cfg, 4)
