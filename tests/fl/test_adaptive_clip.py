@@ -140,6 +140,14 @@ def test_the_geometric_update_converges_to_the_target_quantile_without_noise() -
         assert np.mean(norms <= clip) == pytest.approx(gamma, abs=0.01)
 
 
+def test_the_update_stays_within_its_bounds() -> None:
+    from dpprecond.fl.config import MAX_CLIP_NORM
+
+    assert geometric_update(1e99, 0.0, 0.99, 1e6) == MAX_CLIP_NORM
+    assert geometric_update(5.0, 0.0, 0.9, 1.0, upper=6.0) == 6.0
+    assert geometric_update(1e-300, 1.0, 0.01, 1e6) == np.finfo(np.float64).tiny
+
+
 def test_a_noiseless_run_moves_the_clip_to_the_quantile_of_its_norms(problem: tuple) -> None:
     X, y, Xt, yt = problem
     gamma = 0.3

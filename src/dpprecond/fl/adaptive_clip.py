@@ -55,6 +55,7 @@ from dpprecond._validation import check_fraction, check_positive
 from dpprecond.accounting import gaussian, gaussian_precision
 from dpprecond.fl.accounting import Schedule
 from dpprecond.fl.client import round_generators
+from dpprecond.fl.config import MAX_NOISE_STD
 from dpprecond.fl.methods import Method, RunContext
 from dpprecond.secure import SecureRoot, release
 
@@ -160,12 +161,15 @@ def noisy_fraction(counts: np.ndarray, n_records: int, count_multiplier: float,
 
 
 def geometric_update(clip_norm: float, fraction: float, target_quantile: float,
-                     learning_rate: float) -> float:
-    """``C * exp(-lr * (b - gamma))``, kept within ``[tiny, MAX_CLIP_NORM]``."""
+                     learning_rate: float, upper: float | None = None) -> float:
+    """``C * exp(-lr * (b - gamma))``, kept within ``[tiny, upper]`` (default
+    ``MAX_CLIP_NORM``; the engine passes the largest clip whose noise std stays finite)."""
     from dpprecond.fl.config import MAX_CLIP_NORM
 
-    new = clip_norm * math.exp(-learning_rate * (fraction - target_quantile))
-    return float(min(max(new, np.finfo(np.float64).tiny), MAX_CLIP_NORM))
+    top = MAX_CLIP_NORM if upper is None else min(upper, MAX_CLIP_NORM)
+    step = -learning_rate * (fraction - target_quantile)
+    new = clip_norm * math.exp(min(step, 700.0))
+    return float(min(max(new, np.finfo(np.float64).tiny), top))
 
 
 def _count_root(run: RunContext) -> Any:
@@ -259,9 +263,11 @@ class AdaptiveClipMethod(Method):
         run.release(gaussian(self._z_count))
         updates, inner_state = self.inner.round(sub, t, params, inner_state)
         self.clip_norms.append(clip)
+        z_max = max(sub.multipliers.values(), default=0.0)
+        upper = MAX_NOISE_STD / (2.0 * z_max) if z_max > 0 else None
         return updates, (inner_state, geometric_update(clip, fraction,
                                                        self.settings.target_quantile,
-                                                       self.settings.learning_rate))
+                                                       self.settings.learning_rate, upper))
 
 
 def with_adaptive_clip(method: Method, config: FLConfig) -> Method:
