@@ -39,7 +39,26 @@ def test_tune_checks_the_cap_before_any_run(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("extra", [["--lr", "0.1"], ["--option", "beta=0.5"],
-                                   ["--features", "random:8"]])
+                                   ["--features", "random:8"], ["--adaptive-clip"]])
 def test_tune_refuses_what_it_would_ignore(tmp_path, capsys, extra: list[str]) -> None:
     assert main(["fl", "--tune", "--rounds", "2", "--out", str(tmp_path / "o"), *extra]) == 2
     assert "--tune" in capsys.readouterr().err
+
+
+def test_adaptive_clip_from_the_command_line(tmp_path, capsys) -> None:
+    out = tmp_path / "o"
+    assert main(["fl", "--adaptive-clip", "--algorithm", "fedgd", "--rounds", "3",
+                 "--clients", "4", "--epsilon", "2", "--seed", "0", "--out", str(out)]) == 0
+    saved = json.loads((out / "history.json").read_text())
+    assert len(saved["config"]["clip_norms"]) == 3 and saved["config"]["clip_norms"][0] == 10
+    assert saved["config"]["adaptive_clip"]["target_quantile"] == 0.5
+    assert saved["history"][-1]["epsilon"] <= 2.0 + 1e-9
+
+
+@pytest.mark.parametrize("extra", [["--features", "random:8"],
+                                   ["--mechanism", "poisson", "--sampling-rate", "0.5"]])
+def test_adaptive_clip_refuses_what_it_cannot_run(tmp_path, capsys, extra: list[str]) -> None:
+    assert main(["fl", "--adaptive-clip", "--rounds", "2", "--out", str(tmp_path / "o"),
+                 *extra]) == 2
+    err = capsys.readouterr().err
+    assert "adaptive" in err

@@ -169,6 +169,9 @@ def register(subparsers: Any) -> None:
                    help="explicit noise multiplier z instead of --epsilon (not both)")
     g.add_argument("--clip-norm", type=float, default=10.0,
                    help="per-example gradient clipping norm C (default: 10)")
+    g.add_argument("--adaptive-clip", action="store_true",
+                   help="adaptive clipping from --clip-norm towards the median gradient norm "
+                        "(private counts inside the same budget; full-batch mechanism)")
     g.add_argument("--mechanism", default="full-batch",
                    choices=["full-batch", "poisson", "client-level"],
                    help="client mechanism of the gradient methods (default: full-batch, the "
@@ -270,7 +273,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_target_delta(args.delta, "--delta")
     level = privacy_level(args.epsilon, args.noise_multiplier)
+    from dpprecond.fl.adaptive_clip import AdaptiveClip
+
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
+                      adaptive_clip=AdaptiveClip() if args.adaptive_clip else None,
                       target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=args.weighting,
@@ -301,6 +307,9 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tune(args, ds, config, out, ledger)
     if kind in ("pca", "random"):
+        if args.adaptive_clip:
+            raise ValueError("--adaptive-clip runs on fixed features; drop it or drop "
+                             "--features pca:K/random:K.")
         return _run_pipeline(args, ds, level, out, ledger)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
