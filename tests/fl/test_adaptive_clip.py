@@ -241,3 +241,10 @@ def test_the_flower_adapter_refuses_adaptive_clipping_by_name() -> None:
     cfg = FLConfig(n_rounds=2, target_epsilon=1.0, adaptive_clip=AdaptiveClip())
     with pytest.raises(ValueError, match="adaptive_clip"):
         ServerSide("fedgd", LinearSoftmax(6, 3), cfg, 4)
+
+
+def test_float32_precision_runs_with_adaptive_clipping(problem: tuple) -> None:
+    plain = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0)
+    single = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0, precision="float32")
+    assert single.epsilon == pytest.approx(plain.epsilon, rel=1e-9)  # type: ignore[attr-defined]
+    assert len(single.config["clip_norms"]) == T  # type: ignore[attr-defined]

@@ -257,7 +257,9 @@ class AdaptiveClipMethod(Method):
         clip = float(clip)
         sub = self._run_at(run, clip)
         data = run.data
-        counts = record_counts(run.model, params, run.X, data.y, data.bounds, clip)
+        # the host float64 records (run.X may be a float32 copy or on a torch device); the
+        # count's sensitivity is 1 for any per-record norm
+        counts = record_counts(run.model, params, data.X, data.y, data.bounds, clip)
         fraction = noisy_fraction(counts, int(data.bounds[-1]), self._z_count,
                                   round_generators(_count_root(run), t, data.n_clients))
         run.release(gaussian(self._z_count))
