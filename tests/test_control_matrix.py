@@ -299,6 +299,29 @@ class SimulateRow(RunFederatedRow):
                         y_test=FL_YT, **kw)
 
 
+class TunePrivateRow(ApiRow):
+    covers = ("dpprecond.fl.tune_private",)
+    releases = 1  # the one repeat-and-select event of the whole selection
+
+    def run(self, c: Cell | None = None, *, target_delta: float = 1e-5, **kw: Any) -> Any:
+        from dpprecond.fl import Candidate, FLConfig, tune_private
+
+        config = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=1.0,
+                          target_delta=target_delta)
+        return tune_private(FL_X, FL_Y, FL_XT, FL_YT, 3, config=config, n_clients=3,
+                            candidates=[Candidate("fedgd", 0.5)], mean_trials=1.5, **kw)
+
+    def delta(self, c: Cell) -> None:
+        with refused(ValueError, "target_delta=0.5"):
+            self.run(target_delta=0.5)
+        with pytest.warns(LargeDeltaWarning, match="1/120"):  # every client's records
+            self.run(target_delta=0.01)
+
+    def trust(self, c: Cell) -> None:  # every trial's noise is each client's own
+        with refused(TypeError, "trust"):
+            self.run(trust="secure-aggregation")
+
+
 class RunPipelineRow(ApiRow):
     covers = ("dpprecond.pipeline.run_pipeline",)
     low_cap, releases = 0.8, 1 + 2  # 0.8: above the PCA stage's 0.415, below the whole
@@ -584,6 +607,7 @@ ENTRY_POINTS: dict[str, EntryPoint] = {
     "fit_private_pca (memory-mapped file)": FitPCAMemmapRow(),
     "run_federated": RunFederatedRow(),
     "simulate": SimulateRow(),
+    "tune_private": TunePrivateRow(),
     "run_pipeline": RunPipelineRow(),
     "dpprecond pca": CliPcaRow(),
     "dpprecond fl": CliFlRow(),
@@ -599,6 +623,7 @@ NOT_ENTRY_POINTS: dict[str, str] = {
     "dpprecond.pca.PCAResult": "the result record of a fit",
     "dpprecond.fl.FLConfig": "the settings of a run; its checks are the run's cells",
     "dpprecond.fl.FLResult": "the result record of a run",
+    "dpprecond.fl.TuningResult": "the result record of a private selection",
     "dpprecond.fl.make_partition": "a split of the data among clients (no release)",
     "dpprecond.fl.iid_partition": "a split of the data among clients (no release)",
     "dpprecond.fl.dirichlet_partition": "a split of the data among clients (no release)",

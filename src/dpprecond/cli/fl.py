@@ -161,11 +161,14 @@ def register(subparsers: Any) -> None:
     add(g, "delta", default=1e-5)
     add(g, "noise_multiplier")
     add(g, "clip_norm")
+    add(g, "adaptive_clip")
     add(g, "mechanism")
     add(g, "sampling_rate")
     add(g, "local_steps")
     add(g, "local_lr")
     add(g, "accountant")
+    add(g, "tune")
+    add(g, "tune_trials")
     add(g, "fl_max_epsilon")
     g = p.add_argument_group("method")
     add(g, "algorithm", default=DEFAULT_ALGORITHM, choices=tuple(METHODS))
@@ -250,7 +253,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_target_delta("--delta", args.delta)
     level = privacy_level(args.epsilon, args.noise_multiplier)
+    from dpprecond.fl.adaptive_clip import AdaptiveClip
+
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
+                      adaptive_clip=AdaptiveClip() if args.adaptive_clip else None,
                       target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=args.weighting,
@@ -278,7 +284,16 @@ def run(args: argparse.Namespace) -> int:
     base = args.features if kind in ("pixels", "resnet20") else "pixels"
     ds, feat = load_fl_data(args.data, args.data_path, base, args.checkpoint,
                             args.cache_dir, args.label_column, args.test_fraction)
+    if args.tune:  # private selection (dpprecond.cli.fl_tune); pixel features or a file
+        if kind in ("pca", "random"):
+            raise ValueError("--tune runs on fixed features; drop --features pca:K/random:K.")
+        from dpprecond.cli.fl_tune import run_tune
+
+        return run_tune(args, ds, config, out, ledger)
     if kind in ("pca", "random"):
+        if args.adaptive_clip:
+            raise ValueError("--adaptive-clip runs on fixed features; drop it or drop "
+                             "--features pca:K/random:K.")
         return _run_pipeline(args, ds, level, out, ledger)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "

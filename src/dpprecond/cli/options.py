@@ -302,6 +302,15 @@ OPTIONS: dict[str, Option] = {
                      help="local learning rate of --mechanism poisson/client-level"),
     "accountant": _opt("--accountant", default=DEFAULT_ACCOUNTANT, choices=tuple(ACCOUNTANTS),
                        param="accountant", help="dp_accounting accountant"),
+    "adaptive_clip": _opt("--adaptive-clip", action="store_true", param="adaptive_clip",
+                          help="adaptive clipping from --clip-norm towards the median "
+                               "per-example gradient norm (private counts inside the same "
+                               "budget; full-batch mechanism)"),
+    "tune": _opt("--tune", action="store_true", param="tune",
+                 help="select the method, server step and clip privately (repeat-and-"
+                      "select, charged: --epsilon is the total, tuning included)"),
+    "tune_trials": _opt("--tune-trials", type=float, default=3.0, unit="trials (mean)",
+                        param="mean_trials", help="mean number of trials of --tune"),
     "fl_max_epsilon": _opt("--max-epsilon", type=float, default=None, shown="no cap",
                            unit="epsilon", param="max_epsilon",
                            help="a cap, not a target: refuse to start a run whose whole "

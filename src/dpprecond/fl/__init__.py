@@ -18,6 +18,10 @@ The layout follows the architecture (one round engine; methods are configuration
 - :mod:`dpprecond.fl.engine`: the one round loop (:func:`simulate`), with the ledger and
   crash-safe checkpoints;
 - :mod:`dpprecond.fl.simulator`: :func:`run_federated`, partition + model + method + engine;
+- :mod:`dpprecond.fl.adaptive_clip`: adaptive clipping (a private quantile of the norms),
+  charged inside the run's budget, for every method;
+- :mod:`dpprecond.fl.tuning`: :func:`tune_private`, private hyperparameter selection by
+  repeat-and-select (:mod:`dpprecond.selection`), charged to the budget;
 - :mod:`dpprecond.fl.models`, :mod:`dpprecond.fl.partition`, :mod:`dpprecond.fl.data`,
   :mod:`dpprecond.fl.config`: models, client splits, client data, run settings;
 - :mod:`dpprecond.fl.kernels`, :mod:`dpprecond.fl.backend`: the linear head's one-pass
@@ -27,6 +31,7 @@ The layout follows the architecture (one round engine; methods are configuration
 """
 
 from dpprecond.fl.accounting import round_event, training_event
+from dpprecond.fl.adaptive_clip import AdaptiveClip
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.engine import FLResult, simulate
@@ -36,15 +41,19 @@ from dpprecond.fl.module_validator import UnsupportedModuleError, fix_module, va
 from dpprecond.fl.partition import dirichlet_partition, iid_partition, make_partition
 from dpprecond.fl.server import adam, chain, sgd, sofim, yogi
 from dpprecond.fl.simulator import DEFAULT_ALGORITHM, run_federated
+from dpprecond.fl.tuning import Candidate, TuningResult, search_space, tune_private
 
 __all__ = [
     "DEFAULT_ALGORITHM",
     "METHODS",
+    "AdaptiveClip",
+    "Candidate",
     "ClientData",
     "FLConfig",
     "FLResult",
     "LinearSoftmax",
     "TorchModel",
+    "TuningResult",
     "UnsupportedModuleError",
     "adam",
     "chain",
@@ -56,10 +65,12 @@ __all__ = [
     "method_options",
     "round_event",
     "run_federated",
+    "search_space",
     "sgd",
     "simulate",
     "sofim",
     "training_event",
+    "tune_private",
     "validate_module",
     "yogi",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dpprecond._validation import (
     check_choice,
@@ -19,6 +19,9 @@ from dpprecond._validation import (
     check_target_delta,
 )
 from dpprecond.fl.backend import BACKENDS
+
+if TYPE_CHECKING:
+    from dpprecond.fl.adaptive_clip import AdaptiveClip
 
 __all__ = ["MAX_CLIP_NORM", "MAX_NOISE_STD", "MECHANISMS", "FLConfig", "Mechanism",
            "check_privacy_level"]
@@ -88,7 +91,18 @@ class FLConfig:
     sampling_rate, local_steps, local_lr
         Poisson rate and local steps (``"poisson"``; local steps also for client-level).
     weighting : {"uniform", "size"}
-        Aggregation weights (uniform, as the authors, or by client size).
+        Aggregation weights of the clients' messages: ``1/K`` (uniform, as the authors)
+        or ``|D_i| / n`` (size). Size weighting keeps learning when some clients hold a
+        handful of records (a client's message carries noise of std ``2 z C / |D_i|``, so
+        under uniform weights one-record clients add as much noise as the largest ones;
+        docs/fl_defaults.md measures both). What the weights reveal: the client sizes
+        ``|D_i|``, which this package treats as **public** at every record-level
+        mechanism. Under replace-one adjacency (``"full-batch"``) a neighbouring data set
+        has the same sizes, so the weights are identical on neighbours and reveal nothing
+        the guarantee protects; every message is divided by ``|D_i|`` already. The
+        Poisson mechanism (add/remove-one) normalises by ``q |D_i|`` and treats the sizes
+        as public metadata in the same way. Client-level DP refuses size weights (a size
+        there describes the protected client).
     accountant : {"pld", "rdp"}
         dp_accounting accountant used for calibration and reported epsilons.
     precision : {"float64", "float32"}
@@ -112,6 +126,11 @@ class FLConfig:
         share of the distributed Skellam noise that the sum carries once
         (:mod:`dpprecond.secagg`; one-message gradient methods, full-batch,
         ``weighting="size"``; RDP accounting).
+    adaptive_clip : AdaptiveClip or None
+        Adaptive clipping (:mod:`dpprecond.fl.adaptive_clip`): the clip follows a private
+        geometric update towards a quantile of the per-example gradient norms, starting
+        at ``clip_norm``; its counts are charged inside the same budget (the run's
+        epsilon is unchanged). Full-batch mechanism only.
 
     Every field is public (it describes the mechanism, not the data).
     """
@@ -131,6 +150,7 @@ class FLConfig:
     backend: Literal["numpy", "torch"] = "numpy"
     device: str | None = None
     trust: Literal["local", "secure-aggregation"] = "local"
+    adaptive_clip: AdaptiveClip | None = None
 
     def validated(self) -> FLConfig:
         """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
@@ -153,6 +173,8 @@ class FLConfig:
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got "
                             f"{type(self.device).__name__}.")
+        if self.adaptive_clip is not None:
+            self._check_adaptive_clip()
         private = self.target_epsilon is not None or bool(self.noise_multiplier)
         if private and not math.isinf(self.clip_norm) and self.clip_norm > MAX_CLIP_NORM:
             raise ValueError(f"clip_norm={self.clip_norm:g} is too large: per-example "
@@ -170,6 +192,23 @@ class FLConfig:
             raise ValueError("local_steps > 1 needs mechanism='poisson' or 'client-level' "
                              "(the paper's full-batch mechanism sends one step per round).")
         return self
+
+    def _check_adaptive_clip(self) -> None:
+        from dpprecond.fl.adaptive_clip import AdaptiveClip
+
+        if not isinstance(self.adaptive_clip, AdaptiveClip):
+            raise TypeError(f"adaptive_clip must be an AdaptiveClip (dpprecond.fl."
+                            f"adaptive_clip) or None, got {type(self.adaptive_clip).__name__}.")
+        self.adaptive_clip.validated()
+        if self.mechanism != "full-batch":
+            raise ValueError(f"adaptive_clip needs mechanism='full-batch', got mechanism="
+                             f"{self.mechanism!r} (the Poisson events do not compose as one "
+                             "Gaussian; client-level DP clips whole updates); drop "
+                             "adaptive_clip or use the full-batch mechanism.")
+        if self.trust == "secure-aggregation":
+            raise ValueError("adaptive_clip is not available with trust='secure-aggregation' "
+                             "(its counts are not part of the secure sum); drop adaptive_clip "
+                             "or use trust='local'.")
 
     @property
     def private(self) -> bool:

@@ -51,6 +51,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
+from dpprecond.fl.adaptive_clip import with_adaptive_clip
 from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
 from dpprecond.fl.client import round_generators
@@ -146,7 +147,12 @@ def plan_event(model: FLModel, method: Method | GradientTransformation | str,
     charges the run: callers that compose a run with other releases check their whole
     plan against a ledger with it before touching any data.
     """
-    schedule, scale, _ = _plan(model, as_method(method), config.validated())
+    config = config.validated()
+    if config.trust == "secure-aggregation":  # the distributed Skellam rounds
+        from dpprecond.secagg.fl import secure_run_event
+
+        return secure_run_event(model, method, config)
+    schedule, scale, _ = _plan(model, with_adaptive_clip(as_method(method), config), config)
     return schedule.event(scale)
 
 
@@ -213,7 +219,7 @@ def simulate(model: FLModel, data: ClientData,
 
         return simulate_secure(model, data, method, config, X_test=X_test, y_test=y_test,
                                seed=seed, ledger=ledger, secure=secure)
-    method = as_method(method)
+    method = with_adaptive_clip(as_method(method), config)  # a no-op without adaptive_clip
     model_classes = getattr(model, "n_classes", None)
     if model_classes is not None and model_classes != data.n_classes:
         raise ValueError(f"The model has {model_classes} classes but the data has n_classes="

@@ -57,6 +57,7 @@ from dpprecond.accounting import (
     epsilon_of,
     gaussian,
 )
+from dpprecond.selection import repeat_and_select_event
 
 __all__ = [
     "BudgetPlan",
@@ -186,11 +187,8 @@ def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
         z0 = _z(c, pca * init_share)
         z_run = _z(c, pca * (1.0 - init_share))
         head = [*_mean_events(z_mean), gaussian(z0)]
-        inner = gaussian(z_run)
-        if isinstance(inner, dp_event.GaussianDpEvent):
-            tail: dp_event.DpEvent = dp_event.RepeatAndSelectDpEvent(inner, mean_trials, 1)
-        else:  # noise off: the whole fit is non-private
-            tail = inner
+        # the shared selection layer; noise off leaves the inner (non-private) event
+        tail = repeat_and_select_event(gaussian(z_run), mean_trials, "geometric")
         z = {"z0": z0, "z_run": z_run}
         if z_mean is not None:
             z["z_mean"] = z_mean

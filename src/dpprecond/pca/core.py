@@ -43,6 +43,7 @@ from dpprecond._threads import serial_blas
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, release
 from dpprecond.pca.rows import DenseRows, RowSource
+from dpprecond.selection import draw_trial_count
 
 __all__ = [
     "SQRT2",
@@ -455,7 +456,7 @@ def select(A: np.ndarray | RowSource, S: np.ndarray, init: InitRelease, *, z_run
         return SelectionResult(init.X0, math.nan, 0, math.nan, 0, 0, True, tau_lo, tau_hi)
     h = tau_hi - tau_lo
     ctrl, trial_root = rng.spawn(2)
-    n_trials = int(ctrl.geometric(1.0 / mean_trials))
+    n_trials = draw_trial_count(ctrl, mean_trials, "geometric")  # the shared layer
     R_pick = ctrl.choice(radii, size=n_trials)
     T_pick = ctrl.choice(iters, size=n_trials)
     streams = trial_root.spawn(n_trials)

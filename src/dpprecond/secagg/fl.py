@@ -82,6 +82,23 @@ def secure_noise_multiplier(config: FLConfig, plan: SkellamPlan) -> float:
     return calibrate_noise(event, config.target_epsilon, config.target_delta, "rdp")
 
 
+def secure_run_event(model: FLModel, method: Method | GradientTransformation | str,
+                     config: FLConfig) -> dp_event.DpEvent:
+    """Every release of a secure-aggregation run per record, as one event, from the
+    settings alone (what :func:`simulate_secure` charges; no data).
+
+    The Skellam event depends on the sensitivities (``C``, ``d``, the resolution) and the
+    calibrated variance only; the modulus, which needs the number of records, does not
+    enter it.
+    """
+    config = config.validated()
+    _check(as_method(method), config, False)
+    probe = plan_skellam(config.clip_norm, model.n_params, 1.0, 1, 0)
+    z = secure_noise_multiplier(config, probe)
+    plan = plan_skellam(config.clip_norm, model.n_params, z, 1, 0)
+    return dp_event.SelfComposedDpEvent(plan_event(plan), config.n_rounds)
+
+
 def secure_gradient_sum(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                         bounds: np.ndarray, plan: SkellamPlan, rngs: list[Any],
                         clients: list[int] | None = None) -> np.ndarray:

@@ -78,6 +78,10 @@ class ServerSide:
         if not isinstance(config, FLConfig):
             raise TypeError(f"Expected config to be an FLConfig, got {type(config).__name__}.")
         self.config = config.validated()
+        if self.config.adaptive_clip is not None:  # dpprecond.fl.adaptive_clip
+            raise ValueError("adaptive_clip is not supported on Flower yet (its per-round "
+                             "counts are not in the message protocol); use the in-process "
+                             "engine (run_federated) or drop adaptive_clip.")
         self.method = as_method(method)
         if type(self.method).round_task is Method.round_task or \
                 type(self.method).server_update is Method.server_update:

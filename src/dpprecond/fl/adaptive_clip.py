@@ -1,0 +1,279 @@
+"""Adaptive clipping: the clip norm follows a private estimate of a quantile of the norms.
+
+After Andrew, Thakkar, McMahan and Ramaswamy (2021), "Differentially private learning
+with adaptive clipping", the geometric update of TensorFlow Federated's quantile
+estimator and of Flower's adaptive-clipping strategies, at the privacy unit of this
+package (one record of one client, replace-one):
+
+1. in round ``t`` every client ``i`` counts its records whose per-example gradient norm
+   at the round's parameters is at most the current clip ``C_t``,
+   ``c_i = #{x in D_i : ||g(x)|| <= C_t}``, and releases ``c_i + N(0, z_b^2)`` (its own
+   noise, no trusted server);
+2. the server forms the noisy fraction ``b_t = sum_i (c_i + noise) / n`` (``n`` the number
+   of training records of all clients, public as everywhere in this package) and updates
+   ``C_{t+1} = C_t * exp(-lr * (b_t - target_quantile))``;
+3. the round's messages are clipped at ``C_t`` and noised with the multiplier ``z_u``.
+
+**Sensitivity of the count.** Replacing one record of client ``i`` changes one indicator
+in ``c_i`` from 0 to 1 or back, or none: ``|c_i - c_i'| <= 1`` and the other clients'
+counts do not change. The count is a Gaussian mechanism with l2 sensitivity 1 and noise
+multiplier ``z_b``: event ``GaussianDpEvent(z_b)`` per round
+(:func:`count_sensitivity` pins it; tests check the worst-case neighbours).
+
+**The combined budget** (the paper's Section 3). Every event of the gradient methods'
+full-batch schedules is an unsampled Gaussian, and unsampled Gaussians compose exactly as
+one Gaussian whose precision ``1/z^2`` is the sum of theirs
+(:func:`dpprecond.accounting.gaussian_precision`). The method's noise is calibrated as
+without adaptive clipping (scale ``c``, total precision ``P``); then every multiplier of
+the method is raised to ``z / sqrt(1 - count_share)`` and the count of each of the ``T``
+rounds gets ``z_b = sqrt(T / (count_share * P))``, so that the run's total precision stays
+``(1 - count_share) P + count_share P = P``. The epsilon of a run is therefore *exactly*
+that of the same configuration without adaptive clipping (PLD and RDP alike); every
+release is recorded in the ledger as it is made. For the paper's one release per round,
+``z_u = z / sqrt(1 - s)`` and ``z_b = z / sqrt(s)``: the paper's
+``z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` in this package's sensitivities.
+
+The clip ``C_t`` is post-processing of the released counts, so it is public: it is
+reported in the run's settings (``clip_norms``).
+
+Scope: the full-batch client mechanism (every method: DP-FedGD, the SOFIM forms, Adam,
+Yogi, DP-FedAvg, DP-SCAFFOLD, DP-FedFC, DP-FedNew). The Poisson mechanism (its subsampled
+events do not compose as one Gaussian) and client-level DP (its norm is the client's
+update, not a record's) are refused by name, as are the noise-aware SOFIM options (their
+noise variance is fixed at the start of a run).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpprecond._validation import check_fraction, check_positive
+from dpprecond.accounting import gaussian, gaussian_precision
+from dpprecond.fl.accounting import Schedule
+from dpprecond.fl.client import round_generators
+from dpprecond.fl.config import MAX_NOISE_STD
+from dpprecond.fl.methods import Method, RunContext
+from dpprecond.secure import SecureRoot, release
+
+if TYPE_CHECKING:
+    from dpprecond.fl.config import FLConfig
+    from dpprecond.fl.models import FLModel
+
+__all__ = [
+    "AdaptiveClip",
+    "AdaptiveClipMethod",
+    "count_sensitivity",
+    "geometric_update",
+    "noisy_fraction",
+    "record_counts",
+    "split_multipliers",
+    "with_adaptive_clip",
+]
+
+#: The spawn-key child of a run's root that the count noise is drawn from: the engine
+#: spawns children 0 (model init), 1 (message noise) and 2 (one-off releases).
+COUNT_STREAM = 3
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """Settings of adaptive clipping (see the module docstring); every field is public.
+
+    Parameters
+    ----------
+    target_quantile : float
+        The quantile ``gamma`` of the per-example gradient norms the clip tracks, in
+        ``(0, 1)``; 0.5 (the median) by default, as Andrew et al. recommend.
+    learning_rate : float
+        Step ``eta`` of the geometric update (0.2, the paper's and Flower's default).
+    initial_clip : float or None
+        ``C_0``; ``None`` starts from ``FLConfig.clip_norm``.
+    count_share : float
+        The share of each round's privacy budget (Gaussian precision) spent on the count,
+        in ``(0, 1)``; the messages' noise multiplier rises by ``1/sqrt(1 - count_share)``
+        (0.05: 2.6% more noise on the messages).
+    """
+
+    target_quantile: float = 0.5
+    learning_rate: float = 0.2
+    initial_clip: float | None = None
+    count_share: float = 0.05
+
+    def validated(self) -> AdaptiveClip:
+        """Check every field (``ValueError``/``TypeError`` naming it); return self."""
+        check_fraction("target_quantile", self.target_quantile, low_open=True)
+        check_positive("learning_rate", self.learning_rate)
+        if self.initial_clip is not None:
+            check_positive("initial_clip", self.initial_clip)
+        check_fraction("count_share", self.count_share, low_open=True)
+        return self
+
+
+def count_sensitivity() -> float:
+    """Replace-one l2 sensitivity of a client's count ``#{x : ||g(x)|| <= C}``: 1.
+
+    One replaced record flips at most its own indicator; every other record's norm, and
+    every other client's count, is unchanged (the parameters are the same broadcast).
+    """
+    return 1.0
+
+
+def split_multipliers(multipliers: dict[str, float], precision: float, n_rounds: int,
+                      count_share: float) -> tuple[dict[str, float], float]:
+    """The method's raised multipliers and the count's ``z_b`` (module docstring).
+
+    ``precision`` is the total Gaussian precision ``P`` of the method's calibrated
+    schedule over ``n_rounds`` rounds; a non-private run (``P`` infinite or every
+    multiplier 0) keeps zeros.
+    """
+    s = float(count_share)
+    if not math.isfinite(precision) or precision <= 0:
+        return dict(multipliers), 0.0
+    raised = {k: v / math.sqrt(1.0 - s) for k, v in multipliers.items()}
+    return raised, math.sqrt(n_rounds / (s * precision))
+
+
+def record_counts(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                  bounds: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Every client's count of records whose gradient norm is at most ``clip_norm``, (K,)."""
+    norms_of = getattr(model, "per_example_grad_norms", None)
+    if norms_of is not None:
+        norms = norms_of(params, X, y)
+    else:
+        norms = np.linalg.norm(model.per_example_grads(params, X, y), axis=1)
+    inside = (norms <= clip_norm).astype(np.float64)
+    return np.add.reduceat(inside, bounds[:-1]) if len(inside) else np.zeros(len(bounds) - 1)
+
+
+def noisy_fraction(counts: np.ndarray, n_records: int, count_multiplier: float,
+                   rngs: list[Any]) -> float:
+    """``sum_i (c_i + N(0, (z_b * 1)^2)) / n``: each client noises its own count."""
+    total = 0.0
+    std = count_multiplier * count_sensitivity()
+    for c, rng in zip(counts, rngs, strict=True):
+        total += float(release(np.array([c]), std * rng.standard_normal(1), std, rng)[0]) \
+            if std > 0 else float(c)
+    return total / n_records
+
+
+def geometric_update(clip_norm: float, fraction: float, target_quantile: float,
+                     learning_rate: float, upper: float | None = None) -> float:
+    """``C * exp(-lr * (b - gamma))``, kept within ``[tiny, upper]`` (default
+    ``MAX_CLIP_NORM``; the engine passes the largest clip whose noise std stays finite)."""
+    from dpprecond.fl.config import MAX_CLIP_NORM
+
+    top = MAX_CLIP_NORM if upper is None else min(upper, MAX_CLIP_NORM)
+    step = -learning_rate * (fraction - target_quantile)
+    new = clip_norm * math.exp(min(step, 700.0))
+    return float(min(max(new, np.finfo(np.float64).tiny), top))
+
+
+def _count_root(run: RunContext) -> Any:
+    root = run.noise_root
+    if isinstance(root, SecureRoot):
+        return root
+    return np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key[:-1], COUNT_STREAM),
+                                  pool_size=root.pool_size)
+
+
+class AdaptiveClipMethod(Method):
+    """A method run with adaptive clipping: counts, raised noise, clip per round.
+
+    Wraps any method of :mod:`dpprecond.fl.methods` (built by :func:`with_adaptive_clip`):
+    its schedule (hence the calibration and the ledger's plan) is the method's; its state
+    is ``(method state, C_t)``, so checkpoints resume with the clip.
+    """
+
+    def __init__(self, inner: Method, settings: AdaptiveClip) -> None:
+        self.inner = inner
+        self.settings = settings.validated()
+        self.name = inner.name
+        self.clip_norms: list[float] = []
+        self._z_count = 0.0
+
+    # -- planning ----------------------------------------------------------------------
+
+    def schedule(self, config: FLConfig) -> Schedule:
+        return self.inner.schedule(config)
+
+    def check(self, config: FLConfig, model: FLModel) -> None:
+        self.inner.check(config, model)
+        if config.mechanism != "full-batch":
+            raise ValueError(f"adaptive_clip needs mechanism='full-batch' (got "
+                             f"mechanism={config.mechanism!r}): the Poisson events do not "
+                             "compose as one Gaussian and client-level DP clips whole "
+                             "updates. Drop adaptive_clip or use the full-batch mechanism.")
+        if getattr(self.inner, "noise_aware", None) is not None:
+            raise ValueError("adaptive_clip cannot run with noise_aware=True: the noise-aware "
+                             "preconditioner fixes the noise variance (hence the clip) at the "
+                             "start of the run. Drop one of them.")
+        if not hasattr(model, "per_example_grad_norms") and \
+                not hasattr(model, "per_example_grads"):
+            raise TypeError(f"adaptive_clip needs per-example gradient norms; "
+                            f"{type(model).__name__} has neither per_example_grad_norms nor "
+                            "per_example_grads.")
+
+    def _split(self, run: RunContext) -> dict[str, float]:
+        schedule = self.inner.schedule(run.config)
+        unit = schedule.multipliers(1.0)
+        key = next(iter(unit))
+        scale = run.multipliers[key] / unit[key] if unit[key] else 0.0
+        precision = gaussian_precision(schedule.event(scale)) if scale > 0 else math.inf
+        if precision is None:
+            raise ValueError("adaptive_clip needs a schedule of unsampled Gaussian releases.")
+        raised, self._z_count = split_multipliers(run.multipliers, precision,
+                                                  int(run.config.n_rounds),
+                                                  self.settings.count_share)
+        return raised
+
+    def noise_multiplier(self, multipliers: dict[str, float]) -> float:
+        s = self.settings.count_share
+        return self.inner.noise_multiplier({k: v / math.sqrt(1.0 - s)
+                                            for k, v in multipliers.items()})
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "clip_norms": list(self.clip_norms),
+                "count_noise_multiplier": self._z_count}
+
+    # -- running -----------------------------------------------------------------------
+
+    def _run_at(self, run: RunContext, clip: float) -> RunContext:
+        return replace(run, config=replace(run.config, clip_norm=clip),
+                       multipliers=self._split(run))
+
+    def start(self, run: RunContext, params: np.ndarray) -> Any:
+        s = self.settings
+        clip = float(run.config.clip_norm if s.initial_clip is None else s.initial_clip)
+        self.clip_norms = []
+        return (self.inner.start(self._run_at(run, clip), params), clip)
+
+    def round(self, run: RunContext, t: int, params: np.ndarray,
+              state: Any) -> tuple[np.ndarray, Any]:
+        inner_state, clip = state
+        clip = float(clip)
+        sub = self._run_at(run, clip)
+        data = run.data
+        # the host float64 records (run.X may be a float32 copy or on a torch device); the
+        # count's sensitivity is 1 for any per-record norm
+        counts = record_counts(run.model, params, data.X, data.y, data.bounds, clip)
+        fraction = noisy_fraction(counts, int(data.bounds[-1]), self._z_count,
+                                  round_generators(_count_root(run), t, data.n_clients))
+        run.release(gaussian(self._z_count))
+        updates, inner_state = self.inner.round(sub, t, params, inner_state)
+        self.clip_norms.append(clip)
+        z_max = max(sub.multipliers.values(), default=0.0)
+        upper = MAX_NOISE_STD / (2.0 * z_max) if z_max > 0 else None
+        return updates, (inner_state, geometric_update(clip, fraction,
+                                                       self.settings.target_quantile,
+                                                       self.settings.learning_rate, upper))
+
+
+def with_adaptive_clip(method: Method, config: FLConfig) -> Method:
+    """``method`` itself, or wrapped for adaptive clipping when ``config.adaptive_clip``."""
+    if config.adaptive_clip is None:
+        return method
+    return AdaptiveClipMethod(method, config.adaptive_clip)
