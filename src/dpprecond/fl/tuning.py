@@ -316,7 +316,7 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     if ledger is not None:  # the whole selection, before any data is touched
         ledger.check(event)
 
-    root = check_seed(seed)
+    root = check_seed("seed", seed)
     ctrl_seq, trial_root = root.spawn(2)
     ctrl: Any = SecureGenerator() if secure else np.random.default_rng(ctrl_seq)
     X_val, y_val, X_fit, y_fit = X_train, y_train, X_train, y_train

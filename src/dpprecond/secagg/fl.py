@@ -92,7 +92,7 @@ def secure_run_event(model: FLModel, method: Method | GradientTransformation | s
     enter it.
     """
     config = config.validated()
-    _check(as_method(method), config, False)
+    check_secure_aggregation(as_method(method), config, False)
     probe = plan_skellam(config.clip_norm, model.n_params, 1.0, 1, 0)
     z = secure_noise_multiplier(config, probe)
     plan = plan_skellam(config.clip_norm, model.n_params, z, 1, 0)
