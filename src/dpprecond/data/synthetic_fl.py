@@ -65,7 +65,7 @@ def multinomial_logistic(n: int = 10000, d: int = 20, n_classes: int = 10, *,
     k = check_int("n_classes", n_classes, low=2)
     scale = check_positive("scale", scale)
     frac = check_fraction("test_fraction", test_fraction, low_open=True)
-    gen = check_random_state(seed, "seed")
+    gen = check_random_state("seed", seed)
     W = _true_model(gen, d, k, scale)
     X = gen.standard_normal((n, d))
     y = _labels(gen, X, W)
@@ -83,7 +83,7 @@ def bayes_accuracy(n: int = 10000, d: int = 20, n_classes: int = 10, *, scale: f
     """
     data = multinomial_logistic(n, d, n_classes, scale=scale, test_fraction=test_fraction,
                                 seed=seed)
-    gen = check_random_state(seed, "seed")
+    gen = check_random_state("seed", seed)
     W = _true_model(gen, d, n_classes, scale)
     logits = np.hstack([data.X_test, np.ones((data.X_test.shape[0], 1))]) @ W
     return float(np.mean(logits.argmax(axis=1) == data.y_test))
