@@ -120,3 +120,11 @@ def test_docs_tables_list_the_registries() -> None:
     assert _first_column("fl.md", "| `mechanism` |") == list(MECHANISMS)
     assert _first_column("privacy.md", "| accountant | what it composes") == [
         *ACCOUNTANTS, "auto"]
+
+
+def test_trust_models_come_from_the_registry() -> None:
+    from dpprecond.pca.federated import TRUST_MODELS, TrustModel
+
+    assert typing.get_args(TrustModel) == TRUST_MODELS
+    assert _choices(build_parser(), "fl", "--trust") == list(TRUST_MODELS)
+    assert typing.get_type_hints(DataTable)["trust"] == TrustModel

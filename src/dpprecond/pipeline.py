@@ -69,7 +69,7 @@ from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 from dpprecond.pca.api import DEFAULT_METHOD
-from dpprecond.pca.federated import TRUST_MODELS
+from dpprecond.pca.federated import TRUST_MODELS, TrustModel
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
@@ -159,7 +159,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  target_delta: float = 1e-5, row_norm: float,
                  pca_share: float = 0.2, pca_method: str = DEFAULT_PCA_METHOD,
                  pca_options: dict[str, Any] | None = None,
-                 trust: Literal["local", "secure-aggregation"] = "local",
+                 trust: TrustModel = "local",
                  algorithm: str = "sofim-lagged", learning_rate: float | None = None,
                  method_options: dict[str, Any] | None = None,
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",

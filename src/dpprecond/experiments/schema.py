@@ -29,6 +29,7 @@ from pydantic import (
 from dpprecond._validation import MAX_DELTA, check_choice
 from dpprecond.accounting import DEFAULT_ACCOUNTANT
 from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.federated import TrustModel
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = [
@@ -56,7 +57,7 @@ class DataTable(_Table):
     features: StrictStr = "pixels"
     pca_share: Annotated[Number, Field(gt=0, lt=1)] = 0.2
     pca_method: StrictStr = DEFAULT_METHOD
-    trust: Literal["local", "secure-aggregation"] = "local"
+    trust: TrustModel = "local"
     row_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     path: StrictStr | None = None
     checkpoint: StrictStr | None = None
