@@ -58,6 +58,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import (
     DEFAULT_ACCOUNTANT,
+    Accountant,
     PrivacyLedger,
     calibrate_noise,
     compose,
@@ -165,7 +166,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
                  weighting: Literal["uniform", "size"] = "uniform",
-                 accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
+                 accountant: Accountant = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False) -> PipelineResult:
     """Private features, then DP federated training, one ledger (see the module docstring).
