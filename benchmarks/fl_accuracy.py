@@ -141,6 +141,9 @@ def main() -> None:
     p.add_argument("--summarize", action="store_true")
     args = p.parse_args()
     if args.summarize:
+        if not Path(args.out).exists():  # raw runs are not tracked: the grid makes them
+            p.exit(1, f"{args.out} does not exist: run the grid first (this script without "
+                      "--summarize writes it; docs/fl_results.md has the commands)\n")
         print(summarize(Path(args.out)))
     else:
         run_grid(args)

@@ -18,6 +18,7 @@ import pytest
 from dpprecond.accounting import (
     ACCOUNTANTS,
     DEFAULT_ACCOUNTANT,
+    Accountant,
     AccountantName,
     epsilon_of,
     resolve_accountant,
@@ -81,6 +82,8 @@ def test_the_experiment_schema_takes_the_pipeline_methods() -> None:
 
 def test_accountant_names_come_from_the_registry() -> None:
     assert set(typing.get_args(AccountantName)) == {*ACCOUNTANTS, "auto"}
+    assert typing.get_args(Accountant) == ACCOUNTANTS
+    assert typing.get_type_hints(run_pipeline)["accountant"] == Accountant
     parser = build_parser()
     assert _choices(parser, "fl", "--accountant") == list(ACCOUNTANTS)
     assert set(typing.get_args(PrivacyTable.model_fields["accountant"].annotation)) == set(
@@ -120,3 +123,11 @@ def test_docs_tables_list_the_registries() -> None:
     assert _first_column("fl.md", "| `mechanism` |") == list(MECHANISMS)
     assert _first_column("privacy.md", "| accountant | what it composes") == [
         *ACCOUNTANTS, "auto"]
+
+
+def test_trust_models_come_from_the_registry() -> None:
+    from dpprecond.pca.federated import TRUST_MODELS, TrustModel
+
+    assert typing.get_args(TrustModel) == TRUST_MODELS
+    assert _choices(build_parser(), "fl", "--trust") == list(TRUST_MODELS)
+    assert typing.get_type_hints(DataTable)["trust"] == TrustModel

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_ACCOUNTANT",
     "MAX_NOISE_SCALE",
     "MIN_NOISE_SCALE",
+    "Accountant",
     "NoiseFloorWarning",
     "PrivacyBudgetExceededError",
     "PrivacyLedger",
@@ -55,6 +56,8 @@ ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp")
 #: pipeline, the CLI, the experiment configs). A ledger's ``"auto"`` is this accountant for
 #: every event it supports, else RDP; ``method="select"`` needs RDP (repeat-and-select).
 DEFAULT_ACCOUNTANT: Final = "pld"
+#: One of :data:`ACCOUNTANTS` (for annotations; a test checks they agree).
+Accountant = Literal["pld", "rdp"]
 #: An accountant name: one of :data:`ACCOUNTANTS`, or ``"auto"`` (see
 #: :func:`resolve_accountant`).
 AccountantName = Literal["rdp", "pld", "auto"]

@@ -58,6 +58,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import (
     DEFAULT_ACCOUNTANT,
+    Accountant,
     PrivacyLedger,
     calibrate_noise,
     compose,
@@ -69,7 +70,7 @@ from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 from dpprecond.pca.api import DEFAULT_METHOD
-from dpprecond.pca.federated import TRUST_MODELS
+from dpprecond.pca.federated import TRUST_MODELS, TrustModel
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
@@ -159,13 +160,13 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  target_delta: float = 1e-5, row_norm: float,
                  pca_share: float = 0.2, pca_method: str = DEFAULT_PCA_METHOD,
                  pca_options: dict[str, Any] | None = None,
-                 trust: Literal["local", "secure-aggregation"] = "local",
+                 trust: TrustModel = "local",
                  algorithm: str = "sofim-lagged", learning_rate: float | None = None,
                  method_options: dict[str, Any] | None = None,
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
                  weighting: Literal["uniform", "size"] = "uniform",
-                 accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
+                 accountant: Accountant = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False,
                  callback: Callable[[dict[str, float]], None] | None = None,

@@ -27,8 +27,9 @@ from pydantic import (
 )
 
 from dpprecond._validation import MAX_DELTA, check_choice
-from dpprecond.accounting import DEFAULT_ACCOUNTANT
+from dpprecond.accounting import DEFAULT_ACCOUNTANT, Accountant
 from dpprecond.pca.api import DEFAULT_METHOD
+from dpprecond.pca.federated import TrustModel
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = [
@@ -56,7 +57,7 @@ class DataTable(_Table):
     features: StrictStr = "pixels"
     pca_share: Annotated[Number, Field(gt=0, lt=1)] = 0.2
     pca_method: StrictStr = DEFAULT_METHOD
-    trust: Literal["local", "secure-aggregation"] = "local"
+    trust: TrustModel = "local"
     row_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     path: StrictStr | None = None
     checkpoint: StrictStr | None = None
@@ -93,7 +94,7 @@ class PrivacyTable(_Table):
     epsilons: list[Epsilon] = Field(default=[1.0], min_length=1)
     delta: Annotated[Number, Field(gt=0, le=MAX_DELTA)] = 1e-5
     clip_norm: Annotated[Number, Field(gt=0, allow_inf_nan=False)] = 10.0
-    accountant: Literal["pld", "rdp"] = DEFAULT_ACCOUNTANT  # the names of ACCOUNTANTS
+    accountant: Accountant = DEFAULT_ACCOUNTANT
 
     @field_validator("epsilons")
     @classmethod

@@ -38,17 +38,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
-__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "split_noise"]
+__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel", "split_noise"]
 
 #: Who adds the noise of federated PCA: every client its own share (``local``) or a
 #: trusted aggregate (``secure-aggregation``).
 TRUST_MODELS = ("local", "secure-aggregation")
+#: A name of :data:`TRUST_MODELS` (for annotations; a test checks they agree).
+TrustModel = Literal["local", "secure-aggregation"]
 
 
 class FederatedRows:
