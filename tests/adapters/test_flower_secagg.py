@@ -140,3 +140,27 @@ def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
         else:  # fewer shares than the noise needs: round 2 released nothing, model kept
             assert [r["n_replied"] for r in got.history_] == [3]
         np.testing.assert_allclose(got._params, params, rtol=1e-12, atol=1e-14)
+
+
+def test_a_callers_ledger_is_checked_before_any_message():
+    from dpprecond import PrivacyBudgetExceededError
+    from dpprecond.accounting import PrivacyLedger
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    with pytest.raises(PrivacyBudgetExceededError):
+        SecAggDPStrategy(model, "fedgd", CONFIG, K, ds.X_train.shape[0],
+                         ledger=PrivacyLedger(1e-5, 1.0, accountant="rdp"))
+    from flwr.app import Context, RecordDict
+
+    from dpprecond.adapters.flower.app import secagg_strategy_from_run_config
+
+    rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
+          "noise-multiplier": "", "trust": "secure-aggregation", "weighting": "size",
+          "max-epsilon": 1.0}
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(PrivacyBudgetExceededError):
+        secagg_strategy_from_run_config(ctx, n_clients=K)
+    rc["max-epsilon"] = 5.0
+    strategy = secagg_strategy_from_run_config(ctx, n_clients=K)
+    assert strategy.caller_ledger is not None and strategy.caller_ledger.max_epsilon == 5.0

@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
-from dpprecond._validation import check_array, check_int, check_labels, check_seed
+from dpprecond._validation import (
+    check_array,
+    check_int,
+    check_labels,
+    check_seed,
+    check_target_delta,
+)
 from dpprecond.accounting import PrivacyLedger, calibrate_noise
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
@@ -171,6 +177,15 @@ def simulate_secure(model: FLModel, data: ClientData,
     gm = check_secure_aggregation(as_method(method), config, secure)
     X_test = check_array("X_test", X_test)
     y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
+    for what, have, want in (("classes", getattr(model, "n_classes", data.n_classes),
+                              data.n_classes),
+                             ("features", getattr(model, "n_features", data.X.shape[1]),
+                              data.X.shape[1]),
+                             ("test features", X_test.shape[1], data.X.shape[1])):
+        if have != want:
+            raise ValueError(f"The model or test data has {have} {what} but the training data "
+                             f"has {want}; build the model for the data.")
+    check_target_delta(config.target_delta, "target_delta", data.X.shape[0])
     K = data.n_clients
     k_min = K if min_clients is None else check_int("min_clients", min_clients, low=1,
                                                     high=K)

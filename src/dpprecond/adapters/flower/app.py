@@ -350,10 +350,13 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
     if _bool(rc, "evaluate", True):
         X_test, y_test = ds.X_test, ds.y_test
     min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
+    max_eps = _optional_float(rc, "max-epsilon")
+    ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps,
+                                                        accountant="rdp")
     return SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes),
                             method_from_run_config(rc), config, n_clients,
                             ds.X_train.shape[0], X_test=X_test, y_test=y_test,
-                            seed=_noise_seed(rc), min_clients=min_clients)
+                            seed=_noise_seed(rc), min_clients=min_clients, ledger=ledger)
 
 
 def run_secagg(grid: Grid, context: Context, strategy: SecAggDPStrategy,

@@ -233,12 +233,15 @@ class SecAggDPStrategy(Strategy):
         Model initialization from :func:`simulate_secure`'s seed tree.
     min_clients : int, optional
         Fewest shares a released sum holds (default K).
+    ledger : PrivacyLedger, optional
+        A caller's ledger: the whole plan is checked against its ``max_epsilon`` here,
+        before any message, and every round's sum is recorded in it.
     """
 
     def __init__(self, model: FLModel, method: Method | str, config: FLConfig, n_clients: int,
                  n_records: int, *, X_test: np.ndarray | None = None,
                  y_test: np.ndarray | None = None, seed: int | None = None,
-                 min_clients: int | None = None) -> None:
+                 min_clients: int | None = None, ledger: PrivacyLedger | None = None) -> None:
         config = config.validated()
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
@@ -269,6 +272,9 @@ class SecAggDPStrategy(Strategy):
                      / (self.plan_.scale * self.n_records) ** 2)
         self.transform = self.method.transform_for(noise_var)
         self._state = self.transform.init(self._params)
+        self.caller_ledger = ledger
+        if ledger is not None:  # refuse the whole plan before any message
+            ledger.check(dp_event.SelfComposedDpEvent(plan_event(self.plan_), config.n_rounds))
         self.ledger = PrivacyLedger(config.target_delta, accountant="rdp")
         self.events: list[dp_event.DpEvent] = []
         self.history_: list[dict[str, Any]] = []
@@ -294,6 +300,8 @@ class SecAggDPStrategy(Strategy):
                                         min_num_clients=self.n_clients)
         self.ledger.spend(plan_event(self.plan_))  # before the shares: charged regardless
         self.events.append(plan_event(self.plan_))
+        if self.caller_ledger is not None:
+            self.caller_ledger.spend(plan_event(self.plan_))
         self._round_start = time.perf_counter()
         config: dict[str, Scalar] = {"round": server_round, **plan_to_config(self.plan_)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
