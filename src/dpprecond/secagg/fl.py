@@ -185,7 +185,7 @@ def simulate_secure(model: FLModel, data: ClientData,
         if have != want:
             raise ValueError(f"The model or test data has {have} {what} but the training data "
                              f"has {want}; build the model for the data.")
-    check_target_delta(config.target_delta, "target_delta", data.X.shape[0])
+    check_target_delta("target_delta", config.target_delta, data.X.shape[0])
     K = data.n_clients
     k_min = K if min_clients is None else check_int("min_clients", min_clients, low=1,
                                                     high=K)
