@@ -12,7 +12,9 @@ clients in one process (vectorized over clients):
    noise from its own stream, spawn key ``(round, client)``, so a run is
    engine-independent), the server half on the replies, and the schedule's releases
    (:meth:`~dpprecond.fl.accounting.Schedule.releases`) recorded in the run's ledger (and
-   the caller's);
+   the caller's); with ``config.adaptive_clip``, the one hook beside the halves: before
+   the round, every client's noisy count sets the round's clip (recorded as it is made,
+   :meth:`dpprecond.fl.adaptive_clip.AdaptiveClipMethod.count_round`);
 4. the history: test accuracy and loss, the epsilon spent so far, the update norm;
 5. optionally a crash-safe checkpoint every few rounds (:mod:`dpprecond.fl.checkpoint`):
    a run killed at any point and started again with the same arguments resumes and ends
