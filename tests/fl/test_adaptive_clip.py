@@ -185,6 +185,10 @@ def test_adaptive_clipping_resumes_from_a_checkpoint(problem: tuple, tmp_path) -
                        checkpoint=ck, checkpoint_every=4)
     np.testing.assert_array_equal(resumed.params, full.params)
     assert resumed.epsilon == full.epsilon
+    assert resumed.events == full.events
+    # the clip history travels in the checkpointed state
+    assert resumed.config["clip_norms"] == full.config["clip_norms"]
+    assert len(full.config["clip_norms"]) == 8
 
 
 def test_secure_mode_runs_with_adaptive_clipping(problem: tuple) -> None:

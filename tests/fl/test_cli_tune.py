@@ -35,7 +35,7 @@ def test_tune_on_a_users_npz_file(tmp_path, capsys) -> None:
 def test_tune_checks_the_cap_before_any_run(tmp_path, capsys) -> None:
     assert main(["fl", "--tune", "--rounds", "2", "--clients", "4", "--epsilon", "2",
                  "--max-epsilon", "1", "--out", str(tmp_path / "o")]) == 2
-    assert "max_epsilon" in capsys.readouterr().err
+    assert "--max-epsilon" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra", [["--lr", "0.1"], ["--option", "beta=0.5"],

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+from dpprecond.cli.plots import plot_history
+
 __all__ = ["load_fl_data", "plot_history", "privacy_level", "register", "run"]
 
 logger = logging.getLogger(__name__)
@@ -180,29 +182,6 @@ def register(subparsers: Any) -> None:
     add(g, "progress")
     add(g, "fl_secure")
     p.set_defaults(func=run)
-
-
-def plot_history(histories: dict[str, list[dict[str, float]]], path: Path,
-                 title: str = "") -> None:
-    """Test accuracy against round for one or several runs (matplotlib Agg, PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, hist in histories.items():
-        ax.plot([h["round"] for h in hist], [h["test_accuracy"] for h in hist], label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 
 
 def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ __all__ = ["run_tune"]
 def run_tune(args: argparse.Namespace, ds: Any, config: Any, out: Path, ledger: Any) -> int:
     """Tune privately, write ``history.json`` (the selection) and ``accuracy.png``."""
     from dpprecond._files import write_json
-    from dpprecond.cli.fl import plot_history
+    from dpprecond.cli.plots import plot_history
     from dpprecond.fl.tuning import tune_private
 
     given = [flag for flag, value in (("--lr", args.lr), ("--option", args.option or None),

@@ -41,27 +41,33 @@ Yogi, DP-FedAvg, DP-SCAFFOLD, DP-FedFC, DP-FedNew). The Poisson mechanism (its s
 events do not compose as one Gaussian) and client-level DP (its norm is the client's
 update, not a record's) are refused by name, as are the noise-aware SOFIM options (their
 noise variance is fixed at the start of a run).
+
+How it runs: :class:`AdaptiveClipMethod` wraps the method's halves (its schedule, hence
+the calibration and the ledger's plan, is the method's; its server state carries
+``C_t``), and the engine calls :meth:`AdaptiveClipMethod.count_round` before each round
+(:func:`dpprecond.fl.engine.simulate`, the one driver that runs it; the Flower adapter
+refuses ``adaptive_clip`` by name).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
-from dpprecond._validation import check_fraction, check_positive
 from dpprecond.accounting import gaussian, gaussian_precision
 from dpprecond.fl.accounting import Schedule
-from dpprecond.fl.client import round_generators
-from dpprecond.fl.config import MAX_NOISE_STD
-from dpprecond.fl.methods import Method, RunContext
+from dpprecond.fl.client import Stream, round_generators
+from dpprecond.fl.config import MAX_CLIP_NORM, MAX_NOISE_STD, AdaptiveClip, FLConfig
+from dpprecond.fl.data import ClientData
+from dpprecond.fl.methods import Method, RunSpec
+from dpprecond.fl.models import FLModel
+from dpprecond.fl.tasks import ClientTask
 from dpprecond.secure import SecureRoot, release
-
-if TYPE_CHECKING:
-    from dpprecond.fl.config import FLConfig
-    from dpprecond.fl.models import FLModel
 
 __all__ = [
     "AdaptiveClip",
@@ -79,40 +85,6 @@ __all__ = [
 COUNT_STREAM = 3
 
 
-@dataclass(frozen=True)
-class AdaptiveClip:
-    """Settings of adaptive clipping (see the module docstring); every field is public.
-
-    Parameters
-    ----------
-    target_quantile : float
-        The quantile ``gamma`` of the per-example gradient norms the clip tracks, in
-        ``(0, 1)``; 0.5 (the median) by default, as Andrew et al. recommend.
-    learning_rate : float
-        Step ``eta`` of the geometric update (0.2, the paper's and Flower's default).
-    initial_clip : float or None
-        ``C_0``; ``None`` starts from ``FLConfig.clip_norm``.
-    count_share : float
-        The share of each round's privacy budget (Gaussian precision) spent on the count,
-        in ``(0, 1)``; the messages' noise multiplier rises by ``1/sqrt(1 - count_share)``
-        (0.05: 2.6% more noise on the messages).
-    """
-
-    target_quantile: float = 0.5
-    learning_rate: float = 0.2
-    initial_clip: float | None = None
-    count_share: float = 0.05
-
-    def validated(self) -> AdaptiveClip:
-        """Check every field (``ValueError``/``TypeError`` naming it); return self."""
-        check_fraction("target_quantile", self.target_quantile, low_open=True)
-        check_positive("learning_rate", self.learning_rate)
-        if self.initial_clip is not None:
-            check_positive("initial_clip", self.initial_clip)
-        check_fraction("count_share", self.count_share, low_open=True)
-        return self
-
-
 def count_sensitivity() -> float:
     """Replace-one l2 sensitivity of a client's count ``#{x : ||g(x)|| <= C}``: 1.
 
@@ -122,7 +94,7 @@ def count_sensitivity() -> float:
     return 1.0
 
 
-def split_multipliers(multipliers: dict[str, float], precision: float, n_rounds: int,
+def split_multipliers(multipliers: Mapping[str, float], precision: float, n_rounds: int,
                       count_share: float) -> tuple[dict[str, float], float]:
     """The method's raised multipliers and the count's ``z_b`` (module docstring).
 
@@ -150,7 +122,7 @@ def record_counts(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarr
 
 
 def noisy_fraction(counts: np.ndarray, n_records: int, count_multiplier: float,
-                   rngs: list[Any]) -> float:
+                   rngs: Sequence[Stream]) -> float:
     """``sum_i (c_i + N(0, (z_b * 1)^2)) / n``: each client noises its own count."""
     total = 0.0
     std = count_multiplier * count_sensitivity()
@@ -164,28 +136,32 @@ def geometric_update(clip_norm: float, fraction: float, target_quantile: float,
                      learning_rate: float, upper: float | None = None) -> float:
     """``C * exp(-lr * (b - gamma))``, kept within ``[tiny, upper]`` (default
     ``MAX_CLIP_NORM``; the engine passes the largest clip whose noise std stays finite)."""
-    from dpprecond.fl.config import MAX_CLIP_NORM
-
     top = MAX_CLIP_NORM if upper is None else min(upper, MAX_CLIP_NORM)
     step = -learning_rate * (fraction - target_quantile)
     new = clip_norm * math.exp(min(step, 700.0))
     return float(min(max(new, np.finfo(np.float64).tiny), top))
 
 
-def _count_root(run: RunContext) -> Any:
-    root = run.noise_root
-    if isinstance(root, SecureRoot):
-        return root
-    return np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key[:-1], COUNT_STREAM),
-                                  pool_size=root.pool_size)
+def _count_root(noise_root: Any) -> Any:
+    """The count streams' root, the sibling ``COUNT_STREAM`` of the message noise root
+    (secure mode: the OS CSPRNG, as every other draw)."""
+    if isinstance(noise_root, SecureRoot):
+        return noise_root
+    return np.random.SeedSequence(noise_root.entropy,
+                                  spawn_key=(*noise_root.spawn_key[:-1], COUNT_STREAM),
+                                  pool_size=noise_root.pool_size)
 
 
 class AdaptiveClipMethod(Method):
     """A method run with adaptive clipping: counts, raised noise, clip per round.
 
-    Wraps any method of :mod:`dpprecond.fl.methods` (built by :func:`with_adaptive_clip`):
-    its schedule (hence the calibration and the ledger's plan) is the method's; its state
-    is ``(method state, C_t)``, so checkpoints resume with the clip.
+    Wraps any method of :mod:`dpprecond.fl.methods` (built by :func:`with_adaptive_clip`).
+    Its schedule (hence the calibration and the ledger's plan) is the method's. Every
+    :class:`~dpprecond.fl.methods.RunSpec` it is given carries the calibrated multipliers;
+    the halves of the wrapped method see them raised (:meth:`inner_spec`), at the clip of
+    the spec (:meth:`count_round` gives each round's). Its server state is ``(method
+    state, C_t, (C_0, ..., C_{t-1}))``, so checkpoints resume with the clip and its
+    history.
     """
 
     def __init__(self, inner: Method, settings: AdaptiveClip) -> None:
@@ -217,7 +193,18 @@ class AdaptiveClipMethod(Method):
                             f"{type(model).__name__} has neither per_example_grad_norms nor "
                             "per_example_grads.")
 
-    def _split(self, run: RunContext) -> dict[str, float]:
+    def noise_multiplier(self, multipliers: Mapping[str, float]) -> float:
+        s = self.settings.count_share
+        return self.inner.noise_multiplier({k: v / math.sqrt(1.0 - s)
+                                            for k, v in multipliers.items()})
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "clip_norms": list(self.clip_norms),
+                "count_noise_multiplier": self._z_count}
+
+    def inner_spec(self, run: RunSpec, clip: float | None = None) -> RunSpec:
+        """What the wrapped method's halves see: the multipliers raised, the count's
+        ``z_b`` set aside (module docstring), at ``clip`` (default: the spec's)."""
         schedule = self.inner.schedule(run.config)
         unit = schedule.multipliers(1.0)
         key = next(iter(unit))
@@ -228,52 +215,83 @@ class AdaptiveClipMethod(Method):
         raised, self._z_count = split_multipliers(run.multipliers, precision,
                                                   int(run.config.n_rounds),
                                                   self.settings.count_share)
-        return raised
+        config = run.config if clip is None else replace(run.config, clip_norm=float(clip))
+        return replace(run, config=config, multipliers=raised)
 
-    def noise_multiplier(self, multipliers: dict[str, float]) -> float:
-        s = self.settings.count_share
-        return self.inner.noise_multiplier({k: v / math.sqrt(1.0 - s)
-                                            for k, v in multipliers.items()})
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "clip_norms": list(self.clip_norms),
-                "count_noise_multiplier": self._z_count}
-
-    # -- running -----------------------------------------------------------------------
-
-    def _run_at(self, run: RunContext, clip: float) -> RunContext:
-        return replace(run, config=replace(run.config, clip_norm=clip),
-                       multipliers=self._split(run))
-
-    def start(self, run: RunContext, params: np.ndarray) -> Any:
+    def initial_clip(self, config: FLConfig) -> float:
+        """``C_0``: the settings' ``initial_clip``, else ``config.clip_norm``."""
         s = self.settings
-        clip = float(run.config.clip_norm if s.initial_clip is None else s.initial_clip)
-        self.clip_norms = []
-        return (self.inner.start(self._run_at(run, clip), params), clip)
+        return float(config.clip_norm if s.initial_clip is None else s.initial_clip)
 
-    def round(self, run: RunContext, t: int, params: np.ndarray,
-              state: Any) -> tuple[np.ndarray, Any]:
-        inner_state, clip = state
+    # -- the client half: the wrapped method's, raised ---------------------------------
+
+    def setup_task(self, run: RunSpec) -> ClientTask | None:
+        return self.inner.setup_task(self.inner_spec(run, self.initial_clip(run.config)))
+
+    def round_task(self, run: RunSpec) -> ClientTask:
+        return self.inner.round_task(self.inner_spec(run))
+
+    def reports_sizes(self, config: FLConfig) -> bool:
+        return self.inner.reports_sizes(config)
+
+    # -- the server half: the wrapped method's, and the clip -------------------------
+
+    def server_init(self, run: RunSpec, params: np.ndarray,
+                    setup: Mapping[str, np.ndarray] | None = None,
+                    clients: Sequence[int] = ()) -> Any:
+        clip = self.initial_clip(run.config)
+        self.clip_norms = []
+        return (self.inner.server_init(self.inner_spec(run, clip), params, setup, clients),
+                clip, ())
+
+    def broadcast(self, state: Any) -> dict[str, np.ndarray]:
+        return self.inner.broadcast(state[0])
+
+    def eligible(self, clients: Sequence[int], state: Any) -> list[int]:
+        return self.inner.eligible(clients, state[0])
+
+    def server_update(self, run: RunSpec, replies: Mapping[str, np.ndarray],
+                      clients: Sequence[int], sizes: np.ndarray, state: Any,
+                      params: np.ndarray) -> tuple[np.ndarray, Any]:
+        inner_state, clip, history = state
+        updates, inner_state = self.inner.server_update(self.inner_spec(run), replies,
+                                                        clients, sizes, inner_state, params)
+        return updates, (inner_state, clip, history)
+
+    # -- the engine's hook before each round ------------------------------------------
+
+    def count_round(self, run: RunSpec, t: int, params: np.ndarray, state: Any,
+                    data: ClientData, noise_root: Any,
+                    spend: Callable[[list[tuple[dp_event.DpEvent, int]]], None]
+                    ) -> tuple[RunSpec, Any]:
+        """Round ``t``'s private count and clip: ``(the round's spec, the new state)``.
+
+        Every client releases its noisy count at ``C_t`` (from its own count stream,
+        spawn key ``(t, client)`` under :data:`COUNT_STREAM`), recorded through ``spend``
+        as it is made; the round's messages are clipped at ``C_t`` (the spec returned) and
+        the state carries ``C_{t+1}``, post-processing of the counts.
+        """
+        inner_state, clip, history = state
         clip = float(clip)
-        sub = self._run_at(run, clip)
-        data = run.data
-        # the host float64 records (run.X may be a float32 copy or on a torch device); the
-        # count's sensitivity is 1 for any per-record norm
+        round_spec = replace(run, config=replace(run.config, clip_norm=clip))
+        sub = self.inner_spec(round_spec)
+        # the host float64 records (the round's X may be a float32 copy or on a torch
+        # device); the count's sensitivity is 1 for any per-record norm
         counts = record_counts(run.model, params, data.X, data.y, data.bounds, clip)
         fraction = noisy_fraction(counts, int(data.bounds[-1]), self._z_count,
-                                  round_generators(_count_root(run), t, data.n_clients))
-        run.release(gaussian(self._z_count))
-        updates, inner_state = self.inner.round(sub, t, params, inner_state)
-        self.clip_norms.append(clip)
+                                  round_generators(_count_root(noise_root), t, data.n_clients))
+        spend([(gaussian(self._z_count), 1)])
+        history = (*history, clip)
+        self.clip_norms = list(history)
         z_max = max(sub.multipliers.values(), default=0.0)
         upper = MAX_NOISE_STD / (2.0 * z_max) if z_max > 0 else None
-        return updates, (inner_state, geometric_update(clip, fraction,
-                                                       self.settings.target_quantile,
-                                                       self.settings.learning_rate, upper))
+        new_clip = geometric_update(clip, fraction, self.settings.target_quantile,
+                                    self.settings.learning_rate, upper)
+        return round_spec, (inner_state, new_clip, history)
 
 
 def with_adaptive_clip(method: Method, config: FLConfig) -> Method:
     """``method`` itself, or wrapped for adaptive clipping when ``config.adaptive_clip``."""
-    if config.adaptive_clip is None:
+    if config.adaptive_clip is None or isinstance(method, AdaptiveClipMethod):
         return method
     return AdaptiveClipMethod(method, config.adaptive_clip)

@@ -12,7 +12,9 @@ clients in one process (vectorized over clients):
    noise from its own stream, spawn key ``(round, client)``, so a run is
    engine-independent), the server half on the replies, and the schedule's releases
    (:meth:`~dpprecond.fl.accounting.Schedule.releases`) recorded in the run's ledger (and
-   the caller's);
+   the caller's); with ``config.adaptive_clip``, the one hook beside the halves: before
+   the round, every client's noisy count sets the round's clip (recorded as it is made,
+   :meth:`dpprecond.fl.adaptive_clip.AdaptiveClipMethod.count_round`);
 4. the history: test accuracy and loss, the epsilon spent so far, the update norm;
 5. optionally a crash-safe checkpoint every few rounds (:mod:`dpprecond.fl.checkpoint`):
    a run killed at any point and started again with the same arguments resumes and ends
@@ -51,7 +53,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
-from dpprecond.fl.adaptive_clip import with_adaptive_clip
+from dpprecond.fl.adaptive_clip import AdaptiveClipMethod, with_adaptive_clip
 from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
 from dpprecond.fl.client import round_generators
@@ -277,9 +279,13 @@ def simulate(model: FLModel, data: ClientData,
             if ledger is not None:
                 ledger.spend(event, count)
 
-    setup_releases, round_releases = schedule.releases(multipliers)
     K = data.n_clients
     spec = RunSpec(config, multipliers, model, K)
+    # adaptive clipping's hook (dpprecond.fl.adaptive_clip): a private count before each
+    # round sets its clip, and the method's releases are noised at raised multipliers
+    clipping = method if isinstance(method, AdaptiveClipMethod) else None
+    setup_releases, round_releases = schedule.releases(
+        multipliers if clipping is None else clipping.inner_spec(spec).multipliers)
     task = method.round_task(spec)
     clients = list(range(K))
     sizes = np.diff(data.bounds)
@@ -313,13 +319,18 @@ def simulate(model: FLModel, data: ClientData,
                       unit="round", initial=first, total=config.n_rounds):
             start = time.perf_counter()
             server_state, client_state = state
-            out = task.release(model, params, X_run, data.y, data.bounds,
-                               round_generators(noise_root, t, K + task.server_streams),
-                               broadcast=method.broadcast(server_state),
-                               client_state=client_state, x_sq_norms=x_sq_norms)
+            round_spec, round_task = spec, task
+            if clipping is not None:  # this round's count, recorded, and its clip
+                round_spec, server_state = clipping.count_round(spec, t, params, server_state,
+                                                                data, noise_root, release)
+                round_task = clipping.round_task(round_spec)
+            out = round_task.release(model, params, X_run, data.y, data.bounds,
+                                     round_generators(noise_root, t, K + task.server_streams),
+                                     broadcast=method.broadcast(server_state),
+                                     client_state=client_state, x_sq_norms=x_sq_norms)
             release(round_releases)
-            updates, server_state = method.server_update(spec, out.arrays, clients, sizes,
-                                                         server_state, params)
+            updates, server_state = method.server_update(round_spec, out.arrays, clients,
+                                                         sizes, server_state, params)
             state = (server_state, out.client_state)
             params = params + updates
             seconds = time.perf_counter() - start
