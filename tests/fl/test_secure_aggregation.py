@@ -127,3 +127,17 @@ def test_the_flower_strategy_refuses_secure_aggregation_by_name():
 
     with pytest.raises(ValueError, match="trust='secure-aggregation'"):
         DPFedStrategy(LinearSoftmax(64, 10), "fedgd", _config(), K)
+
+
+def test_plan_event_is_the_composition_of_the_runs_events(digits):
+    from dp_accounting import dp_event
+
+    from dpprecond.accounting import epsilon_of
+    from dpprecond.fl.engine import plan_event
+
+    res = _run(digits)
+    planned = plan_event(LinearSoftmax(64, 10), "sofim", _config())
+    spent = epsilon_of(dp_event.ComposedDpEvent(list(res.events)), 1e-5, "rdp")
+    assert epsilon_of(planned, 1e-5, "rdp") == pytest.approx(spent, rel=1e-12)
+    with pytest.raises(ValueError, match="weighting='size'"):
+        plan_event(LinearSoftmax(64, 10), "sofim", _config(weighting="uniform"))

@@ -235,10 +235,6 @@ class FLConfig:
                              f"{self.mechanism!r} (the Poisson events do not compose as one "
                              "Gaussian; client-level DP clips whole updates); drop "
                              "adaptive_clip or use the full-batch mechanism.")
-        if self.trust == "secure-aggregation":
-            raise ValueError("adaptive_clip is not available with trust='secure-aggregation' "
-                             "(its counts are not part of the secure sum); drop adaptive_clip "
-                             "or use trust='local'.")
 
     @property
     def private(self) -> bool:

@@ -149,11 +149,12 @@ def plan_event(model: FLModel, method: Method | GradientTransformation | str,
     charges the run: callers that compose a run with other releases check their whole
     plan against a ledger with it before touching any data.
     """
-    config = config.validated()
-    if config.trust == "secure-aggregation":  # the distributed Skellam rounds
-        from dpprecond.secagg.fl import secure_run_event
+    if config.trust == "secure-aggregation":  # T Skellam sums (dpprecond.secagg)
+        from dpprecond.secagg.fl import check_secure_aggregation, secure_plan_event
 
-        return secure_run_event(model, method, config)
+        check_secure_aggregation(as_method(method), config.validated(), secure=False)
+        return secure_plan_event(model, config)
+    config = config.validated()
     schedule, scale, _ = _plan(model, with_adaptive_clip(as_method(method), config), config)
     return schedule.event(scale)
 

@@ -58,7 +58,7 @@ from dpprecond.secagg.skellam import (
 )
 
 __all__ = ["check_secure_aggregation", "secure_gradient_sum", "secure_noise_multiplier",
-           "secure_plan", "simulate_secure"]
+           "secure_plan", "secure_plan_event", "simulate_secure"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,21 +88,19 @@ def secure_noise_multiplier(config: FLConfig, plan: SkellamPlan) -> float:
     return calibrate_noise(event, config.target_epsilon, config.target_delta, "rdp")
 
 
-def secure_run_event(model: FLModel, method: Method | GradientTransformation | str,
-                     config: FLConfig) -> dp_event.DpEvent:
-    """Every release of a secure-aggregation run per record, as one event, from the
-    settings alone (what :func:`simulate_secure` charges; no data).
+def secure_plan_event(model: FLModel, config: FLConfig) -> dp_event.DpEvent:
+    """The whole run's event under secure aggregation: ``T`` Skellam sums.
 
-    The Skellam event depends on the sensitivities (``C``, ``d``, the resolution) and the
-    calibrated variance only; the modulus, which needs the number of records, does not
-    enter it.
+    The sensitivities depend only on ``C``, ``d`` and the resolution (not on the data), so
+    a caller can check a plan against a ledger before touching any data; it is the
+    composition of the events :func:`simulate_secure` records.
     """
     config = config.validated()
-    check_secure_aggregation(as_method(method), config, False)
     probe = plan_skellam(config.clip_norm, model.n_params, 1.0, 1, 0)
     z = secure_noise_multiplier(config, probe)
-    plan = plan_skellam(config.clip_norm, model.n_params, z, 1, 0)
-    return dp_event.SelfComposedDpEvent(plan_event(plan), config.n_rounds)
+    d2 = probe.l2_sensitivity
+    return dp_event.SelfComposedDpEvent(
+        skellam_event(d2, probe.l1_sensitivity, (z * d2) ** 2), config.n_rounds)
 
 
 def secure_gradient_sum(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
@@ -130,6 +128,9 @@ def check_secure_aggregation(method: Method, config: FLConfig, secure: bool) -> 
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
                          f"(fedgd, sofim*, adam, yogi); {method.name!r} sends other releases. "
                          "Use trust='local' for it.")
+    if getattr(config, "adaptive_clip", None) is not None:
+        raise ValueError("adaptive_clip is not available with trust='secure-aggregation' (its "
+                         "private counts are not part of the secure sum).")
     if config.mechanism != "full-batch":
         raise ValueError(f"trust='secure-aggregation' needs mechanism='full-batch', got "
                          f"mechanism={config.mechanism!r}.")
