@@ -9,6 +9,8 @@ which cancels catastrophically for a huge row (and overflows to NaN at 1e155 and
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -89,3 +91,14 @@ def test_float32_and_memory_mapped_input_are_read_without_a_copy(tmp_path) -> No
     with pytest.raises(ValueError, match=r"NaN or infinite entries \(first at index \(1500, 3\)"):
         fit_private_pca(bad, 2, method="exact", target_epsilon=None, target_delta=1e-6,
                         row_norm=1.0)
+
+
+def test_auto_probe_with_a_tiny_bound_and_a_zero_row_releases_finite_values() -> None:
+    """A public bound of 1e-300 makes the fast path's row factor 1e300 on a zero row: the
+    probe's rest energy must not compute 0 * inf (found by the hypothesis shapes test)."""
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        res = fit_private_pca(X, 2, method="auto", target_epsilon=1.0, target_delta=1e-5,
+                              row_norm=1e-300, seed=0)
+    assert np.all(np.isfinite(res.components))

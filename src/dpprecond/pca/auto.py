@@ -151,7 +151,13 @@ def _block_probe(block: np.ndarray, X: np.ndarray, B: np.ndarray, unit: float,
         r = np.where(pre == 1.0, nu, nu / pre) / unit
     sq = np.einsum("ij,ij->i", block, block)
     if scale is not None:
-        sq *= scale * scale
+        with np.errstate(over="ignore"):
+            s2 = scale * scale
+        if np.all(np.isfinite(s2)):
+            sq *= s2
+        else:  # a tiny public bound (scale > 1e154, e.g. on a zero row): scale the norm
+            nu_b, pre_b = safe_row_norms(block)  # first, then square: <= 1, never inf * 0
+            sq = (np.where(pre_b == 1.0, nu_b, nu_b / pre_b) * scale) ** 2
     rest = np.clip(sq - np.einsum("ij,ij->i", P, P), 0.0, 1.0)
     idx = np.searchsorted(edges, r, side="right")
     nb = edges.size + 1
