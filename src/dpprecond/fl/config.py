@@ -18,6 +18,7 @@ from dpprecond._validation import (
     check_positive,
     check_target_delta,
 )
+from dpprecond.accounting import ACCOUNTANTS, DEFAULT_ACCOUNTANT, Accountant
 from dpprecond.fl.backend import BACKENDS
 
 __all__ = ["MAX_CLIP_NORM", "MAX_NOISE_STD", "MECHANISMS", "AdaptiveClip", "FLConfig",
@@ -136,7 +137,8 @@ class FLConfig:
         as public metadata in the same way. Client-level DP refuses size weights (a size
         there describes the protected client).
     accountant : {"pld", "rdp"}
-        dp_accounting accountant used for calibration and reported epsilons.
+        dp_accounting accountant used for calibration and reported epsilons (default:
+        :data:`dpprecond.accounting.DEFAULT_ACCOUNTANT`).
     precision : {"float64", "float32"}
         Precision of the linear head's kernel. ``"float32"``: the records are rounded to
         float32 once (a per-record map) and both products run in float32 at half the
@@ -177,7 +179,7 @@ class FLConfig:
     local_steps: int = 1
     local_lr: float = 0.1
     weighting: Literal["uniform", "size"] = "uniform"
-    accountant: Literal["pld", "rdp"] = "pld"
+    accountant: Accountant = DEFAULT_ACCOUNTANT
     precision: Literal["float64", "float32"] = "float64"
     backend: Literal["numpy", "torch"] = "numpy"
     device: str | None = None
@@ -195,7 +197,7 @@ class FLConfig:
         check_int("local_steps", self.local_steps, low=1)
         check_positive("local_lr", self.local_lr)
         check_choice("weighting", self.weighting, ("uniform", "size"))
-        check_choice("accountant", self.accountant, ("pld", "rdp"))
+        check_choice("accountant", self.accountant, ACCOUNTANTS)
         check_choice("precision", self.precision, ("float64", "float32"))
         check_choice("backend", self.backend, BACKENDS)
         check_choice("trust", self.trust, ("local", "secure-aggregation"))

@@ -55,7 +55,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._files import atomic_write
 from dpprecond._validation import check_choice, check_int, check_positive, check_target_delta
-from dpprecond.accounting import PrivacyLedger
+from dpprecond.accounting import DEFAULT_ACCOUNTANT, PrivacyLedger
 from dpprecond.adapters.flower.client_app import ClientInfo, LocalData
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
 from dpprecond.adapters.flower.protocol import KEYS
@@ -218,7 +218,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         local_steps=run_config.get("local-steps", 1),
         local_lr=run_config.get("local-lr", 0.1),
         weighting=run_config.get("weighting", "uniform"),
-        accountant=run_config.get("accountant", "pld"),
+        accountant=run_config.get("accountant", DEFAULT_ACCOUNTANT),
         trust=run_config.get("trust", "local")).validated()
 
 
