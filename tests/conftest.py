@@ -1,4 +1,5 @@
-"""Fixtures shared by every test directory: a user's labelled file and a spy on releases."""
+"""Fixtures shared by every test directory: a user's labelled file, a spy on releases, and
+warnings shown as the command line shows them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,20 @@ import numpy as np
 import pytest
 
 import dpprecond.secure as secure_module
+
+
+@pytest.fixture()
+def shown_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warnings written to stderr as outside pytest (which records them instead): the
+    default ``showwarning`` writes ``warnings.formatwarning(...)``, the CLI's one line."""
+    import sys
+    import warnings
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: object = None, line: str | None = None) -> None:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setattr(warnings, "showwarning", show)
 
 
 @pytest.fixture

@@ -11,20 +11,6 @@ import pytest
 from dpprecond.cli import main
 
 
-@pytest.fixture()
-def shown_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Warnings written to stderr as outside pytest (which records them instead): the
-    default ``showwarning`` writes ``warnings.formatwarning(...)``, the CLI's one line."""
-    import sys
-    import warnings
-
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: object = None, line: str | None = None) -> None:
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
-
-    monkeypatch.setattr(warnings, "showwarning", show)
-
-
 @pytest.fixture(scope="module")
 def digits_npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dpprecond.features import load_features

@@ -81,20 +81,6 @@ def _small_experiment(source: Path, target: Path) -> None:
     target.write_text(tomli_w.dumps(doc), encoding="utf-8")
 
 
-@pytest.fixture()
-def shown_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Warnings written to stderr as outside pytest (which records them instead): the
-    default ``showwarning`` writes ``warnings.formatwarning(...)``, the CLI's one line."""
-    import sys
-    import warnings
-
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: object = None, line: str | None = None) -> None:
-        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
-
-    monkeypatch.setattr(warnings, "showwarning", show)
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dpprecond.features import load_features

@@ -19,7 +19,10 @@ i)``, the gradients of round ``t`` from ``stream(noise_root, t, i)``. The server
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from dpprecond._validation import check_fraction, check_positive
 from dpprecond.fl.accounting import Schedule
@@ -66,6 +69,18 @@ class CovarianceMethod(Method):
     def feature_clip(self, n_features: int) -> float:
         """The row clip ``C_x`` of the covariance release (``row_clip`` or ``sqrt(d + 1)``)."""
         return math.sqrt(n_features + 1) if self.row_clip is None else self.row_clip
+
+    def setup_from_moments(self, moments: list[np.ndarray]) -> np.ndarray:
+        """The server's one-off state from the released second moments (post-processing)."""
+        raise NotImplementedError
+
+    def setup_from_replies(self, setup: Mapping[str, np.ndarray] | None) -> np.ndarray:
+        """:meth:`setup_from_moments` of the setup round's replies; a setup round in which
+        no client released its moment is an error (nothing to build the server from)."""
+        if not setup or len(setup["moment"]) == 0:
+            raise RuntimeError("No client released its second moment in the setup round; "
+                               "the preconditioner cannot be built.")
+        return self.setup_from_moments(list(setup["moment"]))
 
     def setup_task(self, run: RunSpec) -> ClientTask | None:
         n_features: int = run.model.n_features  # type: ignore[attr-defined]

@@ -49,10 +49,7 @@ class FedFC(CovarianceMethod):
     def server_init(self, run: RunSpec, params: np.ndarray,
                     setup: Mapping[str, np.ndarray] | None = None,
                     clients: Sequence[int] = ()) -> Any:
-        if not setup or len(setup["moment"]) == 0:
-            raise RuntimeError("No client released its second moment in the setup round; "
-                               "the preconditioner cannot be built.")
-        P = self.setup_from_moments(list(setup["moment"]))
+        P = self.setup_from_replies(setup)
         n_classes: int = run.model.n_classes  # type: ignore[attr-defined]
         return (P, self.server_transform(P, n_classes).init(params))
 

@@ -61,10 +61,7 @@ class FedNew(CovarianceMethod):
     def server_init(self, run: RunSpec, params: np.ndarray,
                     setup: Mapping[str, np.ndarray] | None = None,
                     clients: Sequence[int] = ()) -> Any:
-        if not setup or len(setup["moment"]) == 0:
-            raise RuntimeError("No client released its second moment in the setup round; "
-                               "the preconditioner cannot be built.")
-        solvers = self.setup_from_moments(list(setup["moment"]))
+        solvers = self.setup_from_replies(setup)
         n_classes: int = run.model.n_classes  # type: ignore[attr-defined]
         members = np.asarray(sorted(clients), dtype=np.int64)
         return (solvers, self.server_transform(solvers, n_classes).init(params), members)
