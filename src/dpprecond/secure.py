@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SECURE_ROOT", "SecureGenerator", "SecureRoot", "is_secure", "observe_releases",
-           "release", "snap"]
+           "snap"]
 
 #: The lists that :func:`observe_releases` blocks fill (empty outside one).
 _OBSERVERS: contextvars.ContextVar[tuple[list[Any], ...]] = contextvars.ContextVar(
@@ -169,29 +169,14 @@ def snap(values: np.ndarray, noise_std: float) -> np.ndarray:
     return float(np.rint(values / grid) * grid)
 
 
-def release(value: Any, noise: Any, noise_std: float, rng: Any) -> Any:
-    """``value + noise`` with noise drawn by the caller (the older form of
-    :func:`dpprecond.noise.release`, which draws the noise itself; new code uses that one).
-
-    With a :class:`SecureGenerator` the sum is snapped (:func:`snap`); otherwise it is the
-    plain float64 sum. ``value`` is not modified. Inside :func:`observe_releases` a copy of
-    every release is recorded.
-    """
-    out = value + noise
-    if is_secure(rng):
-        out = snap(out, noise_std)
-    for seen in _OBSERVERS.get():
-        seen.append((np.array(out, copy=True), float(noise_std)))
-    return out
-
-
 @contextlib.contextmanager
 def observe_releases() -> Iterator[list[tuple[np.ndarray, float]]]:
     """Record ``(released value, noise std)`` of every release made inside the block.
 
-    For audits and tests: every mechanism forms its releases with :func:`release`, so the
-    list holds, in order, exactly what a run released (an attacker's view of it), whatever
-    entry point made them. Thread- and context-local (a ``contextvars`` variable).
+    For audits and tests: every mechanism forms its releases with
+    :func:`dpprecond.noise.release`, so the list holds, in order, exactly what a run
+    released (an attacker's view of it), whatever entry point made them. Thread- and
+    context-local (a ``contextvars`` variable).
     """
     seen: list[tuple[np.ndarray, float]] = []
     token = _OBSERVERS.set((*_OBSERVERS.get(), seen))

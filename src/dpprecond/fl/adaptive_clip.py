@@ -67,7 +67,8 @@ from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.tasks import ClientTask
-from dpprecond.secure import SecureRoot, release
+from dpprecond.noise import release
+from dpprecond.secure import SecureRoot
 
 __all__ = [
     "AdaptiveClip",
@@ -127,7 +128,7 @@ def noisy_fraction(counts: np.ndarray, n_records: int, count_multiplier: float,
     total = 0.0
     std = count_multiplier * count_sensitivity()
     for c, rng in zip(counts, rngs, strict=True):
-        total += float(release(np.array([c]), std * rng.standard_normal(1), std, rng)[0]) \
+        total += float(release(np.array([c]), std, rng)[0]) \
             if std > 0 else float(c)
     return total / n_records
 

@@ -69,7 +69,8 @@ from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import FLModel, LinearSoftmax
 from dpprecond.fl.simulator import run_federated
-from dpprecond.secure import SecureGenerator, release
+from dpprecond.noise import release
+from dpprecond.secure import SecureGenerator
 from dpprecond.selection import (
     calibrate_selection,
     draw_trial_count,
@@ -353,8 +354,8 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         rng: Any = SecureGenerator() if secure else np.random.default_rng(score_seq)
         if private:
             noise = z_score * rng.standard_normal(n_clients)  # each client noises its share
-            count = float(release(np.array([count]), np.array([noise.sum()]),
-                                  z_score * math.sqrt(n_clients), rng)[0])
+            count = float(release(np.array([count]), z_score * math.sqrt(n_clients), rng,
+                                  noise=np.array([noise.sum()]))[0])
         score = count / n_val
         if best is None or score > best[0]:
             best = (score, result, cand)
