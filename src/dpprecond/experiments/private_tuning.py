@@ -90,6 +90,19 @@ def _config(cfg: ExperimentConfig, epsilon: float | None) -> FLConfig:
     return FLConfig(**settings)
 
 
+def _check_settings(cfg: ExperimentConfig) -> None:
+    """The checks that need no data (run before it is loaded)."""
+    if not cfg.tune_grid:
+        raise ValueError(f"{cfg.name}: no [tuning.grid.<method>] tables to tune.")
+    if cfg.features.split(":")[0] in ("pca", "random"):
+        trust = f" (trust = {cfg.pca['trust']!r})" if "trust" in cfg.pca else ""
+        raise ValueError(
+            f"experiment tune --private runs on fixed features only: [data] features = "
+            f"{cfg.features!r}{trust} go through the "
+            "private-features pipeline, whose private PCA stage the selection does not "
+            "account; use pixels or resnet20 features, or drop --private.")
+
+
 def check_private_tuning(cfg: ExperimentConfig, n_features: int, n_classes: int) -> None:
     """Refuse, before any run, what :func:`~dpprecond.fl.tune_private` cannot account.
 
@@ -97,14 +110,7 @@ def check_private_tuning(cfg: ExperimentConfig, n_features: int, n_classes: int)
     features (with their ``trust``); a grid point whose training run is not one Gaussian
     mechanism (an unsampled composition).
     """
-    if not cfg.tune_grid:
-        raise ValueError(f"{cfg.name}: no [tuning.grid.<method>] tables to tune.")
-    if cfg.features.split(":")[0] in ("pca", "random"):
-        raise ValueError(
-            f"experiment tune --private runs on fixed features only: [data] features = "
-            f"{cfg.features!r} (trust = {cfg.pca.get('trust', 'local')!r}) go through the "
-            "private-features pipeline, whose private PCA stage the selection does not "
-            "account; use pixels or resnet20 features, or drop --private.")
+    _check_settings(cfg)
     model = LinearSoftmax(n_features, n_classes)
     base = replace(_config(cfg, 1.0), target_epsilon=None, noise_multiplier=1.0)
     for label in cfg.tune_grid:
@@ -149,6 +155,7 @@ def run_private_tuning(cfg: ExperimentConfig, *, progress: bool = True,
     """
     from dpprecond.experiments.runner import DataCache, _per_run_notices_off
 
+    _check_settings(cfg)  # before the data is loaded
     cache = cache or DataCache(cfg)
     X_tr, y_tr, X_te, y_te, n_classes = cache.get(cfg.data, cfg.features)
     check_private_tuning(cfg, X_tr.shape[1], n_classes)
