@@ -16,6 +16,7 @@ from dpprecond.experiments import private_tuning
 from dpprecond.experiments.config import load_config
 from dpprecond.experiments.tuning import NOT_CHARGED
 from dpprecond.selection import repeat_and_select_event, trial_shape
+from tests.strict_json import load_strict
 
 TINY = """
 name = "tiny"
@@ -59,7 +60,10 @@ def test_private_tune_end_to_end_charges_each_cells_epsilon(
     out = capsys.readouterr().out
     assert "selected privately" in out and "tuning included" in out
     assert NOT_CHARGED not in out
-    report = json.loads((tmp_path / "out" / "tuning-private.json").read_text())
+    report = load_strict(tmp_path / "out" / "tuning-private.json")  # docs/outputs.md
+    assert isinstance(report, dict)
+    for cell_file in (tmp_path / "out" / "tuning-private").glob("*.json"):
+        assert load_strict(cell_file)["private"] is True  # type: ignore[index]
     assert report["private"] is True and "not free" in report["note"]
     assert set(report["methods"]) == {"fedgd", "adam"}
     grids = {"fedgd": [0.3, 1.0], "adam": [0.01, 0.03]}
@@ -163,7 +167,8 @@ def test_non_private_cells_are_a_search_without_guarantee(
     with caplog.at_level("WARNING"):
         assert main(["experiment", "tune", "--private", "--no-progress", str(path)]) == 0
     assert sum("no privacy guarantee" in r.getMessage() for r in caplog.records) == 1
-    report = json.loads((tmp_path / "out" / "tuning-private.json").read_text())
+    report = load_strict(tmp_path / "out" / "tuning-private.json")  # null, never inf/NaN
+    assert isinstance(report, dict)
     for method in report["methods"].values():
         assert all(c["epsilon_total"] is None for c in method["cells"])
         assert not any(math.isnan(c["test_accuracy"]) for c in method["cells"])
