@@ -172,3 +172,19 @@ def test_non_private_cells_are_a_search_without_guarantee(
     for method in report["methods"].values():
         assert all(c["epsilon_total"] is None for c in method["cells"])
         assert not any(math.isnan(c["test_accuracy"]) for c in method["cells"])
+
+
+def test_progress_off_a_terminal_is_one_line_per_cell(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Captured stderr is not a terminal: one plain line per cell (as ``experiment run``
+    has one per run), naming no number of trials; ``--output`` moves every output."""
+    path = _file(tmp_path)
+    moved = tmp_path / "elsewhere"
+    assert main(["experiment", "tune", "--private", str(path), "--output", str(moved)]) == 0
+    err = capsys.readouterr().err
+    assert "\x1b[" not in err and "\r" not in err and "trial" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("tiny private tuning: cell ")]
+    assert [ln.split(" done")[0] for ln in lines] == [
+        f"tiny private tuning: cell {i} of 4" for i in range(1, 5)]
+    assert (moved / "tuning-private.json").exists() and not (tmp_path / "out").exists()
+    assert load_config(tmp_path / "tiny-tuned-private.toml").output == moved.resolve()
