@@ -188,3 +188,27 @@ def test_progress_off_a_terminal_is_one_line_per_cell(
         f"tiny private tuning: cell {i} of 4" for i in range(1, 5)]
     assert (moved / "tuning-private.json").exists() and not (tmp_path / "out").exists()
     assert load_config(tmp_path / "tiny-tuned-private.toml").output == moved.resolve()
+
+
+def test_clip_norms_join_the_private_search(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """``[tuning] clip_norms`` multiplies every method's grid (4 candidates each); the free
+    tuning refuses it by name (one clip serves all its methods)."""
+    path = tmp_path / "clip.toml"
+    path.write_text(TINY.format(features="pixels", data="").replace(
+        "mean_trials = 1.5", "mean_trials = 1.5\nclip_norms = [0.5, 2.0]"), encoding="utf-8")
+    cands = private_tuning.candidates_of(load_config(path), "fedgd")
+    assert sorted((c.learning_rate, c.clip_norm) for c in cands) == [
+        (0.3, 0.5), (0.3, 2.0), (1.0, 0.5), (1.0, 2.0)]
+    assert main(["experiment", "tune", str(path), "--no-progress"]) == 2
+    assert "clip_norms" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert main(["experiment", "tune", "--private", "--no-progress", str(path)]) == 0
+    report = load_strict(tmp_path / "out" / "tuning-private.json")
+    assert isinstance(report, dict)
+    for method in report["methods"].values():
+        for c in method["cells"]:
+            assert c["clip_norm"] in (0.5, 2.0) and c["selection"]["n_candidates"] == 4
+            assert c["epsilon_total"] == pytest.approx(c["epsilon_target"], rel=1e-3)
+    tuned = load_config(tmp_path / "clip-tuned-private.toml")
+    clips = {m["clip_norm"] for m in report["methods"].values()}
+    assert tuned.clip_norm == (clips.pop() if len(clips) == 1 else 1.0)

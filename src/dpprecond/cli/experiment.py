@@ -137,6 +137,11 @@ def tune(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.config} has no [tuning.grid.<method>] tables to tune.")
     if args.private:
         return _tune_private(args, cfg)
+    if cfg.tune_clip_norms:
+        raise ValueError(f"{args.config}: [tuning] clip_norms = {list(cfg.tune_clip_norms)} "
+                         "is searched by `experiment tune --private` only (one [privacy] "
+                         "clip_norm serves every method of the free tuning); add --private "
+                         "or remove clip_norms.")
     print(NOT_CHARGED)
     run_experiment(cfg, tuning=True, progress=not args.no_progress, jobs=args.jobs)
     best = select_best(cfg, load_records(cfg, tuning=True))
@@ -156,11 +161,10 @@ def _tune_private(args: argparse.Namespace, cfg: Any) -> int:
     from dpprecond._files import write_json
     from dpprecond.experiments.private_tuning import (
         CHARGED,
-        private_header,
+        private_tuned_text,
         run_private_tuning,
         select_private,
     )
-    from dpprecond.experiments.tuning import tuned_config_text
 
     if args.jobs != 1:
         raise ValueError(f"--jobs={args.jobs}: experiment tune --private runs its cells in "
@@ -171,17 +175,17 @@ def _tune_private(args: argparse.Namespace, cfg: Any) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "tuning-private.json", {"private": True, "note": CHARGED,
                                              "methods": best})
-    tuned = _write_tuned(args, tuned_config_text(cfg, best, private_header(cfg, best)),
-                         "tuned-private")
+    tuned = _write_tuned(args, private_tuned_text(cfg, best), "tuned-private")
     for method, b in best.items():
         for c in b["cells"]:
             eps = "inf (non-private)" if c["epsilon_total"] is None \
                 else f"{c['epsilon_total']:.4f}"
             acc = "none" if c["test_accuracy"] is None else f"{c['test_accuracy']:.4f}"
             target = "inf" if c["epsilon_target"] is None else f"{c['epsilon_target']:g}"
+            clip = "" if c["clip_norm"] is None else f", clip_norm {c['clip_norm']:g}"
             print(f"{method:>16} K={c['clients']} {c['partition']} seed={c['seed']} "
-                  f"epsilon={target}: {c['params']}  test accuracy {acc}; total epsilon "
-                  f"{eps} at delta={cfg.delta:g}, tuning included")
+                  f"epsilon={target}: {c['params']}{clip}  test accuracy {acc}; total "
+                  f"epsilon {eps} at delta={cfg.delta:g}, tuning included")
     print(f"wrote {out / 'tuning-private.json'} (the private selections) and {tuned} (the "
           "selected values as defaults; running it spends its epsilons again)")
     return 0

@@ -40,8 +40,8 @@ from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.tuning import Candidate, tune_private
 
-__all__ = ["CHARGED", "candidates_of", "check_private_tuning", "private_cells", "private_header",
-           "run_private_tuning", "select_private"]
+__all__ = ["CHARGED", "candidates_of", "check_private_tuning", "private_cells",
+           "private_tuned_text", "run_private_tuning", "select_private"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +52,18 @@ CHARGED = ("Hyperparameters were selected privately (repeat-and-select with a ra
 
 
 def candidates_of(cfg: ExperimentConfig, label: str) -> list[Candidate]:
-    """The grid points of method ``label`` as candidates (the method's own values first)."""
+    """The grid points of method ``label`` as candidates, times ``[tuning] clip_norms``
+    when given (``clip_norm=None``: the file's ``[privacy] clip_norm``)."""
     m = cfg.method(label)
     grid = cfg.tune_grid.get(label, {})
     names = sorted(grid)
-    out = []
+    clips: tuple[float | None, ...] = cfg.tune_clip_norms or (None,)
+    out: list[Candidate] = []
     for values in itertools.product(*(grid[n] for n in names)):
         params = {**m.params, **dict(zip(names, values, strict=True))}
         lr = params.pop("learning_rate", None)
-        out.append(Candidate(m.algorithm, None if lr is None else float(lr), None, params))
+        out.extend(Candidate(m.algorithm, None if lr is None else float(lr), clip, params)
+                   for clip in clips)
     return out
 
 
@@ -221,13 +224,15 @@ def select_private(cfg: ExperimentConfig,
         scores: dict[str, list[float]] = {}
         for r in chosen:
             cand = r["selection"]["candidate"]
-            key = json.dumps(_params(cand), sort_keys=True)
+            key = json.dumps([_params(cand), _clip(cfg, cand)], sort_keys=True)
             votes[key] += 1
             scores.setdefault(key, []).append(r["selection"]["noisy_validation_accuracy"])
         best = max(votes, key=lambda k: (votes[k], sum(scores[k]) / len(scores[k]), k)) \
             if votes else None
+        params, clip = json.loads(best) if best is not None else (
+            dict(cfg.method(label).params), cfg.clip_norm)
         out[label] = {
-            "params": json.loads(best) if best is not None else dict(cfg.method(label).params),
+            "params": params, "clip_norm": clip,
             "selected_in": votes[best] if best is not None else 0,
             "n_cells": len(rows),
             "cells": [{"clients": r["spec"]["clients"], "partition": r["spec"]["partition"],
@@ -235,10 +240,18 @@ def select_private(cfg: ExperimentConfig,
                        "epsilon_total": r["epsilon_total"],
                        "params": None if r["selection"]["candidate"] is None
                        else _params(r["selection"]["candidate"]),
+                       "clip_norm": None if r["selection"]["candidate"] is None
+                       else _clip(cfg, r["selection"]["candidate"]),
                        "noisy_validation_accuracy": r["selection"]["noisy_validation_accuracy"],
                        "test_accuracy": r["test_accuracy"],
                        "selection": r["selection"]} for r in rows]}
     return out
+
+
+def _clip(cfg: ExperimentConfig, candidate: dict[str, Any]) -> float:
+    """A candidate's clip norm (the file's when it sets none)."""
+    clip = candidate["clip_norm"]
+    return cfg.clip_norm if clip is None else float(clip)
 
 
 def _params(candidate: dict[str, Any]) -> dict[str, Any]:
@@ -249,21 +262,41 @@ def _params(candidate: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def private_header(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) -> list[str]:
-    """The comment lines of a privately tuned experiment file."""
+def private_tuned_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) -> str:
+    """A complete experiment file with the privately selected values as the defaults.
+
+    The method tables hold each method's values selected in most cells; ``[privacy]
+    clip_norm`` is the selected clip when every method selected the same one (one file
+    has one clip for all its methods), else the source's, and the header says so.
+    """
+    import tomllib
+
+    import tomli_w
+
+    from dpprecond.experiments.tuning import tuned_config_text
+
     lines = [f"# Tuned privately by `dpprecond experiment tune --private` from the experiment "
              f"{cfg.name!r}.", f"# {CHARGED}",
              "# Running this file spends its epsilons again on the same data: a run's total "
              "privacy loss is its epsilon plus the selection's (composition). The selected "
              "runs themselves, at the total epsilon, are in tuning-private.json."]
     for label, b in best.items():
-        lines.append(f"# {label}: selected in {b['selected_in']} of {b['n_cells']} cells")
+        lines.append(f"# {label}: {b['params']}, clip_norm {b['clip_norm']:g}, selected in "
+                     f"{b['selected_in']} of {b['n_cells']} cells")
         for c in b["cells"]:
             eps = "inf (non-private)" if c["epsilon_total"] is None \
                 else f"{c['epsilon_total']:.4g}"
             acc = "none" if c["test_accuracy"] is None else f"{c['test_accuracy']:.4f}"
+            clip = "none" if c["clip_norm"] is None else f"{c['clip_norm']:g}"
             lines.append(f"#   K={c['clients']} {c['partition']} seed={c['seed']} "
-                         f"epsilon={_eps_text(c['epsilon_target'])}: "
-                         f"{c['params']}, test accuracy {acc}, total epsilon {eps} "
-                         "(tuning included)")
-    return lines
+                         f"epsilon={_eps_text(c['epsilon_target'])}: {c['params']}, clip_norm "
+                         f"{clip}, test accuracy {acc}, total epsilon {eps} (tuning "
+                         "included)")
+    doc = tomllib.loads(tuned_config_text(cfg, best, []))
+    clips = {b["clip_norm"] for b in best.values()}
+    if len(clips) == 1:
+        doc.setdefault("privacy", {})["clip_norm"] = clips.pop()
+    else:
+        lines.append(f"# The methods selected different clip norms; [privacy] clip_norm "
+                     f"keeps the source's ({cfg.clip_norm:g}).")
+    return "\n".join(lines) + "\n" + tomli_w.dumps(doc)
