@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from dpprecond.cli import main
 from dpprecond.experiments import private_tuning
 from dpprecond.experiments.config import load_config
 from dpprecond.experiments.tuning import NOT_CHARGED
+from dpprecond.fl.divergence import DivergenceWarning
 from dpprecond.selection import repeat_and_select_event, trial_shape
 from tests.strict_json import load_strict
 
@@ -212,3 +214,24 @@ def test_clip_norms_join_the_private_search(tmp_path: Path,
     tuned = load_config(tmp_path / "clip-tuned-private.toml")
     clips = {m["clip_norm"] for m in report["methods"].values()}
     assert tuned.clip_norm == (clips.pop() if len(clips) == 1 else 1.0)
+
+
+def test_no_trial_warning_is_shown(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A trial's divergence warning concerns a run that is not released, and their count
+    would reveal the number of trials: none is shown (these trials' test loss climbs:
+    server step 1 at clip 10, epsilon 2, 30 rounds, 10 clients)."""
+    text = TINY.format(features="pixels", data="")
+    for old, new in (("learning_rate = [0.3, 1.0]", "learning_rate = [1.0]"),
+                     ("rounds = 3", "rounds = 30"), ("clients = [4]", "clients = [10]"),
+                     ("epsilons = [1, 2]", "epsilons = [2]"),
+                     ("clip_norm = 1.0", "clip_norm = 10.0"),
+                     ("[tuning.grid.adam]\nlearning_rate = [0.01, 0.03]\n", "")):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "steep.toml"
+    path.write_text(text, encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["experiment", "tune", "--private", "--no-progress", str(path)]) == 0
+    assert not [w for w in caught if issubclass(w.category, DivergenceWarning)]
+    assert "climbed" not in capsys.readouterr().err

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import sys
+import warnings
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from dpprecond._files import write_json
 from dpprecond.accounting import gaussian_precision
 from dpprecond.experiments.config import ExperimentConfig, run_id
 from dpprecond.fl.config import FLConfig
+from dpprecond.fl.divergence import DivergenceWarning
 from dpprecond.fl.engine import plan_event
 from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import LinearSoftmax
@@ -182,7 +184,10 @@ def run_private_tuning(cfg: ExperimentConfig, *, progress: bool = True,
             bar.update(1)
             continue
         bar.set_postfix_str(_label(cell))
-        with _per_run_notices_off():
+        # a trial's notices (non-private, divergence) are not shown: they concern runs
+        # that are not released, and their count would reveal the number of trials
+        with _per_run_notices_off(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DivergenceWarning)
             res = tune_private(X_tr, y_tr, X_te, y_te, n_classes,
                                config=_config(cfg, cell["epsilon"]),
                                candidates=candidates_of(cfg, cell["method"]),
