@@ -235,3 +235,18 @@ def test_no_trial_warning_is_shown(tmp_path: Path, capsys: pytest.CaptureFixture
         assert main(["experiment", "tune", "--private", "--no-progress", str(path)]) == 0
     assert not [w for w in caught if issubclass(w.category, DivergenceWarning)]
     assert "climbed" not in capsys.readouterr().err
+
+
+def test_a_delta_warning_is_shown_once_per_cell(tmp_path: Path) -> None:
+    """delta above 1/n warns once per cell however many trials ran (their number is
+    hidden)."""
+    from dpprecond import LargeDeltaWarning
+
+    path = tmp_path / "delta.toml"
+    path.write_text(TINY.format(features="pixels", data="").replace(
+        "clip_norm = 1.0", "clip_norm = 1.0\ndelta = 0.001").replace(
+        "mean_trials = 1.5", "mean_trials = 4"), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["experiment", "tune", "--private", "--no-progress", str(path)]) == 0
+    assert len([w for w in caught if issubclass(w.category, LargeDeltaWarning)]) == 4

@@ -184,10 +184,11 @@ def run_private_tuning(cfg: ExperimentConfig, *, progress: bool = True,
             bar.update(1)
             continue
         bar.set_postfix_str(_label(cell))
-        # a trial's notices (non-private, divergence) are not shown: they concern runs
-        # that are not released, and their count would reveal the number of trials
-        with _per_run_notices_off(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DivergenceWarning)
+        # a trial's notices are not shown one by one: their count would reveal the number
+        # of trials. Divergence concerns runs that are not released (dropped); any other
+        # warning (a delta above 1/n) is shown once per cell
+        with _per_run_notices_off(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             res = tune_private(X_tr, y_tr, X_te, y_te, n_classes,
                                config=_config(cfg, cell["epsilon"]),
                                candidates=candidates_of(cfg, cell["method"]),
@@ -196,6 +197,7 @@ def run_private_tuning(cfg: ExperimentConfig, *, progress: bool = True,
                                validation_fraction=cfg.validation_fraction,
                                n_clients=int(cell["clients"]), partition=cell["partition"],
                                alpha=cfg.alpha, seed=int(cell["seed"]))
+        _warn_once([w for w in caught if not issubclass(w.category, DivergenceWarning)])
         selection = res.to_dict()
         selection.pop("selected_run", None)
         if math.isnan(selection["noisy_validation_accuracy"]):  # no trial drawn
@@ -215,6 +217,16 @@ def run_private_tuning(cfg: ExperimentConfig, *, progress: bool = True,
                   file=sys.stderr, flush=True)
     bar.close()
     return records
+
+
+def _warn_once(caught: list[warnings.WarningMessage]) -> None:
+    """Show each distinct warning of a cell once."""
+    seen = set()
+    for w in caught:
+        key = (w.category, str(w.message))
+        if key not in seen:
+            seen.add(key)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def select_private(cfg: ExperimentConfig,
