@@ -356,7 +356,7 @@ OPTIONS: dict[str, Option] = {
     "private_tune": _opt("--private", action="store_true",
                          help="select privately, charged: repeat-and-select per cell, the "
                               "cell's epsilon the total with the tuning included (fixed "
-                              "features, [tuning] mean_trials and trials)"),
+                              "features; [tuning] mean_trials, trials, clip_norms)"),
     "tune_report": _opt("--report", default=None, metavar="DIR",
                         shown="the source file's report directory, so the tuned report "
                               "replaces the untuned one",
