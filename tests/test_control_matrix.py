@@ -471,12 +471,13 @@ class ExperimentRow(EntryPoint):
 
     covers = ("experiment run",)
     action = "run"
+    flags: tuple[str, ...] = ()
 
     def run(self, c: Cell, features: str = "pixels", data: str = "",
             privacy: str = "") -> tuple[int, str]:
         path = c.tmp / f"exp{len(list(c.tmp.glob('exp*.toml')))}.toml"
         path.write_text(EXPERIMENT.format(features=features, data=data, privacy=privacy))
-        return c.cli(["experiment", self.action, str(path), "--no-progress"])
+        return c.cli(["experiment", self.action, str(path), "--no-progress", *self.flags])
 
     def secure(self, c: Cell) -> None:
         assert_cli_refused(self.run(c, privacy="secure = true"), "secure")
@@ -504,6 +505,20 @@ class ExperimentRow(EntryPoint):
 class ExperimentTuneRow(ExperimentRow):
     covers = ("experiment tune",)
     action = "tune"
+
+
+class ExperimentTunePrivateRow(ExperimentTuneRow):
+    """``experiment tune --private``: the same strict schema; its selection runs on fixed
+    features only, so ``pca:K`` features (and their trust) are refused by name."""
+
+    flags = ("--private",)
+
+    def trust(self, c: Cell) -> None:
+        for trust in ("local", "secure-aggregation"):
+            with c.local_noise_count() as count:
+                assert_cli_refused(self.run(c, features="pca:4", data=f'trust = "{trust}"'),
+                                   "features = 'pca:4'", f"trust = '{trust}'")
+            assert count[0] == 0
 
 
 class FlowerAppRow(EntryPoint):
@@ -614,6 +629,7 @@ ENTRY_POINTS: dict[str, EntryPoint] = {
     "dpprecond fl --features pca:K": CliFlPcaRow(),
     "dpprecond experiment run": ExperimentRow(),
     "dpprecond experiment tune": ExperimentTuneRow(),
+    "dpprecond experiment tune --private": ExperimentTunePrivateRow(),
     "Flower app config": FlowerAppRow(),
 }
 

@@ -5,11 +5,16 @@ Examples::
     dpprecond experiment run experiments/digits.toml          # resumable sweep
     dpprecond experiment report experiments/digits.toml       # tables, figures, McNemar
     dpprecond experiment tune experiments/digits.toml         # validation-split tuning
+    dpprecond experiment tune --private experiments/digits.toml   # charged selection
 
 ``run`` skips the runs already finished (results under the file's ``output`` directory);
 ``report`` writes ``results.csv``, ``results.json``, ``report.md`` and PNG figures there;
 ``tune`` writes ``<name>-tuned.toml`` next to the experiment file (``experiments/digits.toml``
-gives ``experiments/digits-tuned.toml``), an experiment file with the tuned values.
+gives ``experiments/digits-tuned.toml``), an experiment file with the tuned values; the
+tuning is free (not charged). ``tune --private`` selects privately instead, each cell's
+epsilon being the total budget with the tuning included
+(:mod:`dpprecond.experiments.private_tuning`): it writes ``tuning-private.json`` and
+``<name>-tuned-private.toml``.
 """
 
 from __future__ import annotations
@@ -44,12 +49,17 @@ def register(subparsers: Any) -> None:
                                    "[tuning.grid.<method>]) on a validation split of the "
                                    "training data, not charged to the privacy budget; "
                                    "writes <name>-tuned.toml next to the file and "
-                                   "tuning.json in the report directory.")
+                                   "tuning.json in the report directory. With --private: "
+                                   "a private selection per cell (repeat-and-select), the "
+                                   "cell's epsilon the total with the tuning included; "
+                                   "writes <name>-tuned-private.toml and "
+                                   "tuning-private.json.")
     add(t, "config")
     add(t, "tune_output")
     add(t, "tune_report")
     add(t, "no_progress")
     add(t, "jobs")
+    add(t, "private_tune")
     t.set_defaults(func=tune)
     s = sub.add_parser("report", help="tables, figures and McNemar tests of finished runs")
     add(s, "configs")
@@ -117,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def tune(args: argparse.Namespace) -> int:
-    """``experiment tune``."""
+    """``experiment tune`` (``--private``: the selection charged to each cell's epsilon)."""
     from dpprecond._files import write_json
     from dpprecond.experiments.runner import load_records, run_experiment
     from dpprecond.experiments.tuning import NOT_CHARGED, select_best, tuned_config_text
@@ -125,15 +135,67 @@ def tune(args: argparse.Namespace) -> int:
     cfg = _load(args.config, args.output)
     if not cfg.tune_grid:
         raise ValueError(f"{args.config} has no [tuning.grid.<method>] tables to tune.")
+    if args.private:
+        return _tune_private(args, cfg)
+    if cfg.tune_clip_norms:
+        raise ValueError(f"{args.config}: [tuning] clip_norms = {list(cfg.tune_clip_norms)} "
+                         "is searched by `experiment tune --private` only (one [privacy] "
+                         "clip_norm serves every method of the free tuning); add --private "
+                         "or remove clip_norms.")
     print(NOT_CHARGED)
     run_experiment(cfg, tuning=True, progress=not args.no_progress, jobs=args.jobs)
     best = select_best(cfg, load_records(cfg, tuning=True))
     out = Path(cfg.report_dir or cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "tuning.json", best)  # strict JSON (docs/outputs.md)
+    tuned = _write_tuned(args, tuned_config_text(cfg, best), "tuned")
+    for method, b in best.items():
+        print(f"{method:>16}: {b['params']}  validation accuracy {b['validation_accuracy']:.4f}")
+    print(f"wrote {tuned} (tuned values as defaults) and {out / 'tuning.json'}")
+    print(f"next: dpprecond experiment run {tuned}")
+    return 0
+
+
+def _tune_private(args: argparse.Namespace, cfg: Any) -> int:
+    """``experiment tune --private``: :mod:`dpprecond.experiments.private_tuning`."""
+    from dpprecond._files import write_json
+    from dpprecond.experiments.private_tuning import (
+        CHARGED,
+        private_tuned_text,
+        run_private_tuning,
+        select_private,
+    )
+
+    if args.jobs != 1:
+        raise ValueError(f"--jobs={args.jobs}: experiment tune --private runs its cells in "
+                         "one process; drop --jobs.")
+    print(CHARGED)
+    best = select_private(cfg, run_private_tuning(cfg, progress=not args.no_progress))
+    out = Path(cfg.report_dir or cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "tuning-private.json", {"private": True, "note": CHARGED,
+                                             "methods": best})
+    tuned = _write_tuned(args, private_tuned_text(cfg, best), "tuned-private")
+    for method, b in best.items():
+        for c in b["cells"]:
+            eps = "inf (non-private)" if c["epsilon_total"] is None \
+                else f"{c['epsilon_total']:.4f}"
+            acc = "none" if c["test_accuracy"] is None else f"{c['test_accuracy']:.4f}"
+            target = "inf" if c["epsilon_target"] is None else f"{c['epsilon_target']:g}"
+            clip = "" if c["clip_norm"] is None else f", clip_norm {c['clip_norm']:g}"
+            print(f"{method:>16} K={c['clients']} {c['partition']} seed={c['seed']} "
+                  f"epsilon={target}: {c['params']}{clip}  test accuracy {acc}; total "
+                  f"epsilon {eps} at delta={cfg.delta:g}, tuning included")
+    print(f"wrote {out / 'tuning-private.json'} (the private selections) and {tuned} (the "
+          "selected values as defaults; running it spends its epsilons again)")
+    return 0
+
+
+def _write_tuned(args: argparse.Namespace, text: str, suffix: str) -> Path:
+    """Write ``<name>-<suffix>.toml`` next to the experiment file (``--output`` and
+    ``--report`` rewritten into it); return its path."""
     source = Path(args.config)
-    tuned = source.with_name(f"{source.stem}-tuned.toml")
-    text = tuned_config_text(cfg, best)
+    tuned = source.with_name(f"{source.stem}-{suffix}.toml")
     if args.output or args.report:
         import os
         import tomllib
@@ -149,11 +211,7 @@ def tune(args: argparse.Namespace) -> int:
         text = "\n".join(line for line in text.splitlines() if line.startswith("#"))
         text += "\n" + tomli_w.dumps(doc)
     tuned.write_text(text, encoding="utf-8")
-    for method, b in best.items():
-        print(f"{method:>16}: {b['params']}  validation accuracy {b['validation_accuracy']:.4f}")
-    print(f"wrote {tuned} (tuned values as defaults) and {out / 'tuning.json'}")
-    print(f"next: dpprecond experiment run {tuned}")
-    return 0
+    return tuned
 
 
 def report(args: argparse.Namespace) -> int:

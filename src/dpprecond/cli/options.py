@@ -353,6 +353,10 @@ OPTIONS: dict[str, Option] = {
                         shown="the file's output directory",
                         help="directory of the tuning runs (and of tuning.json unless "
                              "--report); the tuned file runs into it too"),
+    "private_tune": _opt("--private", action="store_true",
+                         help="select privately, charged: repeat-and-select per cell, the "
+                              "cell's epsilon the total with the tuning included (fixed "
+                              "features; [tuning] mean_trials, trials, clip_norms)"),
     "tune_report": _opt("--report", default=None, metavar="DIR",
                         shown="the source file's report directory, so the tuned report "
                               "replaces the untuned one",

@@ -40,6 +40,8 @@ methods with their hyperparameters (see ``experiments/*.toml``)::
     validation_fraction = 0.1
     epsilons = [1.0]
     seeds = [0]
+    # mean_trials = 3.0, trials = "logarithmic"   # the private selection (tune --private)
+    # clip_norms = [1.0, 10.0]                     # searched by tune --private only
     [tuning.grid.sofim]
     learning_rate = [0.05, 0.1, 0.5]
 
@@ -128,6 +130,9 @@ class ExperimentConfig:
     tune_epsilons: tuple[float | None, ...] = (1.0,)
     tune_seeds: tuple[int, ...] = (0,)
     tune_grid: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    tune_mean_trials: float = 3.0
+    tune_trials: str | float = "logarithmic"
+    tune_clip_norms: tuple[float, ...] = ()
     tuned_from: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
 
@@ -223,6 +228,9 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
         tune_epsilons=tuple(_eps(e) for e in tuning.epsilons),
         tune_seeds=tuple(tuning.seeds),
         tune_grid={k: {p: list(v) for p, v in g.items()} for k, g in tuning.grid.items()},
+        tune_mean_trials=float(tuning.mean_trials),
+        tune_trials=tuning.trials if isinstance(tuning.trials, str) else float(tuning.trials),
+        tune_clip_norms=tuple(float(c) for c in tuning.clip_norms or ()),
         tuned_from=doc.tuned_from, source=raw)
 
 

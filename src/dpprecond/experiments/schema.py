@@ -133,9 +133,17 @@ class ProtocolTable(_Table):
 
 
 class TuningTable(_Table):
-    """``[tuning]``: the validation split and the grid of each method to tune."""
+    """``[tuning]``: the validation split and the grid of each method to tune;
+    ``mean_trials`` and ``trials`` (the distribution of the number of trials, or a
+    truncated-negative-binomial shape) set the private selection (``tune --private``),
+    and ``clip_norms`` adds the clip norm to its search (``tune --private`` only)."""
 
     validation_fraction: Annotated[Number, Field(gt=0, lt=1)] = 0.1
+    mean_trials: Annotated[Number, Field(ge=1, allow_inf_nan=False)] = 3.0
+    trials: Literal["geometric", "logarithmic", "poisson"] | Annotated[
+        Number, Field(ge=0, allow_inf_nan=False)] = "logarithmic"
+    clip_norms: list[Annotated[Number, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        default=None, min_length=1)
     epsilons: list[Epsilon] = Field(default=[1.0], min_length=1)
     seeds: list[NonNegativeInt] = Field(default=[0], min_length=1)
     grid: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)

@@ -50,12 +50,14 @@ def select_best(cfg: ExperimentConfig,
     return best
 
 
-def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) -> str:
+def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]],
+                      header: list[str] | None = None) -> str:
     """A complete experiment file whose method tables hold the tuned values (TOML, tomli-w).
 
     The data, federation, privacy and protocol tables are copied from the source file; the
     ``[tuning]`` table is left out (the output is an experiment to run, not to tune again),
-    and ``tuned_from`` names the source experiment.
+    and ``tuned_from`` names the source experiment. ``header`` replaces the comment lines
+    of the free tuning (which say it is not charged).
     """
     import tomli_w
 
@@ -70,11 +72,13 @@ def tuned_config_text(cfg: ExperimentConfig, best: dict[str, dict[str, Any]]) ->
     doc["methods"] = {m.label: {"algorithm": m.algorithm,
                                 **best.get(m.label, {}).get("params", m.params)}
                       for m in cfg.methods}
-    header = [f"# Tuned by `dpprecond experiment tune` from the experiment {cfg.name!r}.",
-              f"# {NOT_CHARGED}"]
-    for m in cfg.methods:
-        if m.label in best:
-            b = best[m.label]
-            header.append(f"# {m.label}: validation accuracy {b['validation_accuracy']:.4f} "
-                          f"(mean of {b['n_runs']} tuning runs)")
+    if header is None:
+        header = [f"# Tuned by `dpprecond experiment tune` from the experiment {cfg.name!r}.",
+                  f"# {NOT_CHARGED}"]
+        for m in cfg.methods:
+            if m.label in best:
+                b = best[m.label]
+                header.append(f"# {m.label}: validation accuracy "
+                              f"{b['validation_accuracy']:.4f} (mean of {b['n_runs']} "
+                              "tuning runs)")
     return "\n".join(header) + "\n" + tomli_w.dumps(doc)
