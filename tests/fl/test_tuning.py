@@ -162,3 +162,21 @@ def test_search_space_is_the_grid() -> None:
     space = search_space({"fedgd": (0.1, 0.3), "adam": (0.01,)}, clip_norms=(1.0, 10.0))
     assert len(space) == 6
     assert Candidate("fedgd", 0.3, 10.0) in space
+
+
+def test_warnings_do_not_count_the_hidden_trials(problem: tuple) -> None:
+    """Each trial warns (delta above 1/n; a climbing loss at a large step): what the caller
+    sees must not depend on how many trials ran."""
+    X, y, Xt, yt = problem
+    config = FLConfig(n_rounds=4, target_epsilon=0.5, target_delta=5e-3)  # 1/n = 1/240
+    seen: dict[int, list[type[Warning]]] = {}
+    for seed in range(12):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = tune_private(X, y, Xt, yt, 3, config=config, n_clients=4, seed=seed,
+                               candidates=[Candidate("fedgd", 50.0, 2.0)], mean_trials=4.0)
+        seen.setdefault(res.n_trials, sorted((w.category for w in caught), key=str))
+        if len(seen) >= 3:
+            break
+    assert len(seen) >= 2, seen.keys()  # runs with different numbers of trials
+    assert len({tuple(v) for v in seen.values()}) == 1, seen

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
@@ -65,6 +66,7 @@ from dpprecond._validation import (
 from dpprecond.accounting import PrivacyLedger, epsilon_of, gaussian_precision
 from dpprecond.fl.adaptive_clip import AdaptiveClip
 from dpprecond.fl.config import FLConfig
+from dpprecond.fl.divergence import DivergenceWarning
 from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import FLModel, LinearSoftmax
@@ -219,6 +221,17 @@ def _check_candidates(candidates: Sequence[Candidate], config: FLConfig) -> list
     return out
 
 
+def _warn_once_per_kind(caught: Sequence[warnings.WarningMessage]) -> None:
+    """Re-show the first warning of each category caught during the trials, except the
+    trials' divergence warnings (how many trials ran is part of what stays hidden)."""
+    seen: set[type[Warning]] = set()
+    for w in caught:
+        if issubclass(w.category, DivergenceWarning) or w.category in seen:
+            continue
+        seen.add(w.category)
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def _unit_precision(model: FLModel, cand: Candidate, config: FLConfig) -> float:
     """``P(1)``: the training run's Gaussian precision at noise scale 1."""
     cfg = replace(cand.config(config), target_epsilon=None, noise_multiplier=1.0)
@@ -331,36 +344,41 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
 
     best: tuple[float, FLResult, Candidate] | None = None
     bar = tqdm(total=None, disable=not progress, desc="private tuning", unit="trial")
-    for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
-        cand = cands[pick]
-        run_seq, score_seq = seq.spawn(2)
-        level: dict[str, Any] = {"noise_multiplier": 0.0}
-        if private:
-            level["noise_multiplier"] = math.sqrt(
-                _unit_precision(model, cand, config) / train_precision)
-        cfg = replace(cand.config(config), target_epsilon=None, **level)
-        result = run_federated(X_fit, y_fit, X_test, y_test, n_classes,
-                               algorithm=cand.algorithm, n_clients=n_clients,
-                               partition=partition, alpha=alpha, config=cfg,
-                               learning_rate=cand.learning_rate,
-                               method_options=dict(cand.method_options), model=model,
-                               seed=None if secure else run_seq, secure=secure)
-        if private:  # every trial is exactly Gaussian(z): check what was charged
-            spent = gaussian_precision(dp_event.ComposedDpEvent(list(result.events)))
-            if spent is None or not math.isclose(spent, train_precision, rel_tol=1e-9):
-                raise RuntimeError(f"Trial {i} released precision {spent}, planned "
-                                   f"{train_precision}; refusing to report its score.")
-        count = float(correct_count(model, result.params, X_val, y_val))
-        rng: Any = SecureGenerator() if secure else np.random.default_rng(score_seq)
-        if private:
-            noise = z_score * rng.standard_normal(n_clients)  # each client noises its share
-            count = float(release(np.array([count]), z_score * math.sqrt(n_clients), rng,
-                                  noise=np.array([noise.sum()]))[0])
-        score = count / n_val
-        if best is None or score > best[0]:
-            best = (score, result, cand)
-        bar.update(1)
+    # Warnings raised once per trial (a delta above 1/n, a climbing loss) would count the
+    # hidden trials: each kind is shown once after the loop, divergence of a trial never.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
+            cand = cands[pick]
+            run_seq, score_seq = seq.spawn(2)
+            level: dict[str, Any] = {"noise_multiplier": 0.0}
+            if private:
+                level["noise_multiplier"] = math.sqrt(
+                    _unit_precision(model, cand, config) / train_precision)
+            cfg = replace(cand.config(config), target_epsilon=None, **level)
+            result = run_federated(X_fit, y_fit, X_test, y_test, n_classes,
+                                   algorithm=cand.algorithm, n_clients=n_clients,
+                                   partition=partition, alpha=alpha, config=cfg,
+                                   learning_rate=cand.learning_rate,
+                                   method_options=dict(cand.method_options), model=model,
+                                   seed=None if secure else run_seq, secure=secure)
+            if private:  # every trial is exactly Gaussian(z): check what was charged
+                spent = gaussian_precision(dp_event.ComposedDpEvent(list(result.events)))
+                if spent is None or not math.isclose(spent, train_precision, rel_tol=1e-9):
+                    raise RuntimeError(f"Trial {i} released precision {spent}, planned "
+                                       f"{train_precision}; refusing to report its score.")
+            count = float(correct_count(model, result.params, X_val, y_val))
+            rng: Any = SecureGenerator() if secure else np.random.default_rng(score_seq)
+            if private:
+                noise = z_score * rng.standard_normal(n_clients)  # each client noises its share
+                count = float(release(np.array([count]), z_score * math.sqrt(n_clients), rng,
+                                      noise=np.array([noise.sum()]))[0])
+            score = count / n_val
+            if best is None or score > best[0]:
+                best = (score, result, cand)
+            bar.update(1)
     bar.close()
+    _warn_once_per_kind(caught)
     if ledger is not None:
         ledger.spend(event)
     eps = epsilon_of(event, config.target_delta, "rdp") if private else math.inf
