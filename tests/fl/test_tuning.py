@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
@@ -180,3 +181,11 @@ def test_warnings_do_not_count_the_hidden_trials(problem: tuple) -> None:
             break
     assert len(seen) >= 2, seen.keys()  # runs with different numbers of trials
     assert len({tuple(v) for v in seen.values()}) == 1, seen
+
+
+def test_the_engine_logs_no_line_per_trial(problem: tuple,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dpprecond")
+    res = _tune(problem, seed=3, mean_trials=4.0)
+    assert res.n_trials >= 1
+    assert not [r for r in caplog.records if r.name == "dpprecond.fl.engine"]

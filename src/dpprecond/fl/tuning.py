@@ -43,10 +43,11 @@ the whole cost, tuning included.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Literal
@@ -221,6 +222,18 @@ def _check_candidates(candidates: Sequence[Candidate], config: FLConfig) -> list
     return out
 
 
+@contextlib.contextmanager
+def _quiet_runs() -> Iterator[None]:
+    """The engine's per-run INFO lines off during the trials (they would count them)."""
+    engine_log = logging.getLogger("dpprecond.fl.engine")
+    level = engine_log.level
+    engine_log.setLevel(max(logging.WARNING, level))
+    try:
+        yield
+    finally:
+        engine_log.setLevel(level)
+
+
 def _warn_once_per_kind(caught: Sequence[warnings.WarningMessage]) -> None:
     """Re-show the first warning of each category caught during the trials, except the
     trials' divergence warnings (how many trials ran is part of what stays hidden)."""
@@ -345,8 +358,9 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     best: tuple[float, FLResult, Candidate] | None = None
     bar = tqdm(total=None, disable=not progress, desc="private tuning", unit="trial")
     # Warnings raised once per trial (a delta above 1/n, a climbing loss) would count the
-    # hidden trials: each kind is shown once after the loop, divergence of a trial never.
-    with warnings.catch_warnings(record=True) as caught:
+    # hidden trials: each kind is shown once after the loop, divergence of a trial never;
+    # the engine's per-run log lines are held back for the same reason.
+    with warnings.catch_warnings(record=True) as caught, _quiet_runs():
         warnings.simplefilter("always")
         for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
             cand = cands[pick]
