@@ -305,8 +305,10 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         if private:
             assert target_epsilon is not None
             eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
-        pca_event = planned_event(pca_method if private else "exact", target_epsilon=eps_pca,
-                                  target_delta=target_delta, **(pca_options or {}))
+        if ledger is not None:  # private, or a caller's ledger
+            pca_event = planned_event(pca_method if private else "exact",
+                                      target_epsilon=eps_pca, target_delta=target_delta,
+                                      **(pca_options or {}))
 
     def config_for(level: dict[str, Any]) -> FLConfig:
         return FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
@@ -315,8 +317,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
 
     if not private:
         config = config_for({"noise_multiplier": 0.0})
-    elif secagg and pca_event is not None:
-        assert target_epsilon is not None
+    elif secagg and kind == "pca":
+        assert target_epsilon is not None and pca_event is not None  # private: a ledger
         config = config_for({"noise_multiplier": _secure_training_noise(
             model, method, config_for, pca_event, target_epsilon, target_delta, pca_share)})
     else:

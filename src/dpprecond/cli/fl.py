@@ -137,7 +137,9 @@ def register(subparsers: Any) -> None:
         "fl", help="DP federated learning: DP-FedSOFIM vs DP-FedGD and baselines",
         description="Simulate record-level DP federated learning of a linear softmax head "
                     "(all clients in one process, vectorized). Privacy unit: one record of "
-                    "one client, replace-one; every client adds its own noise.")
+                    "one client, replace-one; every client adds its own noise (--trust "
+                    "secure-aggregation: the server sees only sums, each client adds a "
+                    "share of distributed Skellam noise).")
     from dpprecond.cli.options import add
 
     g = p.add_argument_group("data")
