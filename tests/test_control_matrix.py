@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import importlib
 import inspect
+import json
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ import pytest
 
 import dpprecond.pca.api as pca_api
 from dpprecond import LargeDeltaWarning, PrivacyBudgetExceededError
-from dpprecond.accounting import PrivacyLedger
+from dpprecond.accounting import PrivacyLedger, epsilon_of
 from dpprecond.pca.federated import LocalNoise
 
 #: The privacy controls: what each cell of its column checks.
@@ -342,13 +343,20 @@ class RunPipelineRow(ApiRow):
         said = [w for w in seen if issubclass(w.category, LargeDeltaWarning)]
         assert len(said) == 1 and "1/120" in str(said[0].message)  # once for both stages
 
-    def trust(self, c: Cell) -> None:
+    def trust(self, c: Cell) -> None:  # the trust model of both stages
         with c.local_noise_count() as count:
-            self.run(trust="local")
-        assert count[0] == 3
+            local = self.run(trust="local")
+        assert count[0] == 3 and local.fl.config["trust"] == "local"
         with c.local_noise_count() as count:
-            self.run(trust="secure-aggregation")
-        assert count[0] == 0
+            shared = self.run(trust="secure-aggregation")
+        assert count[0] == 0  # the PCA's noise in shares; the training's Skellam rounds:
+        assert shared.fl.config["trust"] == "secure-aggregation"
+        assert shared.fl.config["weighting"] == "size"  # chosen for it
+        assert shared.epsilon == epsilon_of(shared.ledger.event, 1e-5, "rdp") <= 1.0
+        with refused(ValueError, "trust='secure-aggregation'", "weighting='size'"):
+            self.run(trust="secure-aggregation", weighting="uniform")
+        with refused(ValueError, "trust='secure-aggregation'", "private"):
+            self.run(trust="secure-aggregation", target_epsilon=None)
 
 
 class CliRow(EntryPoint):
@@ -420,9 +428,16 @@ class CliFlRow(CliRow):
         with pytest.warns(LargeDeltaWarning, match="1/240"):  # the file's training rows
             assert c.cli(self.argv(c, "--delta", "0.01"))[0] == 0
 
-    def trust(self, c: Cell) -> None:
-        assert_cli_refused(c.cli(self.argv(c, "--trust", "secure-aggregation")),
-                           "--trust apply to --features pca:K only")
+    def trust(self, c: Cell) -> None:  # the trust model of the training
+        hist = c.tmp / "o" / "history.json"
+        assert c.cli(self.argv(c, "--trust", "local"))[0] == 0
+        assert json.loads(hist.read_text())["config"]["trust"] == "local"
+        assert c.cli(self.argv(c, "--trust", "secure-aggregation"))[0] == 0
+        config = json.loads(hist.read_text())["config"]
+        assert config["trust"] == "secure-aggregation" and config["weighting"] == "size"
+        assert_cli_refused(c.cli(self.argv(c, "--trust", "secure-aggregation", "--weighting",
+                                           "uniform")), "--trust secure-aggregation",
+                           "--weighting size")
 
 
 class CliFlPcaRow(CliFlRow):
@@ -436,6 +451,8 @@ class CliFlPcaRow(CliFlRow):
         with c.local_noise_count() as count:
             assert c.cli(self.argv(c, "--trust", "secure-aggregation"))[0] == 0
         assert count[0] == 0
+        config = json.loads((c.tmp / "o" / "history.json").read_text())["config"]
+        assert config["trust"] == "secure-aggregation"  # the training's Skellam rounds too
 
 
 EXPERIMENT = """

@@ -8,14 +8,16 @@ public feature extractor, :func:`run_pipeline` builds the features privately:
    the clients' rows, with a share ``pca_share`` of the budget. ``trust="local"`` (no
    trusted party): every client adds its own noise, so each client's message meets the
    target on its own (the aggregate carries ``sqrt(K)`` times the central noise).
-   ``trust="secure-aggregation"`` (an assumption): each client adds a share of std
-   ``std / sqrt(K)``, so only the sum meets the target, and only if a secure-aggregation
-   protocol reveals nothing but the sum (none runs here; :mod:`dpprecond.pca.federated`);
+   ``trust="secure-aggregation"`` (an assumption for this stage): each client adds a
+   share of std ``std / sqrt(K)``, so only the sum meets the target, and only if a
+   secure-aggregation protocol reveals nothing but the sum (none runs for the PCA;
+   :mod:`dpprecond.pca.federated`);
 3. every record is projected on the released components and publicly rescaled,
    ``z = V^T x sqrt(k) / row_norm`` (``V`` released, ``k`` and ``row_norm`` public: a
    row-wise post-processing of the release and of the record itself);
 4. **DP federated training** on ``z`` with the rest of the budget, same clients, same
-   records.
+   records, under the same trust model: ``trust="secure-aggregation"`` runs the
+   distributed Skellam rounds (:mod:`dpprecond.secagg.fl`).
 
 Privacy unit: one record of one client, replace-one adjacency, in both stages. Both
 stages release only unsampled Gaussian mechanisms (``auto``, ``analyze_gauss`` or ``fixed`` PCA,
@@ -25,6 +27,13 @@ Roth and Su 2019): the target's precision ``P`` (from dp_accounting) is split as
 ``pca_share * P`` for the PCA and the rest for the training, each stage is calibrated to
 its share, and **one** :class:`~dpprecond.accounting.PrivacyLedger` records every release
 of both stages and reports the total per record from dp_accounting.
+
+Under ``trust="secure-aggregation"`` the training's releases are Skellam sums (an RDP
+bound, not Gaussian), so no precision split applies to them: the PCA is calibrated to its
+Gaussian share as above, and the training's Skellam noise multiplier is the smallest one
+whose ``T`` sums, composed with the PCA's releases in dp_accounting's RDP accountant,
+meet the target. The ledger composes the same events with the same accountant, so its
+total is that composition (at most the target).
 
 ``features="random:64"`` is the data-independent control: a fixed random feature map
 (:func:`dpprecond.features.random_features.random_fourier_features`, public seed), which
@@ -42,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dpprecond._files import write_json
 from dpprecond._validation import (
@@ -114,6 +124,31 @@ def split_budget(target_epsilon: float, target_delta: float,
     return eps_pca, eps_fl
 
 
+def _secure_training_noise(model: LinearSoftmax, method: Any,
+                           config_for: Callable[[dict[str, Any]], FLConfig],
+                           pca_event: dp_event.DpEvent, target_epsilon: float,
+                           target_delta: float, pca_share: float) -> float:
+    """The Skellam noise multiplier of a secure-aggregation training after a PCA stage.
+
+    The training's ``T`` Skellam sums are not Gaussian, so the precision split of
+    :func:`split_budget` does not apply to them: the PCA keeps its share (it is
+    calibrated to it), and the training's noise multiplier is the smallest ``z`` whose
+    ``T`` sums composed with the PCA's releases, in dp_accounting's RDP accountant, meet
+    ``target_epsilon`` at ``target_delta``.
+    """
+
+    def whole(z: float) -> dp_event.DpEvent:
+        return compose([pca_event, plan_event(model, method,
+                                              config_for({"noise_multiplier": z}))])
+
+    if epsilon_of(pca_event, target_delta, "rdp") >= target_epsilon:
+        raise ValueError(f"pca_share={pca_share:g} leaves the secure-aggregation training no "
+                         f"budget: the PCA stage alone spends target_epsilon="
+                         f"{target_epsilon:g} in the RDP accounting of the Skellam "
+                         "composition; lower pca_share.")
+    return calibrate_noise(whole, target_epsilon, target_delta, "rdp")
+
+
 @contextlib.contextmanager
 def _delta_checked() -> Iterator[None]:
     """A stage of :func:`run_pipeline`, which has already checked its delta against n."""
@@ -165,7 +200,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  method_options: dict[str, Any] | None = None,
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
-                 weighting: Literal["uniform", "size"] = "uniform",
+                 weighting: Literal["uniform", "size"] | None = None,
                  accountant: Accountant = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False,
@@ -191,14 +226,25 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         Public bound on the l2 norm of a training row (for the PCA and the rescaling).
     pca_share : float in (0, 1)
         Share of the budget's Gaussian precision spent on the PCA.
-    pca_method, pca_options, trust
+    pca_method, pca_options
         The federated PCA (one of :data:`PCA_METHODS`: ``"auto"``, ``"analyze_gauss"`` or
-        ``"fixed"``) and its trust model.
+        ``"fixed"``) and its options.
+    trust : {"local", "secure-aggregation"}
+        The trust model of the whole run (both stages). ``"local"``: every client adds its
+        own noise to every message. ``"secure-aggregation"``: the server sees only sums;
+        the PCA splits its noise across the clients and the training runs the distributed
+        Skellam rounds (:mod:`dpprecond.secagg.fl`: one-message gradient methods, size
+        weighting, a private run); with ``pca:K`` the training's Skellam noise is
+        calibrated so that the composition of the PCA's releases and the ``T`` Skellam
+        sums, in dp_accounting's RDP accountant, meets ``target_epsilon`` (see the
+        module docstring).
     algorithm, learning_rate, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods),
         its ``learning_rate`` option (``None`` keeps its default) and its other options.
     n_clients, partition, alpha, n_rounds, clip_norm, weighting, accountant
-        Federation and training settings (as in :class:`~dpprecond.fl.FLConfig`).
+        Federation and training settings (as in :class:`~dpprecond.fl.FLConfig`);
+        ``weighting=None`` is ``"size"`` under secure aggregation (the only weighting it
+        runs), ``"uniform"`` otherwise.
     seed : None, int, SeedSequence or Generator
         ``spawn(3)``: partition, PCA, training. ``None`` is fresh OS entropy.
     ledger : PrivacyLedger, optional
@@ -234,15 +280,15 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     pca_share = check_fraction("pca_share", pca_share, low_open=True)
     check_choice("pca_method", pca_method, PCA_METHODS)
     check_choice("trust", trust, TRUST_MODELS)
+    secagg = trust == "secure-aggregation"
+    if secagg and not private:
+        raise ValueError("trust='secure-aggregation' is a private mechanism (the training's "
+                         "Skellam noise); a non-private run (target_epsilon=None or inf) "
+                         "uses trust='local'.")
+    if weighting is None:
+        weighting = "size" if secagg else "uniform"
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
-    eps_pca, eps_fl, V = None, target_epsilon, None
-    if kind == "pca" and private:
-        assert target_epsilon is not None
-        eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
-    level = {"target_epsilon": eps_fl} if private else {"noise_multiplier": 0.0}
-    config = FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
-                      weighting=weighting, accountant=accountant, **level).validated()
     options = dict(method_options or {})
     if learning_rate is not None:
         if "learning_rate" in options:
@@ -251,14 +297,36 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         options["learning_rate"] = learning_rate
     method = make_method(algorithm, **options)
     model = LinearSoftmax(k if kind in ("pca", "random") else X_train.shape[1], n_classes)
+    eps_pca, eps_fl, V = None, target_epsilon, None
+    pca_event = None
+    if kind == "pca":
+        from dpprecond.pca.api import planned_event
+
+        if private:
+            assert target_epsilon is not None
+            eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
+        if ledger is not None:  # private, or a caller's ledger
+            pca_event = planned_event(pca_method if private else "exact",
+                                      target_epsilon=eps_pca, target_delta=target_delta,
+                                      **(pca_options or {}))
+
+    def config_for(level: dict[str, Any]) -> FLConfig:
+        return FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
+                        weighting=weighting, accountant=accountant, trust=trust,
+                        **level).validated()
+
+    if not private:
+        config = config_for({"noise_multiplier": 0.0})
+    elif secagg and kind == "pca":
+        assert target_epsilon is not None and pca_event is not None  # private: a ledger
+        config = config_for({"noise_multiplier": _secure_training_noise(
+            model, method, config_for, pca_event, target_epsilon, target_delta, pca_share)})
+    else:
+        config = config_for({"target_epsilon": eps_fl})
     if ledger is not None:  # the whole plan of both stages, before any data is touched
         stages = [plan_event(model, method, config)]
-        if kind == "pca":
-            from dpprecond.pca.api import planned_event
-
-            stages.insert(0, planned_event(pca_method if private else "exact",
-                                           target_epsilon=eps_pca, target_delta=target_delta,
-                                           **(pca_options or {})))
+        if pca_event is not None:
+            stages.insert(0, pca_event)
         ledger.check(compose(stages))
     part_seq, pca_seq, fl_seq = check_seed("seed", seed).spawn(3)
     parts = make_partition(y_train, n_clients, partition, alpha, np.random.default_rng(part_seq))

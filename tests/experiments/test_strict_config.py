@@ -152,3 +152,16 @@ def test_private_pca_features_run_through_the_runner(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="features"):
         parse(BASE.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:0"'),
               tmp_path)
+
+
+def test_secure_aggregation_sweeps_refuse_what_the_skellam_rounds_cannot_run(
+        tmp_path: Path) -> None:
+    """``[data] trust = "secure-aggregation"`` with pca:K is the trust model of both
+    stages: a method or epsilon its training cannot run is refused at load time."""
+    pca = BASE.replace('name = "digits"', 'name = "digits"\nfeatures = "pca:8"\n'
+                       'trust = "secure-aggregation"')
+    assert parse(pca, tmp_path).pca["trust"] == "secure-aggregation"
+    with pytest.raises(ValueError, match=r"\[data\] trust.*methods\.sc\.algorithm"):
+        parse(pca + '[methods.sc]\nalgorithm = "scaffold"\n', tmp_path)
+    with pytest.raises(ValueError, match=r"\[data\] trust.*'inf'"):
+        parse(pca.replace("epsilons = [1.0]", 'epsilons = [1.0, "inf"]'), tmp_path)

@@ -116,3 +116,84 @@ def test_max_epsilon_is_honoured_on_every_feature_path(lab_file, tmp_path, featu
     assert main(argv) == 0
     hist = json.loads((tmp_path / "o" / "history.json").read_text())
     assert hist["history"][-1]["epsilon"] <= 1.0 + 1e-9
+
+
+# -- --trust: the trust model of the whole run -----------------------------------------------
+
+
+def test_trust_secure_aggregation_runs_the_skellam_rounds(tmp_path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """``--trust secure-aggregation`` on digits: the training's distributed Skellam rounds,
+    size weighting chosen and said, and the epsilon of the run's Skellam composition."""
+    import numpy as np
+
+    from dpprecond.accounting import epsilon_of
+    from dpprecond.features import load_features
+    from dpprecond.fl import FLConfig, run_federated
+    from dpprecond.fl.engine import plan_event
+    from dpprecond.fl.methods import make_method
+    from dpprecond.fl.models import LinearSoftmax
+
+    out = tmp_path / "o"
+    args = parse(["fl", "--data", "digits", "--clients", "4", "--rounds", "3", "--epsilon",
+                  "1", "--algorithm", "fedgd", "--trust", "secure-aggregation", "--out",
+                  str(out), "--seed", "5"])
+    assert cli_fl.run(args) == 0
+    text = capsys.readouterr().out
+    assert "trust: secure-aggregation" in text and "weighting size (chosen for it" in text
+    hist = json.loads((out / "history.json").read_text())
+    assert hist["config"]["trust"] == "secure-aggregation"
+    assert hist["config"]["weighting"] == "size" and hist["config"]["accountant"] == "rdp"
+    config = FLConfig(n_rounds=3, clip_norm=args.clip_norm, target_epsilon=1.0,
+                      weighting="size", trust="secure-aggregation")
+    planned = epsilon_of(plan_event(LinearSoftmax(64, 10), make_method("fedgd"), config),
+                         1e-5, "rdp")  # the T Skellam sums, from dp_accounting's RDP
+    spent = hist["history"][-1]["epsilon"]
+    assert spent == pytest.approx(planned, rel=1e-12) and 1.0 * (1 - 1e-3) <= spent <= 1.0
+    ds, _ = load_features("digits")
+    api = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
+                        algorithm="fedgd", n_clients=4, config=config, seed=5)
+    assert [h["test_accuracy"] for h in hist["history"]] == [h["test_accuracy"]
+                                                             for h in api.history]
+    assert np.isfinite(api.final_accuracy)
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--weighting", "uniform"], ["--weighting size", "--weighting uniform"]),
+    (["--mechanism", "poisson", "--sampling-rate", "0.5"], ["--mechanism poisson"]),
+    (["--algorithm", "scaffold"], ["--algorithm scaffold", "fedgd"]),
+    (["--epsilon", "inf"], ["--epsilon inf", "--trust local"]),
+    (["--secure"], ["--secure"]),
+    (["--adaptive-clip"], ["--adaptive-clip"]),
+    (["--tune"], ["--tune"]),
+])
+def test_trust_secure_aggregation_refuses_what_it_cannot_run(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        extra: list[str], words: list[str]) -> None:
+    from dpprecond.cli import main
+
+    def no_data(*a: object, **k: object) -> None:
+        raise AssertionError("the data was loaded before the refusal")
+
+    monkeypatch.setattr(cli_fl, "load_fl_data", no_data)
+    assert main(["fl", "--data", "digits", "--rounds", "2", "--trust", "secure-aggregation",
+                 "--out", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err
+    for w in ["--trust secure-aggregation", *words]:
+        assert w in err, (w, err)
+
+
+def test_trust_secure_aggregation_with_pca_features(lab_file, tmp_path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """``--features pca:K --trust secure-aggregation``: both stages, one ledger composed
+    with the RDP accountant, at most the target."""
+    from dpprecond.cli import main
+
+    out = tmp_path / "o"
+    assert main(_pipeline_argv(lab_file, out, "--algorithm", "fedgd", "--trust",
+                               "secure-aggregation", "--seed", "1")) == 0
+    text = capsys.readouterr().out
+    assert "weighting size (chosen for it" in text and "RDP accountant" in text
+    hist = json.loads((out / "history.json").read_text())
+    assert hist["config"]["trust"] == "secure-aggregation"
+    assert 1.0 * (1 - 1e-3) <= hist["total_epsilon"] <= 1.0

@@ -141,3 +141,68 @@ def test_plan_event_is_the_composition_of_the_runs_events(digits):
     assert epsilon_of(planned, 1e-5, "rdp") == pytest.approx(spent, rel=1e-12)
     with pytest.raises(ValueError, match="weighting='size'"):
         plan_event(LinearSoftmax(64, 10), "sofim", _config(weighting="uniform"))
+
+
+# -- run_pipeline(trust="secure-aggregation"): PCA shares, then the Skellam rounds --------------
+
+
+def _pipeline(digits: tuple[np.ndarray, ...], **kw: object):
+    from dpprecond.pipeline import run_pipeline
+
+    X, y, Xt, yt = digits
+    base: dict[str, object] = dict(features="pca:8", target_epsilon=1.0, row_norm=8.0,
+                                   trust="secure-aggregation", algorithm="fedgd",
+                                   n_clients=K, n_rounds=3, clip_norm=1.0, seed=2)
+    base.update(kw)
+    return run_pipeline(X, y, Xt, yt, 10, **base)  # type: ignore[arg-type]
+
+
+def test_pipeline_composes_the_pca_and_the_skellam_rounds_in_rdp(digits) -> None:
+    """The ledger's total is the planned composition (the PCA's releases and the ``T``
+    Skellam sums, dp_accounting's RDP accountant), calibrated to the target."""
+    from dp_accounting import dp_event
+
+    from dpprecond.accounting import compose, epsilon_of
+    from dpprecond.fl.engine import plan_event
+    from dpprecond.fl.methods import make_method
+    from dpprecond.pca.api import planned_event
+    from dpprecond.pipeline import split_budget
+
+    res = _pipeline(digits)
+    assert res.fl.config["trust"] == "secure-aggregation" and res.fl.config["weighting"] == "size"
+    eps_pca, _ = split_budget(1.0, 1e-5, 0.2)
+    assert res.pca_epsilon == pytest.approx(eps_pca)
+    z = res.fl.noise_multiplier
+    config = FLConfig(n_rounds=3, clip_norm=1.0, noise_multiplier=z, weighting="size",
+                      trust="secure-aggregation")
+    planned = compose([planned_event("auto", target_epsilon=eps_pca, target_delta=1e-5),
+                       plan_event(LinearSoftmax(8, 10), make_method("fedgd"), config)])
+    total = epsilon_of(planned, 1e-5, "rdp")
+    assert res.epsilon == pytest.approx(total, rel=1e-9)
+    assert 1.0 * (1 - 1e-3) <= res.epsilon <= 1.0
+    skellam = [e for e in res.ledger.events if isinstance(e, dp_event.ZCDpEvent)]
+    assert len(skellam) >= 1 and res.fl.n_releases == 3
+    # the training alone gets less than the whole budget: more noise than a lone run's
+    alone = _config(n_rounds=3, target_epsilon=1.0)
+    from dpprecond.secagg.fl import secure_noise_multiplier
+    from dpprecond.secagg.skellam import plan_skellam
+
+    probe = plan_skellam(1.0, LinearSoftmax(8, 10).n_params, 1.0, 1, 0)
+    assert z > secure_noise_multiplier(alone, probe)
+
+
+def test_pipeline_secure_aggregation_refusals(digits) -> None:
+    with pytest.raises(ValueError, match=r"pca_share=0\.99 leaves the secure-aggregation"):
+        _pipeline(digits, pca_share=0.99)
+    with pytest.raises(ValueError, match="trust='secure-aggregation' is a private"):
+        _pipeline(digits, target_epsilon=None)
+    with pytest.raises(ValueError, match="weighting='size'"):
+        _pipeline(digits, weighting="uniform")
+    with pytest.raises(ValueError, match="'scaffold' sends other releases"):
+        _pipeline(digits, algorithm="scaffold")
+
+
+def test_pipeline_pixels_under_secure_aggregation_spends_the_whole_target(digits) -> None:
+    res = _pipeline(digits, features="pixels")
+    assert res.pca_epsilon is None and res.fl.config["trust"] == "secure-aggregation"
+    assert 1.0 * (1 - 1e-3) <= res.epsilon <= 1.0

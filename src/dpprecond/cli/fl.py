@@ -137,7 +137,9 @@ def register(subparsers: Any) -> None:
         "fl", help="DP federated learning: DP-FedSOFIM vs DP-FedGD and baselines",
         description="Simulate record-level DP federated learning of a linear softmax head "
                     "(all clients in one process, vectorized). Privacy unit: one record of "
-                    "one client, replace-one; every client adds its own noise.")
+                    "one client, replace-one; every client adds its own noise (--trust "
+                    "secure-aggregation: the server sees only sums, each client adds a "
+                    "share of distributed Skellam noise).")
     from dpprecond.cli.options import add
 
     g = p.add_argument_group("data")
@@ -232,13 +234,18 @@ def run(args: argparse.Namespace) -> int:
 
     check_target_delta("--delta", args.delta)
     level = privacy_level(args.epsilon, args.noise_multiplier)
+    trust: Literal["local", "secure-aggregation"] = args.trust or "local"
+    if trust == "secure-aggregation":
+        _check_secure_flags(args, level)
+    weighting: Literal["uniform", "size"] = args.weighting or (
+        "size" if trust == "secure-aggregation" else "uniform")
     from dpprecond.fl.adaptive_clip import AdaptiveClip
 
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
                       adaptive_clip=AdaptiveClip() if args.adaptive_clip else None,
                       target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
-                      local_lr=args.local_lr, weighting=args.weighting,
+                      local_lr=args.local_lr, weighting=weighting, trust=trust,
                       accountant=args.accountant).validated()
     options = dict(args.option)
     _check_method_flags(args.algorithm, args.lr, options)
@@ -254,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
     kind = args.features if args.features in ("pixels", "resnet20") else \
         parse_features(args.features)[0]
-    pca_only = [flag for flag, value in (("--trust", args.trust), ("--pca-share", args.pca_share),
+    pca_only = [flag for flag, value in (("--pca-share", args.pca_share),
                                          ("--pca-method", args.pca_method)) if value is not None]
     if pca_only and kind != "pca":
         raise ValueError(f"{', '.join(pca_only)} apply to --features pca:K only (the private "
@@ -273,11 +280,12 @@ def run(args: argparse.Namespace) -> int:
         if args.adaptive_clip:
             raise ValueError("--adaptive-clip runs on fixed features; drop it or drop "
                              "--features pca:K/random:K.")
-        return _run_pipeline(args, ds, level, out, ledger)
+        return _run_pipeline(args, ds, level, out, ledger, weighting)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
           f"seed={seed}")
+    _print_trust(trust, args.weighting)
     cap = _cap_text(args, level)
     if cap:
         print(cap)
@@ -301,6 +309,9 @@ def run(args: argparse.Namespace) -> int:
     noise = {"full-batch": "std 2zC added by each client",
              "poisson": "std zC per local step, add/remove-one unit",
              "client-level": "std 2zC added once to the sum, client-level unit"}[args.mechanism]
+    if trust == "secure-aggregation":
+        noise = ("Skellam noise in shares, std z times the sum's L2 sensitivity on the "
+                 "secure sum")
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
           f"{result.n_releases} releases per client, noise multiplier "
           f"z={result.noise_multiplier:.4g} ({noise}); epsilon spent {eps} at "
@@ -310,11 +321,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def total_epsilon_text(total: float, pca: float | None, training: float,
-                       delta: float) -> str:
+                       delta: float, secure_aggregation: bool = False) -> str:
     """The pipeline's privacy line: the composed total and what each stage alone spends.
 
-    The stages are Gaussian releases composed exactly (PLD): their epsilons do not add
-    up, the total is smaller than the sum, and the line says so.
+    The stages are Gaussian releases composed exactly (PLD), or under secure aggregation
+    the PCA's Gaussian releases and the training's Skellam sums composed with the RDP
+    accountant: their epsilons do not add up, the total is smaller than the sum, and the
+    line says so.
     """
     if math.isinf(total):
         return f"total epsilon per record inf (non-private) at delta={delta:g}"
@@ -323,8 +336,10 @@ def total_epsilon_text(total: float, pca: float | None, training: float,
                 "are free; all of it is the training's)")
     return (f"total epsilon per record {total:.4f} at delta={delta:g}, from one ledger: PCA "
             f"alone {pca:.4f}, training alone {training:.4f}; composed {total:.4f}, not "
-            f"their sum {pca + training:.4f}: composition is not additive (the Gaussian "
-            "releases of both stages are composed exactly)")
+            f"their sum {pca + training:.4f}: composition is not additive ("
+            + ("the PCA's Gaussian releases and the training's Skellam sums are composed "
+               "with dp_accounting's RDP accountant)" if secure_aggregation else
+               "the Gaussian releases of both stages are composed exactly)"))
 
 
 class _Stages:
@@ -367,8 +382,49 @@ def _round_line(rec: dict[str, float]) -> str:
             f"|update| {rec['update_norm']:.4f}  {rec['seconds'] * 1e3:.0f} ms")
 
 
+def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None:
+    """``--trust secure-aggregation``: refuse, naming the flag, what its rounds cannot run
+    (before any data is loaded)."""
+    from dpprecond.fl.methods import GradientMethod, make_method
+
+    why = "--trust secure-aggregation"
+    if args.mechanism != "full-batch":
+        raise ValueError(f"{why} runs the full-batch mechanism; got --mechanism "
+                         f"{args.mechanism}. Drop --mechanism or use --trust local.")
+    if args.weighting == "uniform":
+        raise ValueError(f"{why} sums the records of all clients in one secure sum, i.e. "
+                         "--weighting size; got --weighting uniform. Drop --weighting (size "
+                         "is chosen for you) or use --trust local.")
+    if args.adaptive_clip:
+        raise ValueError(f"--adaptive-clip is not available with {why} (its private counts "
+                         "are not part of the secure sum); drop one of them.")
+    if args.secure:
+        raise ValueError(f"--secure is not available with {why}: the Skellam noise needs "
+                         "Poisson draws, which the secure noise source does not provide; "
+                         "drop one of them.")
+    if args.tune:
+        raise ValueError(f"--tune is not available with {why} (its trials run with local "
+                         "noise); drop one of them.")
+    if level.get("noise_multiplier") == 0:
+        raise ValueError(f"{why} is a private mechanism; a non-private run (--epsilon inf "
+                         "or --noise-multiplier 0) uses --trust local.")
+    method = make_method(args.algorithm, args.lr, **dict(args.option))
+    if not isinstance(method, GradientMethod):
+        raise ValueError(f"{why} runs the one-message gradient methods (fedgd, sofim*, adam, "
+                         f"yogi); --algorithm {args.algorithm} sends other releases. Choose "
+                         "one of them or use --trust local.")
+
+
+def _print_trust(trust: str, weighting: str | None) -> None:
+    if trust == "secure-aggregation":
+        chosen = " (chosen for it: one secure sum of all clients' records)" \
+            if weighting is None else ""
+        print(f"trust: secure-aggregation (the server sees only sums; distributed Skellam "
+              f"noise in the training); weighting size{chosen}")
+
+
 def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
-                  out: Path, ledger: Any) -> int:
+                  out: Path, ledger: Any, weighting: Literal["uniform", "size"]) -> int:
     """``--features pca:K | random:K``: private features, then training, one ledger."""
     from dpprecond.pipeline import run_pipeline
 
@@ -382,6 +438,7 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
     pca_share = 0.2 if args.pca_share is None else args.pca_share
     pca_method = args.pca_method or DEFAULT_PCA_METHOD
     trust: Literal["local", "secure-aggregation"] = args.trust or "local"
+    _print_trust(trust, args.weighting)
     row_norm = args.row_norm
     if row_norm is None:
         if args.data not in BUILT_IN:
@@ -405,7 +462,8 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        algorithm=args.algorithm, learning_rate=args.lr,
                        method_options=dict(args.option), n_clients=args.clients,
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,
-                       clip_norm=args.clip_norm, weighting=args.weighting,
+                       clip_norm=args.clip_norm,
+                       weighting=weighting,
                        accountant=args.accountant, seed=args.seed, ledger=ledger,
                        secure=args.secure, progress=args.progress, callback=stage.round)
     res.fl.config.update(data=args.data, features=res.features)
@@ -414,8 +472,8 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                  f"{args.data}, {args.features}, K={args.clients}")
     print(f"final test accuracy {res.final_accuracy:.4f}; features: {res.features}; "
           f"{time.perf_counter() - start:.1f} s")
-    print(total_epsilon_text(res.epsilon, res.pca_epsilon, res.fl.epsilon, args.delta)
-          + _of_cap(args))
+    print(total_epsilon_text(res.epsilon, res.pca_epsilon, res.fl.epsilon, args.delta,
+                             trust == "secure-aggregation") + _of_cap(args))
     print(f"wrote {out / 'history.json'} and {out / 'accuracy.png'}")
     return 0
 

@@ -248,11 +248,14 @@ OPTIONS: dict[str, Option] = {
                           help="the federated PCA of pca:K features"),
     "trust": _opt("--trust", default=None, shown="local",
                   choices=tuple(TRUST_MODELS), param="trust",
-                  help="who adds the pca:K noise: every client its own (local: each "
-                       "client's message meets the target on its own; the aggregate has "
-                       "sqrt(K) times the noise), or shares of std/sqrt(K) under an assumed "
-                       "secure aggregation (only the sum meets the target, and only if the "
-                       "protocol reveals nothing else; none runs here)"),
+                  help="the trust model of the whole run. local: every client adds its own "
+                       "noise to every message (each message meets the target on its own). "
+                       "secure-aggregation: the server sees only sums; the training runs "
+                       "the distributed Skellam rounds (fedgd, sofim*, adam, yogi; "
+                       "full-batch; --weighting size, chosen by default), and pca:K "
+                       "features split their noise in shares of std/sqrt(K), so only the sum "
+                       "meets the target, which assumes a secure sum (none runs for the "
+                       "PCA)"),
     "fl_row_norm": _opt("--row-norm", type=float, default=None, unit="l2 norm of a row",
                         param="row_norm",
                         shown="sqrt(d) for the built-in image data, whose features lie in "
@@ -274,7 +277,8 @@ OPTIONS: dict[str, Option] = {
                       param="partition", help="how the data is split among clients"),
     "alpha": _opt("--alpha", type=float, default=0.5, unit="Dirichlet concentration",
                   param="alpha", help="concentration of --partition dirichlet"),
-    "weighting": _opt("--weighting", default="uniform", choices=("uniform", "size"),
+    "weighting": _opt("--weighting", default=None, choices=("uniform", "size"),
+                      shown="uniform; size under --trust secure-aggregation",
                       param="weighting",
                       help="aggregation weights (uniform, as the paper)"),
     "rounds": _opt("--rounds", type=int, default=70, unit="rounds", param="n_rounds",

@@ -154,6 +154,24 @@ def _pca_settings(data: Any) -> dict[str, Any]:
     return out
 
 
+def _check_secure_sweep(source: str, methods: list[MethodSpec],
+                        epsilons: list[Any]) -> None:
+    """``[data] trust = "secure-aggregation"`` (both stages of ``pca:K`` runs): refuse at
+    load time, naming the key, what the training's Skellam rounds cannot run."""
+    from dpprecond.fl.methods import GradientMethod, make_method
+
+    why = f"{source}: [data] trust = 'secure-aggregation' runs the training's Skellam rounds"
+    for m in methods:
+        if not isinstance(make_method(m.algorithm, **m.params), GradientMethod):
+            raise ValueError(f"{why}, which take the one-message gradient methods (fedgd, "
+                             f"sofim*, adam, yogi); methods.{m.label}.algorithm = "
+                             f"{m.algorithm!r} sends other releases. Remove it or use "
+                             "trust = 'local'.")
+    if "inf" in epsilons:
+        raise ValueError(f"{why}, a private mechanism; privacy.epsilons holds 'inf' (a "
+                         "non-private run uses trust = 'local').")
+
+
 def _eps(value: float | int | str) -> float | None:
     return None if isinstance(value, str) else float(value)
 
@@ -207,6 +225,8 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
         raise ValueError(f"[protocol] precision={kernel[0]!r}, backend={kernel[1]!r}: runs "
                          f"on {doc.data.features!r} features go through the private-features "
                          "pipeline, which runs the float64 numpy kernel; remove them.")
+    if doc.data.trust == "secure-aggregation" and doc.data.features.startswith("pca:"):
+        _check_secure_sweep(source, methods, doc.privacy.epsilons)
     output = Path(doc.output if doc.output is not None else f"results/{doc.name}")
     if not output.is_absolute():
         output = Path(base_dir) / output
