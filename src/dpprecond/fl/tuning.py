@@ -13,7 +13,10 @@ Steinke 2022, Liu and Talwar 2019) over federated runs, built only on
    step, clip norm, method options, adaptive clipping), trains it on the fitting part and
    releases its noisy accuracy on the scoring records;
 3. the trial of the highest noisy score is released: its model, its candidate and its
-   score. Nothing else (the other trials, ``K``) is released.
+   score. Nothing else (the other trials, ``K``) is released: while the trials run, the
+   package's log records are held back and their warnings recorded, and only the
+   selected trial's warnings are issued once the selection is made (a warning or a log
+   line per trial would tell ``K``, and a run's warning describes its model).
 
 **Privacy unit**: one record of one client, replace-one, as every run of the package.
 
@@ -43,9 +46,11 @@ the whole cost, tuning included.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Literal
@@ -230,6 +235,21 @@ def _unit_precision(model: FLModel, cand: Candidate, config: FLConfig) -> float:
     return precision
 
 
+@contextlib.contextmanager
+def _trial_diagnostics_held() -> Iterator[list[warnings.WarningMessage]]:
+    """Hold back a trial's diagnostics: the package's log records (every ``dpprecond``
+    logger inherits the level set here) and its warnings (recorded, returned)."""
+    package = logging.getLogger("dpprecond")
+    level = package.level
+    package.setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        package.setLevel(level)
+
+
 def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes: int, *,
                  config: FLConfig, candidates: Sequence[Candidate] = DEFAULT_SEARCH,
                  mean_trials: float = 5.0,
@@ -330,6 +350,7 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     picks = [int(ctrl.integers(0, len(cands))) for _ in range(n_trials)]
 
     best: tuple[float, FLResult, Candidate] | None = None
+    best_warnings: list[warnings.WarningMessage] = []
     bar = tqdm(total=None, disable=not progress, desc="private tuning", unit="trial")
     for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
         cand = cands[pick]
@@ -339,12 +360,13 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
             level["noise_multiplier"] = math.sqrt(
                 _unit_precision(model, cand, config) / train_precision)
         cfg = replace(cand.config(config), target_epsilon=None, **level)
-        result = run_federated(X_fit, y_fit, X_test, y_test, n_classes,
-                               algorithm=cand.algorithm, n_clients=n_clients,
-                               partition=partition, alpha=alpha, config=cfg,
-                               learning_rate=cand.learning_rate,
-                               method_options=dict(cand.method_options), model=model,
-                               seed=None if secure else run_seq, secure=secure)
+        with _trial_diagnostics_held() as caught:  # released only if this trial is chosen
+            result = run_federated(X_fit, y_fit, X_test, y_test, n_classes,
+                                   algorithm=cand.algorithm, n_clients=n_clients,
+                                   partition=partition, alpha=alpha, config=cfg,
+                                   learning_rate=cand.learning_rate,
+                                   method_options=dict(cand.method_options), model=model,
+                                   seed=None if secure else run_seq, secure=secure)
         if private:  # every trial is exactly Gaussian(z): check what was charged
             spent = gaussian_precision(dp_event.ComposedDpEvent(list(result.events)))
             if spent is None or not math.isclose(spent, train_precision, rel_tol=1e-9):
@@ -358,9 +380,11 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                                   noise=np.array([noise.sum()]))[0])
         score = count / n_val
         if best is None or score > best[0]:
-            best = (score, result, cand)
+            best, best_warnings = (score, result, cand), list(caught)
         bar.update(1)
     bar.close()
+    for w in best_warnings:  # the selected trial's warnings, now that it is released
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if ledger is not None:
         ledger.spend(event)
     eps = epsilon_of(event, config.target_delta, "rdp") if private else math.inf
