@@ -4,6 +4,7 @@ extreme inputs, the published RDP bound and its Gaussian limit, dropouts and col
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -194,3 +195,21 @@ def test_malformed_shares_are_refused():
         aggregate([np.full(D, plan.modulus, dtype=np.int64)], plan)
     with pytest.raises(ValueError, match="share"):
         aggregate([np.zeros(D, dtype=np.float64)], plan)
+
+
+def test_conditional_rounding_bound_is_exact_in_floating_point():
+    # d = 64, gamma C = 1024: B^2 = 1049620 in exact arithmetic, but the float B is a hair
+    # below sqrt(1049620) while B * B rounds to 1049620.0, so a row of squared norm
+    # 1049620 (this one with its two halves rounded up, probability 1/4) would pass a
+    # float test and exceed the bound B that the sensitivity 2B is built on
+    plan = SkellamPlan(1.0, 64, 1024.0, 1.0, 1, 40)
+    B = Fraction(plan.record_bound)
+    assert B ** 2 < 1049620 <= plan.record_bound * plan.record_bound
+    y = np.zeros(64)
+    y[:6] = [1023.5, 20.5, 24.0, 5.0, 1.0, 1.0]  # up: 1024^2 + 21^2 + 603 = 1049620
+    assert np.linalg.norm(y) <= 1024.0
+    Q = quantize_records(np.tile(y / 1024.0, (400, 1)), plan, np.random.default_rng(0))
+    sq = (Q.astype(object) ** 2).sum(axis=1)
+    assert all(Fraction(int(v)) <= B ** 2 for v in sq)
+    with pytest.raises(ValueError, match="bound"):
+        conditional_round(np.zeros((1, 2)), 1e8, np.random.default_rng(0))

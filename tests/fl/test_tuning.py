@@ -14,6 +14,7 @@ from dpprecond import PrivacyBudgetExceededError
 from dpprecond.accounting import PrivacyLedger, epsilon_of, gaussian_precision
 from dpprecond.fl import FLConfig, LinearSoftmax
 from dpprecond.fl.adaptive_clip import AdaptiveClip
+from dpprecond.fl.divergence import DivergenceWarning, find_climb
 from dpprecond.fl.tuning import (
     Candidate,
     TuningResult,
@@ -189,3 +190,24 @@ def test_the_engine_logs_no_line_per_trial(problem: tuple,
     res = _tune(problem, seed=3, mean_trials=4.0)
     assert res.n_trials >= 1
     assert not [r for r in caplog.records if r.name == "dpprecond.fl.engine"]
+
+
+def test_only_the_selected_trial_shows_its_diagnostics(problem: tuple,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    # a diverging candidate: a warning or a log line per trial would tell the hidden
+    # number of trials and describe the models of trials that were not selected
+    X, y, Xt, yt = problem
+    space = [Candidate("fedgd", 50.0, 2.0), Candidate("fedgd", 0.5, 2.0)]
+    caplog.set_level(logging.INFO, logger="dpprecond")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = tune_private(X, y, Xt, yt, 3, config=FLConfig(n_rounds=12, target_epsilon=1.0),
+                           candidates=space, n_clients=4, mean_trials=6.0, seed=5)
+    assert res.n_trials >= 2 and res.result is not None and res.candidate is not None
+    climbs = [w for w in caught if issubclass(w.category, DivergenceWarning)]
+    selected = find_climb(res.result.history)
+    assert len(climbs) == (0 if selected is None else 1)
+    if selected is not None:
+        assert str(climbs[0].message) == selected.describe(res.candidate.algorithm)
+    trial_records = [r for r in caplog.records if r.name != "dpprecond.fl.tuning"]
+    assert trial_records == []

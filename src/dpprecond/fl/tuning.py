@@ -13,7 +13,10 @@ Steinke 2022, Liu and Talwar 2019) over federated runs, built only on
    step, clip norm, method options, adaptive clipping), trains it on the fitting part and
    releases its noisy accuracy on the scoring records;
 3. the trial of the highest noisy score is released: its model, its candidate and its
-   score. Nothing else (the other trials, ``K``) is released.
+   score. Nothing else (the other trials, ``K``) is released: while the trials run, the
+   package's log records are held back and their warnings recorded, and only the
+   selected trial's warnings are issued once the selection is made (a warning or a log
+   line per trial would tell ``K``, and a run's warning describes its model).
 
 **Privacy unit**: one record of one client, replace-one, as every run of the package.
 
@@ -67,7 +70,6 @@ from dpprecond._validation import (
 from dpprecond.accounting import PrivacyLedger, epsilon_of, gaussian_precision
 from dpprecond.fl.adaptive_clip import AdaptiveClip
 from dpprecond.fl.config import FLConfig
-from dpprecond.fl.divergence import DivergenceWarning
 from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.methods import make_method
 from dpprecond.fl.models import FLModel, LinearSoftmax
@@ -222,29 +224,6 @@ def _check_candidates(candidates: Sequence[Candidate], config: FLConfig) -> list
     return out
 
 
-@contextlib.contextmanager
-def _quiet_runs() -> Iterator[None]:
-    """The engine's per-run INFO lines off during the trials (they would count them)."""
-    engine_log = logging.getLogger("dpprecond.fl.engine")
-    level = engine_log.level
-    engine_log.setLevel(max(logging.WARNING, level))
-    try:
-        yield
-    finally:
-        engine_log.setLevel(level)
-
-
-def _warn_once_per_kind(caught: Sequence[warnings.WarningMessage]) -> None:
-    """Re-show the first warning of each category caught during the trials, except the
-    trials' divergence warnings (how many trials ran is part of what stays hidden)."""
-    seen: set[type[Warning]] = set()
-    for w in caught:
-        if issubclass(w.category, DivergenceWarning) or w.category in seen:
-            continue
-        seen.add(w.category)
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-
 def _unit_precision(model: FLModel, cand: Candidate, config: FLConfig) -> float:
     """``P(1)``: the training run's Gaussian precision at noise scale 1."""
     cfg = replace(cand.config(config), target_epsilon=None, noise_multiplier=1.0)
@@ -254,6 +233,21 @@ def _unit_precision(model: FLModel, cand: Candidate, config: FLConfig) -> float:
         raise ValueError(f"Candidate {cand.describe()} is not a composition of unsampled "
                          "Gaussian releases; tune_private cannot account for it.")
     return precision
+
+
+@contextlib.contextmanager
+def _trial_diagnostics_held() -> Iterator[list[warnings.WarningMessage]]:
+    """Hold back a trial's diagnostics: the package's log records (every ``dpprecond``
+    logger inherits the level set here) and its warnings (recorded, returned)."""
+    package = logging.getLogger("dpprecond")
+    level = package.level
+    package.setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        package.setLevel(level)
 
 
 def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes: int, *,
@@ -356,43 +350,41 @@ def tune_private(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     picks = [int(ctrl.integers(0, len(cands))) for _ in range(n_trials)]
 
     best: tuple[float, FLResult, Candidate] | None = None
+    best_warnings: list[warnings.WarningMessage] = []
     bar = tqdm(total=None, disable=not progress, desc="private tuning", unit="trial")
-    # Warnings raised once per trial (a delta above 1/n, a climbing loss) would count the
-    # hidden trials: each kind is shown once after the loop, divergence of a trial never;
-    # the engine's per-run log lines are held back for the same reason.
-    with warnings.catch_warnings(record=True) as caught, _quiet_runs():
-        warnings.simplefilter("always")
-        for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
-            cand = cands[pick]
-            run_seq, score_seq = seq.spawn(2)
-            level: dict[str, Any] = {"noise_multiplier": 0.0}
-            if private:
-                level["noise_multiplier"] = math.sqrt(
-                    _unit_precision(model, cand, config) / train_precision)
-            cfg = replace(cand.config(config), target_epsilon=None, **level)
+    for i, (pick, seq) in enumerate(zip(picks, trial_root.spawn(n_trials), strict=True)):
+        cand = cands[pick]
+        run_seq, score_seq = seq.spawn(2)
+        level: dict[str, Any] = {"noise_multiplier": 0.0}
+        if private:
+            level["noise_multiplier"] = math.sqrt(
+                _unit_precision(model, cand, config) / train_precision)
+        cfg = replace(cand.config(config), target_epsilon=None, **level)
+        with _trial_diagnostics_held() as caught:  # released only if this trial is chosen
             result = run_federated(X_fit, y_fit, X_test, y_test, n_classes,
                                    algorithm=cand.algorithm, n_clients=n_clients,
                                    partition=partition, alpha=alpha, config=cfg,
                                    learning_rate=cand.learning_rate,
                                    method_options=dict(cand.method_options), model=model,
                                    seed=None if secure else run_seq, secure=secure)
-            if private:  # every trial is exactly Gaussian(z): check what was charged
-                spent = gaussian_precision(dp_event.ComposedDpEvent(list(result.events)))
-                if spent is None or not math.isclose(spent, train_precision, rel_tol=1e-9):
-                    raise RuntimeError(f"Trial {i} released precision {spent}, planned "
-                                       f"{train_precision}; refusing to report its score.")
-            count = float(correct_count(model, result.params, X_val, y_val))
-            rng: Any = SecureGenerator() if secure else np.random.default_rng(score_seq)
-            if private:
-                noise = z_score * rng.standard_normal(n_clients)  # each client noises its share
-                count = float(release(np.array([count]), z_score * math.sqrt(n_clients), rng,
-                                      noise=np.array([noise.sum()]))[0])
-            score = count / n_val
-            if best is None or score > best[0]:
-                best = (score, result, cand)
-            bar.update(1)
+        if private:  # every trial is exactly Gaussian(z): check what was charged
+            spent = gaussian_precision(dp_event.ComposedDpEvent(list(result.events)))
+            if spent is None or not math.isclose(spent, train_precision, rel_tol=1e-9):
+                raise RuntimeError(f"Trial {i} released precision {spent}, planned "
+                                   f"{train_precision}; refusing to report its score.")
+        count = float(correct_count(model, result.params, X_val, y_val))
+        rng: Any = SecureGenerator() if secure else np.random.default_rng(score_seq)
+        if private:
+            noise = z_score * rng.standard_normal(n_clients)  # each client noises its share
+            count = float(release(np.array([count]), z_score * math.sqrt(n_clients), rng,
+                                  noise=np.array([noise.sum()]))[0])
+        score = count / n_val
+        if best is None or score > best[0]:
+            best, best_warnings = (score, result, cand), list(caught)
+        bar.update(1)
     bar.close()
-    _warn_once_per_kind(caught)
+    for w in best_warnings:  # the selected trial's warnings, now that it is released
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if ledger is not None:
         ledger.spend(event)
     eps = epsilon_of(event, config.target_delta, "rdp") if private else math.inf

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import dp_accounting
@@ -274,6 +275,16 @@ def conditional_round(Y: np.ndarray, bound: float, rng: Any) -> np.ndarray:
     -------
     ndarray of shape (n, d), int64
     """
+    # The test is exact: a row passes iff its integer squared norm is at most the largest
+    # integer <= bound^2 (the float bound read as the exact rational it is). float64
+    # sums of integer squares are exact below 2^53, and a larger sum never rounds below
+    # 2^53, so the float comparison decides exactly (``bound * bound`` rounded may exceed
+    # bound^2 and admit a row of norm just above the bound the sensitivity is built on).
+    limit = math.floor(Fraction(bound) ** 2)
+    if limit >= 2 ** 53:
+        raise ValueError(f"Expected a rounding bound below 2^26.5 (about 9.5e7), got "
+                         f"bound={bound:g}: squared norms would not be exact in float64. "
+                         "Lower the resolution.")
     floor = np.floor(Y)
     frac = Y - floor
     base = floor.astype(np.int64)
@@ -285,7 +296,7 @@ def conditional_round(Y: np.ndarray, bound: float, rng: Any) -> np.ndarray:
         up = rng.random((todo.size, Y.shape[1])) < frac[todo]
         draw = base[todo] + up
         ok = np.einsum("ij,ij->i", draw.astype(np.float64), draw.astype(np.float64)) \
-            <= bound * bound
+            <= float(limit)
         out[todo[ok]] = draw[ok]
         todo = todo[~ok]
     raise RuntimeError(f"{todo.size} row(s) failed the rounding bound {bound:g} "
