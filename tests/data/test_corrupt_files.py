@@ -554,3 +554,18 @@ def test_fuzzed_files_end_in_value_errors_only(tmp_path: Path, name: str, good: 
             reader(p)
         except ValueError as exc:
             assert str(p) in str(exc), str(exc)
+
+
+@pytest.mark.parametrize("arrays", [
+    {"X": np.ones((10, 3)), "y": np.arange(9) % 3},
+    {"X_train": np.ones((10, 3)), "y_train": np.arange(10) % 3,
+     "X_test": np.ones((4, 3)), "y_test": np.arange(5) % 3},
+])
+def test_labelled_npz_with_fewer_labels_than_rows_names_both(tmp_path: Path,
+                                                              arrays: dict) -> None:
+    from dpprecond.data.labelled import load_labelled
+
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match="rows but y.* labels; give one label per row"):
+        load_labelled(path)

@@ -61,6 +61,12 @@ def _labels(where: str, y: np.ndarray) -> np.ndarray:
     return y
 
 
+def _same_rows(path: Path, x_name: str, X: np.ndarray, y_name: str, y: np.ndarray) -> None:
+    if np.ndim(X) < 1 or len(X) != len(y):
+        raise ValueError(f"{path}: {x_name} has {np.shape(X)[0] if np.ndim(X) else 0} rows "
+                         f"but {y_name} has {len(y)} labels; give one label per row.")
+
+
 def load_labelled(path: str | os.PathLike, *, label_column: int = -1,
                   test_fraction: float = 0.2) -> Dataset:
     """Load a labelled data set from ``.npz`` or ``.csv`` (see the module docstring).
@@ -82,8 +88,9 @@ def load_labelled(path: str | os.PathLike, *, label_column: int = -1,
             X_tr, y_tr = arrays["X_train"], _labels(f"{path}: y_train", arrays["y_train"])
             X_te, y_te = arrays["X_test"], _labels(f"{path}: y_test", arrays["y_test"])
         elif {"X", "y"} <= set(arrays):
-            X_tr, y_tr, X_te, y_te = _split(arrays["X"], _labels(f"{path}: y", arrays["y"]),
-                                            test_fraction)
+            X, y = arrays["X"], _labels(f"{path}: y", arrays["y"])
+            _same_rows(path, "X", X, "y", y)
+            X_tr, y_tr, X_te, y_te = _split(X, y, test_fraction)
         else:
             raise ValueError(f"{path} holds {sorted(arrays)}; expected X_train, y_train, "
                              "X_test, y_test (or X and y).")
@@ -91,6 +98,8 @@ def load_labelled(path: str | os.PathLike, *, label_column: int = -1,
             if X.ndim != 2 or X.dtype.kind not in "biuf":
                 raise ValueError(f"{path}: {name} must be a 2-D numeric array, got shape "
                                  f"{X.shape} and dtype {X.dtype}.")
+        _same_rows(path, "X_train", X_tr, "y_train", y_tr)
+        _same_rows(path, "X_test", X_te, "y_test", y_te)
     elif path.suffix.lower() in (".csv", ".txt", ".tsv"):
         M = load_matrix(path)
         if M.shape[1] < 2:
