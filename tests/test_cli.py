@@ -53,6 +53,7 @@ def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.Capture
     (["pca", "--delta", "1"], "--delta in the open interval (0, 1), got --delta=1.0"),
     (["pca", "-k", "0"], "Expected -k >= 1, got -k=0"),
     (["pca", "--data", "mnist"], "Unknown --data 'mnist'"),
+    (["pca", "--data", "data.npz"], "--data 'data.npz': no such file"),
     (["pca", "--row-norm", "-1"], "--row-norm must be a finite public bound > 0"),
 ])
 def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,

@@ -567,5 +567,5 @@ def test_labelled_npz_with_fewer_labels_than_rows_names_both(tmp_path: Path,
 
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)
-    with pytest.raises(ValueError, match="rows but y.* labels; give one label per row"):
+    with pytest.raises(ValueError, match=r"rows but y.* labels; give one label per row"):
         load_labelled(path)

@@ -35,6 +35,9 @@ def load_pca_matrix(data: str,
         X = np.vstack([ds.X_train, ds.X_test]) if data == "digits" else ds.X_train
         return X, math.sqrt(X.shape[1]), f"{data} ({X.shape[0]} x {X.shape[1]})"
     path = Path(data)
+    if path.suffix and not path.exists():
+        raise ValueError(f"--data {data!r}: no such file. Give an existing .npy or .csv file, "
+                         f"or one of {sorted(DATASETS)}.")
     if path.suffix.lower() in (".npy", ".csv", ".txt", ".tsv") or path.exists():
         X = load_matrix(path)
         return X, None, f"{path.name} ({X.shape[0]} x {X.shape[1]})"
