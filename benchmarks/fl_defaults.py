@@ -89,24 +89,16 @@ def measure(ds: Dataset, K: int, partition: str, eps: float, seed: int,
     size = replace(base, weighting="size")
     ac = AdaptiveClip()
     out: dict[str, Any] = {}
-    if name == "fedgd":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "fedgd", base)
-    elif name == "default":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, DEFAULT_ALGORITHM, base)
-    elif name == "fedgd-size":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "fedgd", size)
-    elif name == "fedgd-ac":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "fedgd",
-                               replace(base, adaptive_clip=ac))
-    elif name == "fedgd-ac-size":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "fedgd",
-                               replace(size, adaptive_clip=ac))
-    elif name == "lagged-ac-size":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "sofim-lagged",
-                               replace(size, adaptive_clip=ac))
-    elif name == "adam-ac-size":
-        out["accuracy"] = _run(ds, K, partition, eps, seed, "adam",
-                               replace(size, adaptive_clip=ac))
+    # the configurations that are one run: (algorithm, settings)
+    single = {"fedgd": ("fedgd", base), "default": (DEFAULT_ALGORITHM, base),
+              "fedgd-size": ("fedgd", size),
+              "fedgd-ac": ("fedgd", replace(base, adaptive_clip=ac)),
+              "fedgd-ac-size": ("fedgd", replace(size, adaptive_clip=ac)),
+              "lagged-ac-size": ("sofim-lagged", replace(size, adaptive_clip=ac)),
+              "adam-ac-size": ("adam", replace(size, adaptive_clip=ac))}
+    if name in single:
+        algorithm, config = single[name]
+        out["accuracy"] = _run(ds, K, partition, eps, seed, algorithm, config)
     elif name == "tuned-private":
         res = tune_private(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                            config=size, mean_trials=3.0, trials="logarithmic", n_clients=K,
