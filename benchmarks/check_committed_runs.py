@@ -1,4 +1,4 @@
-"""Rerun committed result cells with the current code and compare them (issue 22).
+"""Rerun committed result cells with the current code and compare them.
 
 The committed results (``docs/results/<name>/results.json``) hold every run's spec and its
 per-round test accuracies. This script reruns a sample of them through the experiment
@@ -6,13 +6,16 @@ runner (:func:`dpprecond.experiments.runner.execute_run`, one process, one BLAS 
 a sweep's workers) and reports how many reproduce their accuracy trajectory exactly, their
 final accuracy exactly, and the largest difference of any round's accuracy.
 
-Issue 22 changed the bound on the rounding of the clipped sums (both neighbours' rounding,
-any blocking: the noise std of a float64 run is about ``2e-9`` relatively larger than
-before); the sums themselves are bit for bit the same, so a rerun differs from the
-committed run only through that factor in the noise.
+Changes of the noise's rounding cover since the cells were run (the bound on the clipped
+sums' rounding, about ``2e-9`` relatively; the covariance release's, about ``1e-9``) and
+the pipeline's single calibration (its multipliers within ``1e-4`` relatively of the
+earlier two-step calibration) move a rerun only through those factors in the noise std;
+``--pipeline`` reruns the ``pca:K`` cells to measure the latter.
 
     PYTHONPATH=src python benchmarks/check_committed_runs.py digits --limit 60
+    PYTHONPATH=src python benchmarks/check_committed_runs.py digits --methods fedfc fednew
     PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist --limit 6
+    PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist-pca64 --pipeline --limit 6
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("name", help="a folder of docs/results (digits, fashion-mnist, ...)")
     p.add_argument("--limit", type=int, default=20, help="runs to rerun (an even sample)")
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="rerun only these methods (default: all)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="rerun the pca:K / random:K cells instead of the others (they run "
+                        "the whole pipeline: minutes per Fashion-MNIST cell)")
     args = p.parse_args()
     from threadpoolctl import threadpool_limits
 
@@ -38,8 +46,8 @@ def main() -> None:
     from dpprecond.fl.kernels import set_kernel_threads
 
     records = json.loads((ROOT / "docs" / "results" / args.name / "results.json").read_text())
-    records = [r for r in records if r["spec"]["features"].split(":")[0] not in ("pca",
-                                                                                  "random")]
+    records = [r for r in records if (r["spec"]["features"].split(":")[0] in ("pca", "random"))
+               == args.pipeline and (args.methods is None or r["spec"]["method"] in args.methods)]
     step = max(1, len(records) // args.limit)
     sample = records[::step][:args.limit]
     threadpool_limits(1)

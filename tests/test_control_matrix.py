@@ -662,6 +662,7 @@ NOT_ENTRY_POINTS: dict[str, str] = {
     "dpprecond.fl.dirichlet_partition": "a split of the data among clients (no release)",
     "dpprecond.pipeline.PipelineResult": "the result record of a pipeline",
     "dpprecond.pipeline.split_budget": "arithmetic on a budget (no data)",
+    "dpprecond.pipeline.split_noise": "arithmetic on a budget (no data)",
     "dpprecond.accounting.PrivacyLedger": "the ledger control itself",
     "dpprecond.accounting.calibrate_noise": "accounting arithmetic (no data)",
     "dpprecond.accounting.epsilon_of": "accounting arithmetic (no data)",

@@ -31,6 +31,53 @@ def test_budget_split_adds_up_exactly() -> None:
     assert e1 < e2 < 2.0
 
 
+def test_one_calibration_splits_the_target_gaussian_exactly(digits) -> None:
+    """The pipeline calibrates once: the PCA runs at ``z / sqrt(share)`` and the training at
+    the scale whose run is ``z / sqrt(1 - share)``, with no second calibration, so the
+    stages compose to exactly the target's Gaussian (not to within a tolerance)."""
+    from dpprecond.accounting import calibrate_noise, gaussian, gaussian_precision
+    from dpprecond.pipeline import split_noise
+
+    z = calibrate_noise(gaussian, 4.0, 1e-5, "pld")
+    z_pca, z_fl = split_noise(4.0, 1e-5, 0.3)
+    assert z_pca == z / math.sqrt(0.3) and z_fl == z / math.sqrt(0.7)
+    res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
+                       features="pca:16", target_epsilon=4.0, row_norm=8.0, pca_share=0.3,
+                       algorithm="fedgd", n_clients=5, n_rounds=10, seed=0)
+    events = res.ledger.events
+    pca_precision = gaussian_precision(events[0])
+    fl_precision = gaussian_precision(dp_event.ComposedDpEvent(list(events[1:])))
+    assert pca_precision == pytest.approx(0.3 / z**2, rel=1e-12)
+    assert fl_precision == pytest.approx(0.7 / z**2, rel=1e-12)
+    assert res.fl.noise_multiplier == pytest.approx(z_fl * math.sqrt(10), rel=1e-12)
+    exact = epsilon_of(gaussian(z), 1e-5, "pld")
+    assert res.epsilon == pytest.approx(exact, rel=1e-9) and res.epsilon <= 4.0
+
+
+def test_pca_noise_multiplier_is_one_gaussian_or_refused(digits) -> None:
+    from dpprecond.accounting import gaussian_precision
+    from dpprecond.pca import fit_private_pca
+    from dpprecond.pca.api import planned_event
+
+    for method, opts in [("auto", {}), ("analyze_gauss", {}), ("fixed", {"n_iter": 3}),
+                         ("power", {"n_iter": 4, "power_init": "private"})]:
+        for center in (None, "private"):
+            event = planned_event(method, target_epsilon=None, noise_multiplier=2.5,
+                                  target_delta=1e-5, center=center, **opts)
+            assert gaussian_precision(event) == pytest.approx(2.5**-2, rel=1e-12), method
+    with pytest.raises(ValueError, match=r"noise_multiplier=2\.5 applies to a plan of Gaussian"):
+        planned_event("select", target_epsilon=None, noise_multiplier=2.5, target_delta=1e-5)
+    with pytest.raises(ValueError, match="target_epsilon or noise_multiplier, not both"):
+        fit_private_pca(digits.X_train, 4, target_epsilon=1.0, noise_multiplier=2.0,
+                        target_delta=1e-5, row_norm=8.0, seed=0)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        fit_private_pca(digits.X_train, 4, target_epsilon=None, noise_multiplier=-1.0,
+                        target_delta=1e-5, row_norm=8.0, seed=0)
+    res = fit_private_pca(digits.X_train, 4, target_epsilon=None, noise_multiplier=3.0,
+                          target_delta=1e-5, row_norm=8.0, seed=0)
+    assert gaussian_precision(res.dp_event) == pytest.approx(1 / 9, rel=1e-12)
+
+
 def test_pca_features_pipeline_spends_the_total_once(digits) -> None:
     res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                        features="pca:16", target_epsilon=4.0, row_norm=8.0, pca_share=0.3,

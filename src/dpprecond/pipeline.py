@@ -23,16 +23,19 @@ Privacy unit: one record of one client, replace-one adjacency, in both stages. B
 stages release only unsampled Gaussian mechanisms (``auto``, ``analyze_gauss`` or ``fixed`` PCA,
 full-batch federated methods), so their composition is exactly one Gaussian mechanism
 whose precision ``1/z^2`` is the sum of theirs (GDP composition, also adaptive, Dong,
-Roth and Su 2019): the target's precision ``P`` (from dp_accounting) is split as
-``pca_share * P`` for the PCA and the rest for the training, each stage is calibrated to
-its share, and **one** :class:`~dpprecond.accounting.PrivacyLedger` records every release
+Roth and Su 2019): the target is calibrated **once** (dp_accounting's exact Gaussian
+epsilon gives its precision ``P``), ``P`` is split as ``pca_share * P`` for the PCA and
+the rest for the training, each stage runs from its own multiplier without calibrating
+again (:func:`split_noise`, :func:`training_scale`), and **one**
+:class:`~dpprecond.accounting.PrivacyLedger` records every release
 of both stages and reports the total per record from dp_accounting.
 
 Under ``trust="secure-aggregation"`` the training's releases are Skellam sums (an RDP
-bound, not Gaussian), so no precision split applies to them: the PCA is calibrated to its
+bound, not Gaussian), so no precision split applies to them: the PCA gets its
 Gaussian share as above, and the training's Skellam noise multiplier is the smallest one
 whose ``T`` sums, composed with the PCA's releases in dp_accounting's RDP accountant,
-meet the target. The ledger composes the same events with the same accountant, so its
+meet the target (the one calibration of that stage: a Skellam sum is not a Gaussian).
+The ledger composes the same events with the same accountant, so its
 total is that composition (at most the target).
 
 ``features="random:64"`` is the data-independent control: a fixed random feature map
@@ -74,6 +77,7 @@ from dpprecond.accounting import (
     compose,
     epsilon_of,
     gaussian,
+    gaussian_precision,
 )
 from dpprecond.fl import ClientData, FLConfig, make_method, simulate
 from dpprecond.fl.engine import FLResult, plan_event
@@ -84,7 +88,7 @@ from dpprecond.pca.federated import TRUST_MODELS, TrustModel
 from dpprecond.pca.methods import PIPELINE_METHODS
 
 __all__ = ["DEFAULT_PCA_METHOD", "PCA_METHODS", "PipelineResult", "parse_features", "run_pipeline",
-           "split_budget"]
+           "split_budget", "split_noise", "training_scale"]
 
 #: Federated PCA methods of the pipeline (every release an unsampled Gaussian), from the
 #: PCA registry (:data:`dpprecond.pca.methods.PIPELINE_METHODS`); the default is the PCA
@@ -109,19 +113,46 @@ def parse_features(text: str) -> tuple[str, int | None]:
                      "with an integer K >= 1 (e.g. pca:64).")
 
 
-def split_budget(target_epsilon: float, target_delta: float,
-                 share: float) -> tuple[float, float]:
-    """``(epsilon_pca, epsilon_fl)`` whose Gaussian precisions add to the target's.
+def split_noise(target_epsilon: float, target_delta: float,
+                share: float) -> tuple[float, float]:
+    """``(z_pca, z_fl)``: the one calibration of a pipeline, split between its stages.
 
-    The target ``(epsilon, delta)`` is one Gaussian mechanism of precision ``P`` (exact
-    calibration); the PCA gets ``share * P`` and the training the rest. Both epsilons are
-    from dp_accounting at ``target_delta``.
+    The target ``(epsilon, delta)`` is calibrated once, to one Gaussian mechanism of
+    multiplier ``z`` (precision ``P = 1/z^2``, dp_accounting's exact Gaussian epsilon);
+    the PCA gets ``share * P`` and the training the rest, so each stage is one Gaussian of
+    multiplier ``z_pca = z / sqrt(share)``, resp. ``z_fl = z / sqrt(1 - share)``, and
+    their composition is exactly the target's Gaussian. No stage calibrates again.
     """
     z = calibrate_noise(gaussian, target_epsilon, target_delta, "pld")
-    precision = 1.0 / z**2
-    eps_pca = epsilon_of(gaussian((share * precision) ** -0.5), target_delta, "pld")
-    eps_fl = epsilon_of(gaussian(((1.0 - share) * precision) ** -0.5), target_delta, "pld")
-    return eps_pca, eps_fl
+    return z / math.sqrt(share), z / math.sqrt(1.0 - share)
+
+
+def split_budget(target_epsilon: float, target_delta: float,
+                 share: float) -> tuple[float, float]:
+    """``(epsilon_pca, epsilon_fl)``: the epsilons of the two stages of :func:`split_noise`.
+
+    For reports: each stage's own epsilon at ``target_delta`` (from dp_accounting); the
+    stages are run from the multipliers, not from these.
+    """
+    return tuple(epsilon_of(gaussian(z), target_delta, "pld")  # type: ignore[return-value]
+                 for z in split_noise(target_epsilon, target_delta, share))
+
+
+def training_scale(model: LinearSoftmax, method: Any,
+                   config_for: Callable[[dict[str, Any]], FLConfig], z_fl: float) -> float:
+    """The training's noise scale whose whole run is one Gaussian of multiplier ``z_fl``.
+
+    A full-batch training releases only Gaussians whose multipliers are proportional to
+    its scale ``c``, so its precision is ``P(c) = P(1) / c^2`` and ``c = z_fl sqrt(P(1))``
+    (no calibration). Refuses a training with any other release.
+    """
+    precision = gaussian_precision(plan_event(model, method, config_for(
+        {"noise_multiplier": 1.0})))
+    if precision is None or precision <= 0:
+        raise ValueError(f"algorithm={method.name!r} releases more than Gaussian sums "
+                         "(or nothing), so the pipeline's precision split does not apply "
+                         "to it; run its stages separately with their own budgets.")
+    return z_fl * math.sqrt(precision)
 
 
 def _secure_training_noise(model: LinearSoftmax, method: Any,
@@ -297,18 +328,21 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         options["learning_rate"] = learning_rate
     method = make_method(algorithm, **options)
     model = LinearSoftmax(k if kind in ("pca", "random") else X_train.shape[1], n_classes)
-    eps_pca, eps_fl, V = None, target_epsilon, None
+    eps_pca, V = None, None
+    z_pca = z_fl = None  # the stages' multipliers, from one calibration (private pca:K)
     pca_event = None
     if kind == "pca":
         from dpprecond.pca.api import planned_event
 
         if private:
             assert target_epsilon is not None
-            eps_pca, eps_fl = split_budget(target_epsilon, target_delta, pca_share)
+            z_pca, z_fl = split_noise(target_epsilon, target_delta, pca_share)
         if ledger is not None:  # private, or a caller's ledger
             pca_event = planned_event(pca_method if private else "exact",
-                                      target_epsilon=eps_pca, target_delta=target_delta,
-                                      **(pca_options or {}))
+                                      target_epsilon=None, noise_multiplier=z_pca,
+                                      target_delta=target_delta, **(pca_options or {}))
+            if private:
+                eps_pca = epsilon_of(pca_event, target_delta, "pld")
 
     def config_for(level: dict[str, Any]) -> FLConfig:
         return FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
@@ -321,8 +355,12 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         assert target_epsilon is not None and pca_event is not None  # private: a ledger
         config = config_for({"noise_multiplier": _secure_training_noise(
             model, method, config_for, pca_event, target_epsilon, target_delta, pca_share)})
+    elif kind == "pca":
+        assert z_fl is not None
+        config = config_for({"noise_multiplier": training_scale(model, method, config_for,
+                                                                z_fl)})
     else:
-        config = config_for({"target_epsilon": eps_fl})
+        config = config_for({"target_epsilon": target_epsilon})
     if ledger is not None:  # the whole plan of both stages, before any data is touched
         stages = [plan_event(model, method, config)]
         if pca_event is not None:
@@ -337,7 +375,8 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
 
         with _delta_checked():
             pca = fit_private_pca(data.X, k, method=pca_method if private else "exact",
-                                  target_epsilon=eps_pca, target_delta=target_delta,
+                                  target_epsilon=None, noise_multiplier=z_pca,
+                                  target_delta=target_delta,
                                   row_norm=row_norm, seed=None if secure else pca_seq,
                                   ledger=ledger, secure=secure, clients=data.bounds,
                                   trust=trust, **(pca_options or {}))

@@ -197,6 +197,49 @@ def test_covariance_noise_is_symmetric_with_the_stated_std() -> None:
     assert abs(np.mean(noise)) < 5 * std / math.sqrt(len(noise))
 
 
+@pytest.mark.parametrize("C", [1.0, 1e8, 1e140])
+def test_covariance_rounding_is_covered_by_the_noise(C: float) -> None:
+    """The computed second moments of worst-case neighbours (one row replaced by an
+    orthogonal one, thousands of equal rows whose sums round at every step) differ by at
+    most the sensitivity times :func:`gram_inflation`, and the release's noise std is the
+    accounted ``z * sensitivity`` times that factor."""
+    from dpprecond.fl.client import clip_feature_rows, gram_inflation
+    from dpprecond.noise import symmetric_gaussian
+
+    n, d = 3000, 6
+    rng = np.random.default_rng(3)
+    X = np.tile(rng.standard_normal(d) * C, (n, 1)) * (1 + 1e-3 * rng.random((n, 1)))
+    Xn = X.copy()
+    Xn[7] = 0.0
+    Xn[7, 0] = -C  # far from the others: the largest change of the clipped moment
+    iu = np.triu_indices(d + 1)
+    bounds = np.array([0, n])
+    exact_rows = [clip_feature_rows(Y, C) for Y in (X, Xn)]
+    moments = [R.T @ R for R in exact_rows]  # the sum the release computes
+    np.testing.assert_array_equal(
+        next(second_moment_releases(X, bounds, C, 0.0, [None])), moments[0] / n)
+    # norms of C^-2-scaled differences (exact scalings by a power of 2 would be cleaner; a
+    # relative 1e-16 on either side is far below the 1e-9 margin tested)
+    diff = float(np.linalg.norm((moments[0] - moments[1])[iu] / C**2))
+    exact = float(np.linalg.norm((np.outer(exact_rows[0][7] / C, exact_rows[0][7] / C)
+                                  - np.outer(exact_rows[1][7] / C, exact_rows[1][7] / C))[iu]))
+    assert exact <= covariance_sensitivity(1.0) * (1 + 1e-12)
+    assert diff <= covariance_sensitivity(1.0) * gram_inflation(n)
+    assert 1.0 < gram_inflation(n) < 1.0 + 1e-8
+    z = 0.9
+    released = next(second_moment_releases(X, bounds, C, z, [np.random.default_rng(5)]))
+    E = symmetric_gaussian(d + 1, z * covariance_sensitivity(C) * gram_inflation(n),
+                           np.random.default_rng(5), draws="triangle")
+    np.testing.assert_array_equal(released, (moments[0] + E) / n)
+
+
+def test_covariance_release_refuses_a_row_clip_that_overflows() -> None:
+    X = np.ones((100, 3))
+    with pytest.raises(ValueError, match=r"row_clip=1e\+150 with clients of up to 100 rows"):
+        next(second_moment_releases(X, np.array([0, 100]), 1e150, 1.0,
+                                    [np.random.default_rng(0)]))
+
+
 def test_noise_is_reproducible_and_seed_dependent(client_data, problem) -> None:
     cfg = dict(noise_multiplier=1.0, clip_norm=1.0)
     for name in ("scaffold", "fedfc", "fednew"):

@@ -166,16 +166,18 @@ def test_pipeline_composes_the_pca_and_the_skellam_rounds_in_rdp(digits) -> None
     from dpprecond.fl.engine import plan_event
     from dpprecond.fl.methods import make_method
     from dpprecond.pca.api import planned_event
-    from dpprecond.pipeline import split_budget
+    from dpprecond.pipeline import split_budget, split_noise
 
     res = _pipeline(digits)
     assert res.fl.config["trust"] == "secure-aggregation" and res.fl.config["weighting"] == "size"
     eps_pca, _ = split_budget(1.0, 1e-5, 0.2)
-    assert res.pca_epsilon == pytest.approx(eps_pca)
+    z_pca, _ = split_noise(1.0, 1e-5, 0.2)
+    assert res.pca_epsilon == pytest.approx(eps_pca, rel=1e-12)
     z = res.fl.noise_multiplier
     config = FLConfig(n_rounds=3, clip_norm=1.0, noise_multiplier=z, weighting="size",
                       trust="secure-aggregation")
-    planned = compose([planned_event("auto", target_epsilon=eps_pca, target_delta=1e-5),
+    planned = compose([planned_event("auto", target_epsilon=None, noise_multiplier=z_pca,
+                                     target_delta=1e-5),
                        plan_event(LinearSoftmax(8, 10), make_method("fedgd"), config)])
     total = epsilon_of(planned, 1e-5, "rdp")
     assert res.epsilon == pytest.approx(total, rel=1e-9)

@@ -31,10 +31,11 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import PrivacyLedger, epsilon_of
 from dpprecond.noise import release
+from dpprecond.pca.budget import Budget, GaussianScale
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
-from dpprecond.pca.rows import make_rows, mean_sensitivity
+from dpprecond.pca.rows import make_rows, mean_sensitivity, noise_inflation
 from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
@@ -170,6 +171,7 @@ def _check_center(center: Any, d: int) -> str | np.ndarray | None:
 
 def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
                   target_delta: float, center: str | np.ndarray | None = None,
+                  noise_multiplier: float | None = None,
                   **options: Any) -> dp_event.DpEvent:
     """What :func:`fit_private_pca` with these settings will release, from them alone.
 
@@ -183,9 +185,20 @@ def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
     if not spec.private or not opts.get("add_noise", True):
         return dp_event.NonPrivateDpEvent()
     delta = check_target_delta("target_delta", target_delta)
-    epsilon = check_epsilon("target_epsilon", target_epsilon)
+    budget = _budget_of(target_epsilon, noise_multiplier)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
-    return spec.plan(epsilon, delta, opts, mean_share).event
+    return spec.plan(budget, delta, opts, mean_share).event
+
+
+def _budget_of(target_epsilon: float | None, noise_multiplier: float | None) -> Budget:
+    """A private fit's budget: ``target_epsilon`` (calibrated) or ``noise_multiplier``."""
+    if noise_multiplier is None:
+        return check_epsilon("target_epsilon", target_epsilon)
+    if target_epsilon is not None:
+        raise ValueError(f"Give target_epsilon or noise_multiplier, not both (got "
+                         f"target_epsilon={target_epsilon!r}, noise_multiplier="
+                         f"{noise_multiplier!r}): the multiplier already fixes the epsilon.")
+    return GaussianScale(check_positive("noise_multiplier", noise_multiplier))
 
 
 def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
@@ -193,7 +206,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                     method: str = DEFAULT_METHOD, center: str | np.ndarray | None = None,
                     seed: SeedLike = None, ledger: PrivacyLedger | None = None,
                     diagnostics: bool = False, secure: bool = False,
-                    clients: Any = None, trust: str = "local", **options: Any) -> PCAResult:
+                    clients: Any = None, trust: str = "local",
+                    noise_multiplier: float | None = None, **options: Any) -> PCAResult:
     """Differentially private top-k PCA of the rows of ``X``.
 
     Privacy unit: one row of ``X``, replace-one adjacency. Rows are divided by the public
@@ -211,7 +225,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float
-        Target epsilon (> 0); ignored (may be ``None``) for ``method="exact"``.
+        Target epsilon (> 0); ignored (may be ``None``) for ``method="exact"``, and
+        ``None`` when ``noise_multiplier`` is given.
     target_delta : float
         Target delta, in (0, 0.01] (:data:`dpprecond._validation.MAX_DELTA`); above
         ``1/n`` it warns (:class:`~dpprecond.LargeDeltaWarning`; ``n``, the number of rows,
@@ -264,6 +279,13 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         central noise to the sum of the parts (the law of the sum of the shares). The
         reported epsilon is the target in both cases (per client message, resp. for the
         sum under the assumption). Without ``clients``, ``trust`` must stay ``"local"``.
+    noise_multiplier : float, optional
+        Instead of ``target_epsilon``: the fit is exactly one Gaussian mechanism with this
+        noise multiplier (its releases' precisions ``1/z_i^2`` add up to
+        ``1/noise_multiplier^2``, :mod:`dpprecond.pca.budget`), with no calibration. For a
+        caller that composes the fit with other Gaussian releases and has calibrated the
+        whole once (:func:`dpprecond.pipeline.run_pipeline`). Every method but ``select``
+        (whose repeat-and-select is not Gaussian); ``result.epsilon`` is the fit's own.
     **options
         Method options; :data:`dpprecond.pca.methods.METHODS` lists each method's options
         and defaults (the docs in ``docs/pca.md`` explain them). Common: ``add_noise``
@@ -293,8 +315,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                          "derived from the data, which would leak private information.")
     row_norm = check_positive("row_norm", row_norm)
     delta = check_target_delta("target_delta", target_delta, n)
+    budget: Budget = None
     if spec.private:
-        target_epsilon = check_epsilon("target_epsilon", target_epsilon)
+        budget = _budget_of(target_epsilon, noise_multiplier)
     elif target_epsilon is not None:
         check_epsilon("target_epsilon", target_epsilon)
     center = _check_center(center, d)
@@ -315,7 +338,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                              "(select's score needs the exact A^T A, which no party holds).")
     noise = spec.private and opts.get("add_noise", True)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
-    plan = spec.plan(target_epsilon if noise else None, delta, opts, mean_share)
+    plan = spec.plan(budget if noise else None, delta, opts, mean_share)
     if ledger is not None and noise:  # refuse before any data is touched
         ledger.check(plan.event)
     info: dict[str, Any] = {"noise_multipliers": dict(plan.noise_multipliers),
@@ -331,9 +354,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
             K = rows.n_clients
             mean_stream, init_stream, main_stream = (LocalNoise(s.spawn(K)) for s in
                                                      (mean_stream, init_stream, main_stream))
-    # Rounding of the block sums: every noise std is inflated by the bound of
-    # ClippedRows.rounding_slack (below 1e-6 relatively for n <= 1e7); events keep z.
-    fp = 1.0 + rows.rounding_slack()
+    # Rounding of the block sums: every noise std is inflated (rows.noise_inflation; below
+    # 1e-6 relatively for n <= 1e7); events keep z. fit_auto applies the same factor.
+    fp = noise_inflation(rows)
     z = {key: val * fp for key, val in plan.noise_multipliers.items()}
     mean_used = None
     if center is not None:

@@ -60,7 +60,7 @@ from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
-from dpprecond.pca.rows import RowSource, clip_unit_rows
+from dpprecond.pca.rows import RowSource, clip_unit_rows, noise_inflation
 
 __all__ = [
     "AUTO_DEFAULTS",
@@ -777,8 +777,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     ==========================================  ============  ===============================
 
     with ``rest = 1 - init_share - probe_share`` and ``sum_t w_t = 1``. Noise stds are
-    also multiplied by ``1 + rows.rounding_slack()`` when the rows provide it (the
-    floating-point excess of block sums, :mod:`dpprecond.pca.rows`).
+    also multiplied by :func:`~dpprecond.pca.rows.noise_inflation` (the floating-point
+    excess of block sums, :mod:`dpprecond.pca.rows`).
     """
     opts = check_auto_options(options)
     noise = opts["add_noise"]
@@ -801,7 +801,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     s1, sc = opts["init_share"], opts["probe_share"]
     rest = 1.0 - s1 - sc
     z = check_positive("noise_multiplier", noise_multiplier) if noise else 0.0
-    fp = 1.0 + rows.rounding_slack() if hasattr(rows, "rounding_slack") else 1.0
+    fp = noise_inflation(rows)
     z1, zc = z / math.sqrt(s1), z / math.sqrt(sc)
     z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
     # The probe's vector (counts and rest energies) has sensitivity 2 (see probe).

@@ -39,6 +39,14 @@ Events (spec, accounting section):
 - Analyze Gauss: ``Gaussian(z)``; DP power method: ``SelfComposed(Gaussian(z_p), T)``
   (plus ``Gaussian(z0)`` when it starts from Algorithm 1);
 - with a private mean, ``Gaussian(z_mean)`` is composed in front.
+
+Instead of an epsilon, a plan of only Gaussian releases (every method but selection) also
+takes a :class:`GaussianScale`: the scale ``c`` itself, chosen by a caller that has already
+calibrated a larger composition once (the pipeline splits one calibrated Gaussian between
+its stages, :mod:`dpprecond.pipeline`). Since the shares of a plan sum to one, such a plan
+is exactly one Gaussian mechanism with noise multiplier ``c`` (its releases' precisions
+``1/z_i^2`` add up to ``1/c^2``); :func:`_calibrate` checks that identity on the built event
+and refuses a plan for which it fails.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from typing import Any
 
 from dp_accounting import dp_event
 
+from dpprecond._validation import check_positive
 from dpprecond.accounting import (
     DEFAULT_ACCOUNTANT,
     AccountantName,
@@ -56,11 +65,13 @@ from dpprecond.accounting import (
     compose,
     epsilon_of,
     gaussian,
+    gaussian_precision,
 )
 from dpprecond.selection import repeat_and_select_event
 
 __all__ = [
     "BudgetPlan",
+    "GaussianScale",
     "plan_analyze_gauss",
     "plan_auto",
     "plan_epsilon",
@@ -95,16 +106,49 @@ class BudgetPlan:
     init_event: dp_event.DpEvent = field(default_factory=dp_event.NoOpDpEvent)
 
 
+@dataclass(frozen=True)
+class GaussianScale:
+    """A plan's scale ``c`` given directly: the whole fit is one Gaussian of multiplier ``c``.
+
+    Passed to a ``plan_*`` function in place of the epsilon by a caller that calibrated a
+    larger composition once (no second calibration, no tolerance between the two).
+    """
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        check_positive("noise_multiplier", self.noise_multiplier)
+
+
+#: What a ``plan_*`` function takes as its budget: an epsilon, a scale, or None (no noise).
+Budget = float | GaussianScale | None
+
+
 def _mean_events(z_mean: float | None) -> list[dp_event.DpEvent]:
     return [] if z_mean is None else [gaussian(z_mean)]
 
 
-def _calibrate(build: Any, epsilon: float | None, delta: float,
+def _calibrate(build: Any, epsilon: Budget, delta: float,
                accountant: AccountantName) -> BudgetPlan:
-    """Calibrate ``build(c) -> BudgetPlan``; ``epsilon=None`` turns noise off (c = 0)."""
+    """Calibrate ``build(c) -> BudgetPlan``; ``epsilon=None`` turns noise off (c = 0).
+
+    A :class:`GaussianScale` is used as ``c`` without calibration, after checking that the
+    plan's event is one Gaussian of that multiplier (precisions adding to ``1/c^2``, up to
+    the rounding of the shares); a plan with any other release is refused.
+    """
     if epsilon is None:
         off = dp_event.NonPrivateDpEvent()
         return replace(build(0.0), event=off, init_event=off)
+    if isinstance(epsilon, GaussianScale):
+        c = float(epsilon.noise_multiplier)
+        plan = build(c)
+        precision = gaussian_precision(plan.event)
+        if precision is None or not math.isclose(precision * c * c, 1.0, rel_tol=1e-12):
+            raise ValueError(f"noise_multiplier={c:g} applies to a plan of Gaussian releases "
+                             "only (its precisions summing to 1/noise_multiplier^2); this "
+                             "method's plan is not one (selection's repeat-and-select is "
+                             "not Gaussian): give target_epsilon instead.")
+        return plan
     c = calibrate_noise(lambda s: build(s).event, epsilon, delta, accountant)
     return build(c)
 
@@ -147,7 +191,7 @@ def trial_multipliers(z_run: float, n_iter: int, *, score_share: float | None,
     return out
 
 
-def plan_fixed(epsilon: float | None, delta: float, *, n_iter: int, init_share: float = 0.25,
+def plan_fixed(epsilon: Budget, delta: float, *, n_iter: int, init_share: float = 0.25,
                h_share: float = 0.5, mean_share: float | None = None,
                accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of Algorithm 1 followed by Algorithm 2 with a fixed number of iterations."""
@@ -172,7 +216,7 @@ def plan_fixed(epsilon: float | None, delta: float, *, n_iter: int, init_share: 
     return _calibrate(build, epsilon, delta, accountant)
 
 
-def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
+def plan_select(epsilon: Budget, delta: float, *, mean_trials: float,
                 init_share: float = 0.25, mean_share: float | None = None,
                 accountant: AccountantName = "rdp") -> BudgetPlan:  # RDP: repeat-and-select
     """Budget of Algorithm 1 followed by Algorithm 3 (repeat-and-select, geometric trials).
@@ -197,7 +241,7 @@ def plan_select(epsilon: float | None, delta: float, *, mean_trials: float,
     return _calibrate(build, epsilon, delta, accountant)
 
 
-def plan_analyze_gauss(epsilon: float | None, delta: float, *, mean_share: float | None = None,
+def plan_analyze_gauss(epsilon: Budget, delta: float, *, mean_share: float | None = None,
                        accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of Analyze Gauss: one Gaussian release of the upper triangle of ``A^T A``."""
 
@@ -213,7 +257,7 @@ def plan_analyze_gauss(epsilon: float | None, delta: float, *, mean_share: float
     return _calibrate(build, epsilon, delta, accountant)
 
 
-def plan_power(epsilon: float | None, delta: float, *, n_iter: int, private_init: bool = False,
+def plan_power(epsilon: Budget, delta: float, *, n_iter: int, private_init: bool = False,
                init_share: float = 0.25, mean_share: float | None = None,
                accountant: AccountantName = DEFAULT_ACCOUNTANT) -> BudgetPlan:
     """Budget of the DP power method: the iteration budget split evenly over ``n_iter``."""
@@ -238,7 +282,7 @@ def plan_power(epsilon: float | None, delta: float, *, n_iter: int, private_init
     return _calibrate(build, epsilon, delta, accountant)
 
 
-def plan_auto(epsilon: float | None, delta: float, *,
+def plan_auto(epsilon: Budget, delta: float, *,
               mean_share: float | None = None) -> BudgetPlan:
     """Budget of ``method="auto"``: one Gaussian's precision, calibrated exactly.
 

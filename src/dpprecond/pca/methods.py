@@ -185,7 +185,8 @@ class PCAMethod:
 
     name: str
     defaults: dict[str, Any]
-    plan: Callable[[float | None, float, dict[str, Any], float | None], _budget.BudgetPlan]
+    plan: Callable[[_budget.Budget, float, dict[str, Any], float | None],
+                   _budget.BudgetPlan]
     run: Callable[[FitContext], MethodOutput]
     check: Callable[[dict[str, Any]], None] = lambda opts: None
     private: bool = True

@@ -80,6 +80,7 @@ __all__ = [
     "finish_gram",
     "make_rows",
     "mean_sensitivity",
+    "noise_inflation",
     "nonfinite_error",
     "norms_of",
     "raw_gram_allowed",
@@ -290,6 +291,18 @@ def rounding_slack_bound(n: int, d: int, block_rows: int, n_blocks: int) -> floa
     additions over blocks (a sequential loop, or a reduction tree).
     """
     return 2.0 * gamma(block_rows + n_blocks + d + 4) * n
+
+
+def noise_inflation(rows: Any) -> float:
+    """The factor every PCA noise std is multiplied by: ``1 + rows.rounding_slack()``.
+
+    The one place the rounding of the block sums enters the noise (the events keep the
+    plan's multipliers; the noise covers the computed sums' excess sensitivity, module
+    docstring). Rows that do not bound their rounding (a bare :class:`RowSource`, such as
+    a test's exact stand-in) get ``1``.
+    """
+    slack = getattr(rows, "rounding_slack", None)
+    return 1.0 if slack is None else 1.0 + float(slack())
 
 
 class DataRows(RowSource, Protocol):
