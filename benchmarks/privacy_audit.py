@@ -1,6 +1,6 @@
 """Larger empirical privacy audits of the library's mechanisms (the figures of docs/privacy.md).
 
-For every case of :mod:`dpprecond.audit_cases` (and two broken mechanisms that the audit
+For every case of :mod:`dpprecond.audit.cases` (and two broken mechanisms that the audit
 must catch) the script runs the mechanism on both datasets of the worst-case pair, in
 blocks of runs, and audits the statistics with :func:`dpprecond.audit.threshold_audit`
 (threshold chosen on the first half of the runs, Clopper-Pearson bound on the second half,
