@@ -60,15 +60,17 @@ _STEPS = {"fedgd": (0.1, 0.3, 1.0), "sofim-lagged": (0.02, 0.05, 0.1),
 FREE_GRID = (search_space(_STEPS, clip_norms=(1.0, 10.0))
              + search_space(_STEPS, clip_norms=(1.0,), adaptive=(AdaptiveClip(),)))
 CELLS = {"digits-K10": ("digits", 10, "iid"), "digits-K20": ("digits", 20, "iid"),
-         "synthetic-K100": ("synthetic", 100, "dirichlet")}
+         "synthetic-K100": ("synthetic", 100, "dirichlet"),
+         "fmnist-K20": ("fashion-mnist", 20, "iid")}
 
 
 def load(name: str) -> Dataset:
-    """The cell's data: digits pixels in [-1, 1], or the synthetic problem (seed 0)."""
-    if name == "digits":
+    """The cell's data: digits or Fashion-MNIST pixels in [-1, 1], or the synthetic problem
+    (seed 0)."""
+    if name in ("digits", "fashion-mnist"):
         from dpprecond.features import load_features
 
-        return load_features("digits", None, "pixels", None, None)[0]
+        return load_features(name, None, "pixels", None, None)[0]
     from dpprecond.data.synthetic_fl import multinomial_logistic
 
     return multinomial_logistic(seed=0)

@@ -265,7 +265,7 @@ class FitPCAMemmapRow(FitPCARow):
 
 class RunFederatedRow(ApiRow):
     covers = ("dpprecond.fl.run_federated",)
-    releases = 2  # one per round
+    releases = 2 * 2  # per round: the message and adaptive clipping's count (the default)
 
     def run(self, c: Cell | None = None, *, target_delta: float = 1e-5, **kw: Any) -> Any:
         from dpprecond.fl import FLConfig, run_federated
@@ -325,7 +325,9 @@ class TunePrivateRow(ApiRow):
 
 class RunPipelineRow(ApiRow):
     covers = ("dpprecond.pipeline.run_pipeline",)
-    low_cap, releases = 0.8, 1 + 2  # 0.8: above the PCA stage's 0.415, below the whole
+    # 0.8: above the PCA stage's 0.415, below the whole; the PCA, then per round the message
+    # and adaptive clipping's count (the default)
+    low_cap, releases = 0.8, 1 + 2 * 2
 
     def run(self, c: Cell | None = None, **kw: Any) -> Any:
         from dpprecond.pipeline import run_pipeline

@@ -11,6 +11,7 @@ from dp_accounting import dp_event
 from dpprecond.accounting import epsilon_of
 from dpprecond.features import load_features
 from dpprecond.pipeline import parse_features, run_pipeline, split_budget
+from tests.fl.conftest import FIXED
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,8 @@ def test_one_calibration_splits_the_target_gaussian_exactly(digits) -> None:
     assert z_pca == z / math.sqrt(0.3) and z_fl == z / math.sqrt(0.7)
     res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                        features="pca:16", target_epsilon=4.0, row_norm=8.0, pca_share=0.3,
-                       algorithm="fedgd", n_clients=5, n_rounds=10, seed=0)
+                       algorithm="fedgd", n_clients=5, n_rounds=10, seed=0,
+                       **FIXED)
     events = res.ledger.events
     pca_precision = gaussian_precision(events[0])
     fl_precision = gaussian_precision(dp_event.ComposedDpEvent(list(events[1:])))
@@ -52,6 +54,15 @@ def test_one_calibration_splits_the_target_gaussian_exactly(digits) -> None:
     assert res.fl.noise_multiplier == pytest.approx(z_fl * math.sqrt(10), rel=1e-12)
     exact = epsilon_of(gaussian(z), 1e-5, "pld")
     assert res.epsilon == pytest.approx(exact, rel=1e-9) and res.epsilon <= 4.0
+    # with the defaults (adaptive clipping, size weights) the counts share the training's
+    # precision: the same exact total
+    dflt = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
+                        features="pca:16", target_epsilon=4.0, row_norm=8.0, pca_share=0.3,
+                        algorithm="fedgd", n_clients=5, n_rounds=10, seed=0)
+    assert len(dflt.ledger.events) == 1 + 2 * 10
+    assert gaussian_precision(dp_event.ComposedDpEvent(list(dflt.ledger.events[1:]))) == \
+        pytest.approx(0.7 / z**2, rel=1e-12)
+    assert dflt.epsilon == pytest.approx(exact, rel=1e-9)
 
 
 def test_pca_noise_multiplier_is_one_gaussian_or_refused(digits) -> None:
@@ -81,7 +92,8 @@ def test_pca_noise_multiplier_is_one_gaussian_or_refused(digits) -> None:
 def test_pca_features_pipeline_spends_the_total_once(digits) -> None:
     res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                        features="pca:16", target_epsilon=4.0, row_norm=8.0, pca_share=0.3,
-                       algorithm="fedgd", n_clients=5, n_rounds=10, seed=0)
+                       algorithm="fedgd", n_clients=5, n_rounds=10, seed=0,
+                       **FIXED)
     assert res.epsilon <= 4.0 and res.epsilon == pytest.approx(4.0, rel=1e-3)
     events = res.ledger.events
     assert len(events) == 1 + 10  # the Gram release of the PCA, then one per round
@@ -95,12 +107,14 @@ def test_pca_features_pipeline_spends_the_total_once(digits) -> None:
 def test_random_features_cost_nothing_and_non_private_runs(digits) -> None:
     free = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                         features="random:32", target_epsilon=2.0, row_norm=8.0,
-                        algorithm="fedgd", n_clients=5, n_rounds=5, seed=0)
+                        algorithm="fedgd", n_clients=5, n_rounds=5, seed=0,
+                       **FIXED)
     assert free.ledger.n_releases == 5 and free.pca_epsilon is None
     assert free.epsilon == pytest.approx(2.0, rel=1e-3)
     exact = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                          features="pca:16", target_epsilon=None, row_norm=8.0,
-                         algorithm="fedgd", n_clients=5, n_rounds=30, seed=0)
+                         algorithm="fedgd", n_clients=5, n_rounds=30, seed=0,
+                       **FIXED)
     assert math.isinf(exact.epsilon) and exact.final_accuracy > 0.8
 
 
@@ -124,12 +138,14 @@ def test_a_capped_ledger_refuses_the_whole_plan_before_any_stage(digits) -> None
         with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=0\.8"):
             run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                          features=features, target_epsilon=1.0, row_norm=8.0,
-                         algorithm="fedgd", n_clients=4, n_rounds=3, seed=0, ledger=ledger)
+                         algorithm="fedgd", n_clients=4, n_rounds=3, seed=0, ledger=ledger,
+                       **FIXED)
         assert ledger.n_releases == 0 and ledger.epsilon == 0.0
     # a cap that covers the plan records both stages
     ledger = PrivacyLedger(1e-5, max_epsilon=1.0)
     res = run_pipeline(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                        features="pca:8", target_epsilon=1.0, row_norm=8.0, algorithm="fedgd",
-                       n_clients=4, n_rounds=3, seed=0, ledger=ledger)
+                       n_clients=4, n_rounds=3, seed=0, ledger=ledger,
+                       **FIXED)
     assert res.ledger is ledger and ledger.n_releases == 1 + 3
     assert ledger.epsilon == pytest.approx(1.0, rel=1e-3)

@@ -79,7 +79,7 @@ from dpprecond.accounting import (
     gaussian,
     gaussian_precision,
 )
-from dpprecond.fl import ClientData, FLConfig, make_method, simulate
+from dpprecond.fl import AdaptiveClip, ClientData, FLConfig, make_method, simulate
 from dpprecond.fl.engine import FLResult, plan_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
@@ -232,6 +232,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                  n_clients: int = 20, partition: Literal["iid", "dirichlet"] = "iid",
                  alpha: float = 0.5, n_rounds: int = 70, clip_norm: float = 10.0,
                  weighting: Literal["uniform", "size"] | None = None,
+                 adaptive_clip: AdaptiveClip | Literal["auto"] | None = "auto",
                  accountant: Accountant = DEFAULT_ACCOUNTANT, seed: SeedLike = None,
                  ledger: PrivacyLedger | None = None, secure: bool = False,
                  progress: bool = False,
@@ -272,10 +273,11 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     algorithm, learning_rate, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods),
         its ``learning_rate`` option (``None`` keeps its default) and its other options.
-    n_clients, partition, alpha, n_rounds, clip_norm, weighting, accountant
-        Federation and training settings (as in :class:`~dpprecond.fl.FLConfig`);
-        ``weighting=None`` is ``"size"`` under secure aggregation (the only weighting it
-        runs), ``"uniform"`` otherwise.
+    n_clients, partition, alpha, n_rounds, clip_norm, weighting, adaptive_clip, accountant
+        Federation and training settings, with the defaults of
+        :class:`~dpprecond.fl.FLConfig` (``weighting=None``: size weights;
+        ``adaptive_clip="auto"``: adaptive clipping where it runs, the fixed
+        ``clip_norm`` under secure aggregation).
     seed : None, int, SeedSequence or Generator
         ``spawn(3)``: partition, PCA, training. ``None`` is fresh OS entropy.
     ledger : PrivacyLedger, optional
@@ -316,8 +318,6 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         raise ValueError("trust='secure-aggregation' is a private mechanism (the training's "
                          "Skellam noise); a non-private run (target_epsilon=None or inf) "
                          "uses trust='local'.")
-    if weighting is None:
-        weighting = "size" if secagg else "uniform"
     if private and ledger is None:
         ledger = PrivacyLedger(target_delta, max_epsilon=target_epsilon)
     options = dict(method_options or {})
@@ -347,6 +347,7 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     def config_for(level: dict[str, Any]) -> FLConfig:
         return FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,
                         weighting=weighting, accountant=accountant, trust=trust,
+                        adaptive_clip=adaptive_clip,
                         **level).validated()
 
     if not private:

@@ -50,6 +50,7 @@ from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import FedNewState
 from dpprecond.fl.tasks import GradientTask, LocalStepsTask, SecondMomentTask
 from dpprecond.secure import SecureGenerator
+from tests.fl.conftest import FIXED
 
 SEED = 7
 K = 4
@@ -58,7 +59,7 @@ T = 3
 # engine). Noise std per coordinate of a gradient message is 2 z C / |D_i| with z >= 1.2,
 # C = 1, |D_i| ~ 359, i.e. ~7e-3: one wrong noise draw moves a parameter by far more than
 # the tolerances below.
-CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0)
+CONFIG = FLConfig(**FIXED, n_rounds=T, clip_norm=1.0, target_epsilon=4.0)
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
@@ -363,9 +364,10 @@ def test_noise_aware_sofim_matches_the_engine(digits, seeded_app):
 
 
 def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_app):
-    for config in (FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
+    for config in (FLConfig(adaptive_clip=None, n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
                             weighting="size"),
-                   FLConfig(n_rounds=T, clip_norm=1.0, noise_multiplier=1.3, accountant="rdp",
+                   FLConfig(**FIXED, n_rounds=T, clip_norm=1.0, noise_multiplier=1.3,
+                            accountant="rdp",
                             mechanism="poisson", sampling_rate=0.5, local_steps=2,
                             local_lr=0.5)):
         result = _strategy(digits, config=config).run(LocalGrid(seeded_app), timeout=10)
@@ -547,7 +549,7 @@ def test_seed_tree_is_the_engines(digits):
     clients' seeded generators are the engine's (round, client) streams."""
     data, _ = _client_data()
     tree = simulator_seeds(SEED)
-    config = FLConfig(n_rounds=2, clip_norm=1.0, noise_multiplier=1.3)
+    config = FLConfig(**FIXED, n_rounds=2, clip_norm=1.0, noise_multiplier=1.3)
     ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                         algorithm="fedfc", n_clients=K, config=config, seed=SEED)
     again = simulate(LinearSoftmax(64, 10), data, "fedfc", config, X_test=digits.X_test,

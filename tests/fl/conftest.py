@@ -38,3 +38,8 @@ def problem() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def client_data(problem: tuple) -> ClientData:
     X, y, _, _ = problem
     return ClientData.from_partition(X, y, iid_partition(len(y), 4, 1), 3)
+
+
+#: The settings the tests written for the fixed clip and uniform weights pin (the paper's
+#: protocol; the package defaults are size weights and adaptive clipping where it runs).
+FIXED: dict = {"adaptive_clip": None, "weighting": "uniform"}

@@ -252,3 +252,27 @@ def test_float32_precision_runs_with_adaptive_clipping(problem: tuple) -> None:
     single = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0, precision="float32")
     assert single.epsilon == pytest.approx(plain.epsilon, rel=1e-9)  # type: ignore[attr-defined]
     assert len(single.config["clip_norms"]) == T  # type: ignore[attr-defined]
+
+
+def test_per_example_norms_are_exact_and_overflow_safe() -> None:
+    """The counts' norms equal the per-example gradients' norms on ordinary records, and
+    extreme records give no warning: a norm beyond float64 is inf (outside every clip)."""
+    from dpprecond.fl.models import LinearSoftmax
+
+    model = LinearSoftmax(6, 3)
+    rng = np.random.default_rng(4)
+    params = rng.standard_normal(model.n_params)
+    X = rng.standard_normal((50, 6))
+    y = rng.integers(0, 3, 50)
+    expected = np.linalg.norm(model.per_example_grads(params, X, y), axis=1)
+    np.testing.assert_allclose(model.per_example_grad_norms(params, X, y), expected,
+                               rtol=1e-12)
+    X[3] = 1e300
+    X[4] = 1e-300
+    X[5, 0] = -1e200
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        norms = model.per_example_grad_norms(params, X, y)
+    assert not np.isnan(norms).any()
+    assert norms[3] > 1e300 and np.isfinite(norms[4]) and norms[5] > 1e199
+    np.testing.assert_allclose(norms[6:], expected[6:], rtol=1e-12)

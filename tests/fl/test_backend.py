@@ -10,6 +10,7 @@ from dpprecond.fl.backend import cuda_available, get_backend
 from dpprecond.fl.kernels import clipped_sums, rounding_slack
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import iid_partition
+from tests.fl.conftest import FIXED
 
 from .conftest import make_problem
 
@@ -59,7 +60,7 @@ def test_torch_cpu_float32_matches_numpy_float32(setup) -> None:
 def test_same_seed_gives_the_same_run_on_both_backends(setup, precision: str) -> None:
     data, model, _, Xt, yt = setup
     runs = [simulate(model, data, make_method("sofim-lagged"),
-                     FLConfig(n_rounds=6, target_epsilon=4.0, precision=precision,
+                     FLConfig(**FIXED, n_rounds=6, target_epsilon=4.0, precision=precision,
                               backend=b), X_test=Xt, y_test=yt, seed=11)
             for b in ("numpy", "torch")]
     assert runs[0].epsilon == runs[1].epsilon
@@ -85,7 +86,7 @@ def test_secure_mode_on_torch_draws_no_torch_randomness(setup, monkeypatch) -> N
     monkeypatch.setattr(secure.SecureGenerator, "standard_normal", counted)
     for name in ("randn", "normal", "rand", "randn_like", "manual_seed"):
         monkeypatch.setattr(torch, name, refuse)
-    res = simulate(model, data, "fedgd", FLConfig(n_rounds=2, target_epsilon=2.0,
+    res = simulate(model, data, "fedgd", FLConfig(**FIXED, n_rounds=2, target_epsilon=2.0,
                                                   backend="torch", device="cpu"),
                    X_test=Xt, y_test=yt, secure=True)
     assert calls["n"] == 2 * data.n_clients  # one draw per client and round, from the CSPRNG
@@ -94,9 +95,9 @@ def test_secure_mode_on_torch_draws_no_torch_randomness(setup, monkeypatch) -> N
 
 def test_backend_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="backend"):
-        FLConfig(target_epsilon=1.0, backend="jax").validated()  # type: ignore[arg-type]
+        FLConfig(**FIXED, target_epsilon=1.0, backend="jax").validated()  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"device='cpu' needs backend='torch'"):
-        FLConfig(target_epsilon=1.0, device="cpu").validated()
+        FLConfig(**FIXED, target_epsilon=1.0, device="cpu").validated()
     if not cuda_available():
         with pytest.raises(ValueError, match="device='cuda'"):
             get_backend("torch", "cuda")
@@ -110,7 +111,7 @@ def test_torch_model_refuses_the_torch_backend(setup) -> None:
     data, _, _, Xt, yt = setup
     model = TorchModel(torch.nn.Linear(12, 4).double())
     with pytest.raises(ValueError, match="backend='numpy'"):
-        simulate(model, data, "fedgd", FLConfig(n_rounds=1, target_epsilon=1.0,
+        simulate(model, data, "fedgd", FLConfig(**FIXED, n_rounds=1, target_epsilon=1.0,
                                                 backend="torch"), X_test=Xt, y_test=yt)
 
 

@@ -19,7 +19,7 @@ from dpprecond.fl.accounting import Schedule, calibrate, resolve_noise_multiplie
 from dpprecond.fl.client import covariance_sensitivity, second_moment_releases
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import sgd
-from tests.fl.conftest import make_problem
+from tests.fl.conftest import FIXED, make_problem
 from tests.fl.conftest import mean_gradient as grad
 from tests.gdp import gaussian_gdp_epsilon
 
@@ -82,7 +82,7 @@ def test_fedavg_with_one_step_is_fedgd(client_data, problem) -> None:
     model = LinearSoftmax(client_data.X.shape[1], 3)
     a = run("fedavg", client_data, problem, local_steps=1, local_lr=0.3,
             config={"clip_norm": 1.0, "noise_multiplier": 0.0})
-    b = simulate(model, client_data, sgd(0.3), FLConfig(n_rounds=T, clip_norm=1.0,
+    b = simulate(model, client_data, sgd(0.3), FLConfig(**FIXED, n_rounds=T, clip_norm=1.0,
                                                         noise_multiplier=0.0),
                  X_test=problem[2], y_test=problem[3])
     np.testing.assert_allclose(a.params, b.params, rtol=1e-10, atol=1e-12)
@@ -123,7 +123,7 @@ def test_fednew_reduces_to_non_private(client_data, problem) -> None:
 
 def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
     """Every release is one event; every method meets the same epsilon for its schedule."""
-    cfg = dict(target_epsilon=2.0, target_delta=1e-5, accountant="rdp", clip_norm=1.0)
+    cfg = dict(target_epsilon=2.0, target_delta=1e-5, accountant="rdp", clip_norm=1.0, **FIXED)
     sc = run("scaffold", client_data, problem, config=cfg, local_steps=3)
     assert sc.n_releases == T * 3
     assert sc.events == [accounting.gaussian(sc.noise_multiplier)] * (T * 3)
@@ -136,7 +136,8 @@ def test_event_lists_match_releases_and_budget(client_data, problem) -> None:
     assert fc.n_releases == T + 1
     # The totals, recomputed from the raw events with dp_accounting, meet the target and
     # are tight (calibration is for each method's own schedule).
-    fedgd_z = resolve_noise_multiplier(FLConfig(n_rounds=T, target_epsilon=2.0, accountant="rdp"))
+    fedgd_z = resolve_noise_multiplier(FLConfig(**FIXED, n_rounds=T, target_epsilon=2.0,
+                                                accountant="rdp"))
     for ev in (sc.events, fc.events, [accounting.gaussian(fedgd_z)] * T):
         eps = accounting.epsilon_of(dp_event.ComposedDpEvent(ev), 1e-5, "rdp")
         assert 2.0 * (1 - 1e-3) <= eps <= 2.0 + 1e-9
@@ -266,7 +267,7 @@ def test_bad_inputs_are_named(client_data, problem) -> None:
             config={"target_epsilon": 1.0, "mechanism": "poisson", "sampling_rate": 0.5})
     with pytest.raises(TypeError, match="LinearSoftmax"):
         simulate(object(), client_data, make_method("fedfc"),  # type: ignore[arg-type]
-                 FLConfig(n_rounds=1, target_epsilon=1.0), X_test=problem[2],
+                 FLConfig(**FIXED, n_rounds=1, target_epsilon=1.0), X_test=problem[2],
                  y_test=problem[3])
 
 

@@ -55,8 +55,7 @@ def test_adaptive_clip_from_the_command_line(tmp_path, capsys) -> None:
     assert saved["history"][-1]["epsilon"] <= 2.0 + 1e-9
 
 
-@pytest.mark.parametrize("extra", [["--features", "random:8"],
-                                   ["--mechanism", "poisson", "--sampling-rate", "0.5"]])
+@pytest.mark.parametrize("extra", [["--mechanism", "poisson", "--sampling-rate", "0.5"]])
 def test_adaptive_clip_refuses_what_it_cannot_run(tmp_path, capsys, extra: list[str]) -> None:
     assert main(["fl", "--adaptive-clip", "--rounds", "2", "--out", str(tmp_path / "o"),
                  *extra]) == 2

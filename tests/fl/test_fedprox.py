@@ -15,10 +15,11 @@ from dpprecond.fl import ClientData, FLConfig, make_method, simulate
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import iid_partition
 from dpprecond.secure import observe_releases
+from tests.fl.conftest import FIXED
 from tests.fl.conftest import mean_gradient as grad
 
 T = 4
-PRIVATE = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=2.0)
+PRIVATE = FLConfig(**FIXED, n_rounds=T, clip_norm=1.0, target_epsilon=2.0)
 
 
 def run(name: str, data: ClientData, problem, config: FLConfig, seed=3, **options):
@@ -65,7 +66,7 @@ def ref_fedprox(data: ClientData, k: int, L: int, lr_l: float, lr_g: float,
 
 
 def test_non_private_fedprox_is_the_proximal_local_descent(client_data, problem) -> None:
-    config = FLConfig(n_rounds=T, clip_norm=math.inf, noise_multiplier=0.0)
+    config = FLConfig(**FIXED, n_rounds=T, clip_norm=math.inf, noise_multiplier=0.0)
     res = run("fedprox", client_data, problem, config, mu=0.8, local_steps=3, local_lr=0.2,
               global_lr=0.7)
     ref = ref_fedprox(client_data, 3, 3, 0.2, 0.7, 0.8)
@@ -110,7 +111,7 @@ def test_sensitivity_of_every_local_step_with_worst_case_neighbours() -> None:
     D = _clients()
     model = LinearSoftmax(3, 2)
     C, z, mu, lr, L = 1.0, 1.5, 2.0, 0.5, 3
-    config = FLConfig(n_rounds=2, clip_norm=C, noise_multiplier=z)
+    config = FLConfig(**FIXED, n_rounds=2, clip_norm=C, noise_multiplier=z)
     method = make_method("fedprox", mu=mu, local_steps=L, local_lr=lr)
     with observe_releases() as seen:
         simulate(model, D, method, config, X_test=D.X, y_test=D.y, seed=1)
@@ -136,7 +137,7 @@ def test_bad_mu_is_refused() -> None:
     with pytest.raises(ValueError, match="mu"):
         make_method("fedprox", mu=-1.0)
     with pytest.raises(ValueError, match="mechanism='full-batch'"):
-        run("fedprox", *_client_problem(), FLConfig(n_rounds=2, noise_multiplier=1.0,
+        run("fedprox", *_client_problem(), FLConfig(**FIXED, n_rounds=2, noise_multiplier=1.0,
                                                     mechanism="poisson", sampling_rate=0.5))
 
 

@@ -12,6 +12,7 @@ import pytest
 from dpprecond.fl import client as client_mod
 from dpprecond.fl import server
 from dpprecond.fl.models import LinearSoftmax
+from tests.fl.conftest import FIXED
 
 
 def dense_H(m: np.ndarray, rho: float) -> np.ndarray:
@@ -403,7 +404,7 @@ def test_noise_aware_option_builds_the_transform_from_the_runs_public_noise(name
 
     X, y, Xt, yt = make_problem(n=300)
     data = ClientData.from_partition(X, y, iid_partition(len(y), 4, seed=0), 3)
-    config = FLConfig(n_rounds=4, clip_norm=1.0, target_epsilon=2.0)
+    config = FLConfig(**FIXED, n_rounds=4, clip_norm=1.0, target_epsilon=2.0)
     auto = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name, noise_aware=True),
                     config, X_test=Xt, y_test=yt, seed=5)
     s2 = server.aggregate_noise_variance(auto.noise_multiplier, 1.0, np.diff(data.bounds))

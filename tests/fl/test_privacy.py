@@ -16,6 +16,7 @@ from dpprecond.fl import ClientData, FLConfig, client, simulate
 from dpprecond.fl.accounting import Schedule, calibrate, round_event, training_event
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.server import sgd
+from tests.fl.conftest import FIXED
 from tests.gdp import gaussian_gdp_epsilon
 
 
@@ -48,7 +49,7 @@ def test_history_epsilon_equals_dp_accounting_and_gdp(client_data: ClientData,
     _, _, Xt, yt = problem
     T, delta = 5, 1e-5
     res = simulate(LinearSoftmax(6, 3), client_data, sgd(0.1),
-                   FLConfig(n_rounds=T, target_epsilon=2.0, target_delta=delta),
+                   FLConfig(**FIXED, n_rounds=T, target_epsilon=2.0, target_delta=delta),
                    X_test=Xt, y_test=yt)
     z = res.noise_multiplier
     eps = [h["epsilon"] for h in res.history]

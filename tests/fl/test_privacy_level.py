@@ -1,6 +1,6 @@
 """Hole 5 of the privacy issue: the privacy level is stated once, and explicitly.
 
-``FLConfig(target_epsilon=1, noise_multiplier=0)`` used to run non-private without a
+``FLConfig(**FIXED, target_epsilon=1, noise_multiplier=0)`` used to run non-private without a
 word, and ``noise_multiplier=0.5`` with ``target_epsilon=1`` reported epsilon 46. Giving
 both is an error; giving neither is an error; a non-private run is asked for explicitly
 with ``noise_multiplier=0``.
@@ -17,6 +17,7 @@ import pytest
 from dpprecond.fl import ClientData, FLConfig, make_method, run_federated, simulate
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import iid_partition
+from tests.fl.conftest import FIXED
 
 from .conftest import make_problem
 
@@ -30,14 +31,14 @@ def test_both_levels_is_an_error(kwargs: dict) -> None:
 
 def test_no_level_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"target_epsilon=.*or noise_multiplier="):
-        FLConfig().validated()
+        FLConfig(**FIXED).validated()
 
 
 def test_non_private_is_explicit_and_logged(caplog) -> None:
     X, y, Xt, yt = make_problem(n=120)
     with caplog.at_level(logging.WARNING, logger="dpprecond"):
         res = run_federated(X, y, Xt, yt, 3, n_clients=3, seed=0,
-                            config=FLConfig(n_rounds=2, noise_multiplier=0.0))
+                            config=FLConfig(**FIXED, n_rounds=2, noise_multiplier=0.0))
     assert math.isinf(res.epsilon)
     assert any("non-private" in r.message for r in caplog.records)
 
@@ -45,7 +46,7 @@ def test_non_private_is_explicit_and_logged(caplog) -> None:
 def test_explicit_noise_reports_its_own_epsilon() -> None:
     X, y, Xt, yt = make_problem(n=120)
     res = run_federated(X, y, Xt, yt, 3, n_clients=3, seed=0,
-                        config=FLConfig(n_rounds=2, noise_multiplier=5.0))
+                        config=FLConfig(**FIXED, n_rounds=2, noise_multiplier=5.0))
     assert 0 < res.epsilon < 2.0
 
 
@@ -55,10 +56,11 @@ def test_baselines_take_the_same_config(name: str) -> None:
     data = ClientData.from_partition(X, y, iid_partition(len(y), 3, 1), 3)
     with pytest.raises(ValueError, match="not both"):
         simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
-                 FLConfig(n_rounds=2, target_epsilon=1.0, noise_multiplier=0.0),
+                 FLConfig(**FIXED, n_rounds=2, target_epsilon=1.0, noise_multiplier=0.0),
                  X_test=Xt, y_test=yt, seed=0)
     res = simulate(LinearSoftmax(X.shape[1], 3), data, make_method(name),
-                   FLConfig(n_rounds=2, noise_multiplier=3.0), X_test=Xt, y_test=yt, seed=0)
+                   FLConfig(**FIXED, n_rounds=2, noise_multiplier=3.0), X_test=Xt, y_test=yt,
+                   seed=0)
     assert np.isfinite(res.epsilon)
 
 
@@ -69,16 +71,16 @@ def test_the_papers_sofim_form_warns_when_it_runs_with_noise() -> None:
     kw = dict(n_clients=2, seed=0)
     with pytest.warns(NoisyPreconditionerWarning, match="uphill"):
         run_federated(X, y, Xt, yt, 3, algorithm="sofim",
-                      config=FLConfig(n_rounds=2, target_epsilon=1.0), **kw)
+                      config=FLConfig(**FIXED, n_rounds=2, target_epsilon=1.0), **kw)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("error", NoisyPreconditionerWarning)  # checked first
         run_federated(X, y, Xt, yt, 3, algorithm="sofim",  # no noise: nothing to warn about
-                      config=FLConfig(n_rounds=2, noise_multiplier=0.0), **kw)
+                      config=FLConfig(**FIXED, n_rounds=2, noise_multiplier=0.0), **kw)
         run_federated(X, y, Xt, yt, 3, algorithm="sofim-lagged",
-                      config=FLConfig(n_rounds=2, target_epsilon=1.0), **kw)
+                      config=FLConfig(**FIXED, n_rounds=2, target_epsilon=1.0), **kw)
 
 
 def test_a_shared_ledger_refuses_a_run_before_any_round() -> None:
@@ -96,10 +98,10 @@ def test_a_shared_ledger_refuses_a_run_before_any_round() -> None:
     rounds: list[dict] = []
     with pytest.raises(PrivacyBudgetExceededError, match=r"max_epsilon=1\.3"):
         run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=3, seed=0,
-                      config=FLConfig(n_rounds=5, target_epsilon=1.0), ledger=ledger,
+                      config=FLConfig(**FIXED, n_rounds=5, target_epsilon=1.0), ledger=ledger,
                       callback=rounds.append)
     assert rounds == [] and ledger.n_releases == 1  # nothing ran, nothing was recorded
     res = run_federated(X, y, Xt, yt, 3, algorithm="fedgd", n_clients=3, seed=0,
-                        config=FLConfig(n_rounds=5, target_epsilon=0.3), ledger=ledger)
+                        config=FLConfig(**FIXED, n_rounds=5, target_epsilon=0.3), ledger=ledger)
     assert ledger.n_releases == 1 + 5 and ledger.epsilon <= 1.3
     assert ledger.epsilon > max(1.0, res.epsilon)  # the total composes both

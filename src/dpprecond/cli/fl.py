@@ -237,12 +237,14 @@ def run(args: argparse.Namespace) -> int:
     trust: Literal["local", "secure-aggregation"] = args.trust or "local"
     if trust == "secure-aggregation":
         _check_secure_flags(args, level)
-    weighting: Literal["uniform", "size"] = args.weighting or (
-        "size" if trust == "secure-aggregation" else "uniform")
+    weighting: Literal["uniform", "size"] | None = args.weighting  # None: FLConfig's default
     from dpprecond.fl.adaptive_clip import AdaptiveClip
 
+    adaptive: AdaptiveClip | Literal["auto"] | None = (
+        "auto" if args.adaptive_clip is None else AdaptiveClip() if args.adaptive_clip
+        else None)
     config = FLConfig(n_rounds=args.rounds, clip_norm=args.clip_norm, **level,
-                      adaptive_clip=AdaptiveClip() if args.adaptive_clip else None,
+                      adaptive_clip=adaptive,
                       target_delta=args.delta, mechanism=args.mechanism,
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=weighting, trust=trust,
@@ -277,10 +279,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tune(args, ds, config, out, ledger)
     if kind in ("pca", "random"):
-        if args.adaptive_clip:
-            raise ValueError("--adaptive-clip runs on fixed features; drop it or drop "
-                             "--features pca:K/random:K.")
-        return _run_pipeline(args, ds, level, out, ledger, weighting)
+        return _run_pipeline(args, ds, level, out, ledger, weighting, adaptive)
     seed = "fresh OS entropy" if args.seed is None else f"{args.seed} (reproducible research)"
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
@@ -424,7 +423,8 @@ def _print_trust(trust: str, weighting: str | None) -> None:
 
 
 def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
-                  out: Path, ledger: Any, weighting: Literal["uniform", "size"]) -> int:
+                  out: Path, ledger: Any, weighting: Literal["uniform", "size"] | None,
+                  adaptive: Any) -> int:
     """``--features pca:K | random:K``: private features, then training, one ledger."""
     from dpprecond.pipeline import run_pipeline
 
@@ -463,7 +463,7 @@ def _run_pipeline(args: argparse.Namespace, ds: Any, level: dict[str, float],
                        method_options=dict(args.option), n_clients=args.clients,
                        partition=args.partition, alpha=args.alpha, n_rounds=args.rounds,
                        clip_norm=args.clip_norm,
-                       weighting=weighting,
+                       weighting=weighting, adaptive_clip=adaptive,
                        accountant=args.accountant, seed=args.seed, ledger=ledger,
                        secure=args.secure, progress=args.progress, callback=stage.round)
     res.fl.config.update(data=args.data, features=res.features)

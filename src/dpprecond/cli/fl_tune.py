@@ -22,7 +22,7 @@ def run_tune(args: argparse.Namespace, ds: Any, config: Any, out: Path, ledger: 
     from dpprecond.fl.tuning import tune_private
 
     given = [flag for flag, value in (("--lr", args.lr), ("--option", args.option or None),
-                                      ("--adaptive-clip", args.adaptive_clip or None))
+                                      ("--adaptive-clip", args.adaptive_clip))
              if value is not None]
     if given:
         raise ValueError(f"--tune chooses the method and its options itself; drop "

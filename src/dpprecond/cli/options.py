@@ -278,9 +278,10 @@ OPTIONS: dict[str, Option] = {
     "alpha": _opt("--alpha", type=float, default=0.5, unit="Dirichlet concentration",
                   param="alpha", help="concentration of --partition dirichlet"),
     "weighting": _opt("--weighting", default=None, choices=("uniform", "size"),
-                      shown="uniform; size under --trust secure-aggregation",
+                      shown="size; uniform for --mechanism client-level",
                       param="weighting",
-                      help="aggregation weights (uniform, as the paper)"),
+                      help="aggregation weights (size: |D_i| / n, the measured best; "
+                           "uniform: 1/K, as the paper)"),
     "rounds": _opt("--rounds", type=int, default=70, unit="rounds", param="n_rounds",
                    help="number of rounds T"),
     "noise_multiplier": _opt("--noise-multiplier", type=float, default=None,
@@ -306,10 +307,13 @@ OPTIONS: dict[str, Option] = {
                      help="local learning rate of --mechanism poisson/client-level"),
     "accountant": _opt("--accountant", default=DEFAULT_ACCOUNTANT, choices=tuple(ACCOUNTANTS),
                        param="accountant", help="dp_accounting accountant"),
-    "adaptive_clip": _opt("--adaptive-clip", action="store_true", param="adaptive_clip",
+    "adaptive_clip": _opt("--adaptive-clip", action=argparse.BooleanOptionalAction,
+                          default=None, param="adaptive_clip",
+                          shown="on where it runs (a private full-batch run, --trust local, "
+                                "not noise-aware); --no-adaptive-clip keeps --clip-norm",
                           help="adaptive clipping from --clip-norm towards the median "
                                "per-example gradient norm (private counts inside the same "
-                               "budget; full-batch mechanism)"),
+                               "budget; the measured best, docs/fl_defaults.md)"),
     "tune": _opt("--tune", action="store_true", param="tune",
                  help="select the method, server step and clip privately (repeat-and-"
                       "select, charged: --epsilon is the total, tuning included)"),

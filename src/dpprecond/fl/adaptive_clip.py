@@ -77,6 +77,7 @@ __all__ = [
     "geometric_update",
     "noisy_fraction",
     "record_counts",
+    "resolve_adaptive_clip",
     "split_multipliers",
     "with_adaptive_clip",
 ]
@@ -291,8 +292,28 @@ class AdaptiveClipMethod(Method):
         return round_spec, (inner_state, new_clip, history)
 
 
+def resolve_adaptive_clip(method: Method, config: FLConfig) -> AdaptiveClip | None:
+    """The adaptive clipping a run of ``method`` under ``config`` uses (``None``: fixed).
+
+    An explicit ``AdaptiveClip`` or ``None`` is returned as given (an ``AdaptiveClip`` the
+    run cannot take is refused later, by name). ``"auto"`` (the default) is
+    ``AdaptiveClip()`` where adaptive clipping runs: a private run (not
+    ``noise_multiplier=0``) of the full-batch mechanism with ``trust="local"``, of a
+    method that does not fix its noise variance at the start (the noise-aware SOFIM
+    forms); otherwise ``None``.
+    """
+    setting = config.adaptive_clip
+    if setting != "auto":
+        return setting
+    inner = method.inner if isinstance(method, AdaptiveClipMethod) else method
+    runs = (config.private and config.mechanism == "full-batch" and config.trust == "local"
+            and getattr(inner, "noise_aware", None) is None)
+    return AdaptiveClip() if runs else None
+
+
 def with_adaptive_clip(method: Method, config: FLConfig) -> Method:
-    """``method`` itself, or wrapped for adaptive clipping when ``config.adaptive_clip``."""
-    if config.adaptive_clip is None or isinstance(method, AdaptiveClipMethod):
+    """``method`` itself, or wrapped for adaptive clipping (:func:`resolve_adaptive_clip`)."""
+    settings = resolve_adaptive_clip(method, config)
+    if settings is None or isinstance(method, AdaptiveClipMethod):
         return method
-    return AdaptiveClipMethod(method, config.adaptive_clip)
+    return AdaptiveClipMethod(method, settings)

@@ -7,7 +7,7 @@ except the backend names; :mod:`dpprecond.fl.accounting` reads these settings.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from dpprecond._validation import (
@@ -123,10 +123,13 @@ class FLConfig:
         the full-batch mechanism and need ``"full-batch"``.
     sampling_rate, local_steps, local_lr
         Poisson rate and local steps (``"poisson"``; local steps also for client-level).
-    weighting : {"uniform", "size"}
-        Aggregation weights of the clients' messages: ``1/K`` (uniform, as the authors)
-        or ``|D_i| / n`` (size). Size weighting keeps learning when some clients hold a
-        handful of records (a client's message carries noise of std ``2 z C / |D_i|``, so
+    weighting : {"size", "uniform"} or None
+        Aggregation weights of the clients' messages: ``|D_i| / n`` (size) or ``1/K``
+        (uniform, as the DP-FedSOFIM authors). ``None`` (the default) is ``"size"``, the
+        measured best (docs/fl_defaults.md), except for client-level DP, which needs
+        ``"uniform"``; :meth:`validated` returns the config with the choice made. Size
+        weighting keeps learning when some clients hold a handful of records (a client's
+        message carries noise of std ``2 z C / |D_i|``, so
         under uniform weights one-record clients add as much noise as the largest ones;
         docs/fl_defaults.md measures both). What the weights reveal: the client sizes
         ``|D_i|``, which this package treats as **public** at every record-level
@@ -160,11 +163,17 @@ class FLConfig:
         share of the distributed Skellam noise that the sum carries once
         (:mod:`dpprecond.secagg`; one-message gradient methods, full-batch,
         ``weighting="size"``; RDP accounting).
-    adaptive_clip : AdaptiveClip or None
+    adaptive_clip : AdaptiveClip, None or "auto"
         Adaptive clipping (:mod:`dpprecond.fl.adaptive_clip`): the clip follows a private
         geometric update towards a quantile of the per-example gradient norms, starting
         at ``clip_norm``; its counts are charged inside the same budget (the run's
-        epsilon is unchanged). Full-batch mechanism only.
+        epsilon is unchanged). Full-batch mechanism only. ``None``: the fixed clip
+        ``clip_norm``. ``"auto"`` (the default, the measured best of docs/fl_defaults.md):
+        ``AdaptiveClip()`` wherever adaptive clipping runs (a private full-batch run with
+        ``trust="local"`` of a method that accepts it: not the noise-aware SOFIM forms),
+        the fixed clip elsewhere (non-private runs, the Poisson and client-level
+        mechanisms, secure aggregation); the run's recorded config says which
+        (:func:`dpprecond.fl.adaptive_clip.resolve_adaptive_clip`).
 
     Every field is public (it describes the mechanism, not the data).
     """
@@ -178,16 +187,21 @@ class FLConfig:
     sampling_rate: float = 1.0
     local_steps: int = 1
     local_lr: float = 0.1
-    weighting: Literal["uniform", "size"] = "uniform"
+    weighting: Literal["uniform", "size"] | None = None
     accountant: Accountant = DEFAULT_ACCOUNTANT
     precision: Literal["float64", "float32"] = "float64"
     backend: Literal["numpy", "torch"] = "numpy"
     device: str | None = None
     trust: Literal["local", "secure-aggregation"] = "local"
-    adaptive_clip: AdaptiveClip | None = None
+    adaptive_clip: AdaptiveClip | Literal["auto"] | None = "auto"
 
     def validated(self) -> FLConfig:
-        """Check every field (raise ``ValueError``/``TypeError`` naming it); return self."""
+        """Check every field (raise ``ValueError``/``TypeError`` naming it); return the
+        config with ``weighting=None`` resolved (itself when nothing is to resolve)."""
+        if self.weighting is None:
+            weighting: Literal["uniform", "size"] = (
+                "uniform" if self.mechanism == "client-level" else "size")
+            return replace(self, weighting=weighting).validated()
         check_int("n_rounds", self.n_rounds, low=1)
         check_positive("clip_norm", self.clip_norm, allow_inf=True)
         check_privacy_level(self.target_epsilon, self.noise_multiplier)
@@ -207,7 +221,7 @@ class FLConfig:
         if self.device is not None and not isinstance(self.device, str):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got "
                             f"{type(self.device).__name__}.")
-        if self.adaptive_clip is not None:
+        if self.adaptive_clip is not None and self.adaptive_clip != "auto":
             self._check_adaptive_clip()
         private = self.target_epsilon is not None or bool(self.noise_multiplier)
         if private and not math.isinf(self.clip_norm) and self.clip_norm > MAX_CLIP_NORM:
@@ -230,7 +244,7 @@ class FLConfig:
     def _check_adaptive_clip(self) -> None:
         if not isinstance(self.adaptive_clip, AdaptiveClip):
             raise TypeError(f"adaptive_clip must be an AdaptiveClip (dpprecond.fl."
-                            f"adaptive_clip) or None, got {type(self.adaptive_clip).__name__}.")
+                            f"adaptive_clip), 'auto' or None, got {self.adaptive_clip!r}.")
         self.adaptive_clip.validated()
         if self.mechanism != "full-batch":
             raise ValueError(f"adaptive_clip needs mechanism='full-batch', got mechanism="

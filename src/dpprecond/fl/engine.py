@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,11 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
-from dpprecond.fl.adaptive_clip import AdaptiveClipMethod, with_adaptive_clip
+from dpprecond.fl.adaptive_clip import (
+    AdaptiveClipMethod,
+    resolve_adaptive_clip,
+    with_adaptive_clip,
+)
 from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
 from dpprecond.fl.client import round_generators
@@ -222,6 +226,8 @@ def simulate(model: FLModel, data: ClientData,
 
         return simulate_secure(model, data, method, config, X_test=X_test, y_test=y_test,
                                seed=seed, ledger=ledger, secure=secure)
+    # adaptive clipping as the run uses it ("auto" resolved), recorded in the run's config
+    config = replace(config, adaptive_clip=resolve_adaptive_clip(as_method(method), config))
     method = with_adaptive_clip(as_method(method), config)  # a no-op without adaptive_clip
     model_classes = getattr(model, "n_classes", None)
     if model_classes is not None and model_classes != data.n_classes:

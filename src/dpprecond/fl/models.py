@@ -346,9 +346,26 @@ class LinearSoftmax:
 
     def per_example_grad_norms(self, params: np.ndarray, X: np.ndarray,
                                y: np.ndarray) -> np.ndarray:
-        """``||x~_j|| * ||softmax_j - onehot_j||`` without forming any gradient, shape (n,)."""
-        R, _ = _softmax_residuals(self.logits(params, X), y)
-        return np.sqrt((np.einsum("ij,ij->i", X, X) + 1.0) * np.einsum("ij,ij->i", R, R))
+        """``||x~_j|| * ||softmax_j - onehot_j||`` without forming any gradient, shape (n,).
+
+        Overflow-safe for every finite record, as :meth:`clipped_grad_sums_safe`: a record
+        whose squared norm or logits are out of range is handled from its scaled form; a
+        norm too large for float64 is ``inf`` (above every clip), and a record whose
+        scaled logits still overflow, whose clipped gradient is zero, has norm 0.
+        """
+        with np.errstate(over="ignore"):  # an overflowing norm makes its row a hard one
+            x_sq = np.einsum("ij,ij->i", X, X)
+        L, hard = self.shifted_logits(params, X, np.array([0, X.shape[0]]), x_sq)
+        R, _ = _softmax_residuals(L, y)
+        R[hard.idx] = 0.0
+        with np.errstate(over="ignore", invalid="ignore"):  # hard rows: overwritten below
+            norms = np.sqrt(x_sq + 1.0) * np.sqrt(np.einsum("ij,ij->i", R, R))
+            if hard.idx.size:
+                hard_R = _softmax_residuals(hard.shifted.copy(), y[hard.idx])[0]
+                hard_R[hard.failed] = 0.0
+                hr = np.sqrt(np.einsum("ij,ij->i", hard_R, hard_R))
+                norms[hard.idx] = hard.nu * hr / hard.pre
+        return norms
 
     def evaluate(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         """Mean cross-entropy and accuracy on (X, y) (finite logits for every finite row).

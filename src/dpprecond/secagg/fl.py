@@ -128,7 +128,7 @@ def check_secure_aggregation(method: Method, config: FLConfig, secure: bool) -> 
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
                          f"(fedgd, sofim*, adam, yogi); {method.name!r} sends other releases. "
                          "Use trust='local' for it.")
-    if getattr(config, "adaptive_clip", None) is not None:
+    if getattr(config, "adaptive_clip", None) not in (None, "auto"):  # "auto": fixed here
         raise ValueError("adaptive_clip is not available with trust='secure-aggregation' (its "
                          "private counts are not part of the secure sum).")
     if config.mechanism != "full-batch":

@@ -78,7 +78,7 @@ class ServerSide:
         if not isinstance(config, FLConfig):
             raise TypeError(f"Expected config to be an FLConfig, got {type(config).__name__}.")
         self.config = config.validated()
-        if self.config.adaptive_clip is not None:  # dpprecond.fl.adaptive_clip
+        if self.config.adaptive_clip not in (None, "auto"):  # dpprecond.fl.adaptive_clip
             raise ValueError("adaptive_clip is not supported on Flower yet (its per-round "
                              "counts are not in the message protocol); use the in-process "
                              "engine (run_federated) or drop adaptive_clip.")

@@ -63,7 +63,7 @@ class GradientMethod(Method):
                             float(cfg.local_lr)).validated()
 
     def reports_sizes(self, config: FLConfig) -> bool:
-        return config.weighting == "size" or self.noise_aware is not None
+        return config.validated().weighting == "size" or self.noise_aware is not None
 
     # -- server half
 
@@ -91,7 +91,9 @@ class GradientMethod(Method):
     def server_update(self, run: RunSpec, replies: Mapping[str, np.ndarray],
                       clients: Sequence[int], sizes: np.ndarray, state: Any,
                       params: np.ndarray) -> tuple[np.ndarray, Any]:
-        w = client_weights(sizes, run.config.weighting)
+        weighting = run.config.weighting
+        assert weighting is not None, "a run's config is validated (weighting resolved)"
+        w = client_weights(sizes, weighting)
         if "aggregate" in replies:  # client-level: the trusted aggregator's noisy mean
             G = replies["aggregate"][0]
         else:
