@@ -5,7 +5,12 @@ For every client ``i`` it computes ``sum_{j in D_i} clip_C(x~_j r_j^T)`` (``x~ =
 blocks that never straddle two clients, and for each block the logits ``X_b W``, the
 residuals, the per-example clip factors ``min(1, C / (||x~|| ||r||))`` (the norm of the
 per-example gradient ``x~ r^T``, so no per-example gradient is formed) and the block's
-contribution ``X_b^T R_b`` are computed while the block is in cache. The array work goes
+contribution ``X_b^T R_b`` are computed while the block is in cache. Everything per block
+is held classes-major, ``k`` rows of one column per record: the logits as
+``W^T X_b^T`` and the contribution as ``R_b^T X_b`` (the layouts in which OpenBLAS runs
+these products with ``k = 10`` columns fastest; docs/performance.md), and the softmax's
+reductions over the classes are elementwise operations on ``k`` contiguous rows. The
+array work goes
 through an :class:`~dpprecond.fl.backend.ArrayBackend` (numpy, or torch on the CPU or a
 GPU). With numpy the blocks run on a pool of threads (single-threaded BLAS each; BLAS and
 the numpy loops release the GIL); each block's contribution is kept apart and the
