@@ -6,7 +6,10 @@ Times :func:`dpprecond.fl.kernels.clipped_sums` of this tree and of a reference 
 reference, current and one read of X (``X @ v``, float64) call by call, so that both
 kernels see the same load. Reports the medians, the ratio current / reference, the ratio
 to the read, and the max abs difference of the two kernels' sums (float64: summation
-order only).
+order only). With ``--parts`` it also times, per K, the round's two other per-client costs:
+the clients' noise streams (:func:`dpprecond.fl.client.round_generators`) and the noisy
+releases (:func:`dpprecond.fl.client.add_client_noise`, K draws of ``(d + 1) k`` normals):
+where a round at K = 100 costs more than at K = 20.
 
     git archive main src | tar -x -C /tmp/main-src
     PYTHONPATH=src python benchmarks/fl_kernel_ab.py --ref-src /tmp/main-src/src
@@ -31,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment
 from dpprecond.fl import kernels as current
+from dpprecond.fl.client import add_client_noise, round_generators
 
 
 def load_reference(src: Path) -> Any:
@@ -56,6 +60,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, nargs="+", default=[20, 100])
     p.add_argument("--repeats", type=int, default=9, help="timed calls of each (after one)")
     p.add_argument("--precision", choices=["float64", "float32"], default="float64")
+    p.add_argument("--parts", action="store_true",
+                   help="also time the noise streams and the noisy releases per K")
     p.add_argument("--quick", action="store_true", help="3000 rows, 3 repeats (smoke test)")
     args = p.parse_args()
     reference = load_reference(args.ref_src)
@@ -72,10 +78,12 @@ def main() -> None:
     W = rng.standard_normal((d + 1, ds.n_classes)) * 0.01
     sq = np.einsum("ij,ij->i", Xk, Xk, dtype=np.float64)
     v = rng.standard_normal(d)
+    root = np.random.SeedSequence(0)
     print(f"# {environment()}; load before {os.getloadavg()}", flush=True)
     for K in args.clients:
         bounds = np.linspace(0, n, K + 1).astype(np.int64)
-        times: dict[str, list[float]] = {"reference": [], "current": [], "read": []}
+        times: dict[str, list[float]] = {"reference": [], "current": [], "read": [],
+                                         "streams": [], "noise": []}
         for r in range(args.repeats + 1):
             t0 = time.perf_counter()
             a, _ = reference.clipped_sums(Xk, y, W, bounds, 1.0, sq)
@@ -84,11 +92,19 @@ def main() -> None:
             t2 = time.perf_counter()
             X @ v
             t3 = time.perf_counter()
+            if args.parts:
+                rngs = round_generators(root, r, K)
+                t4 = time.perf_counter()
+                add_client_noise(b.reshape(K, -1).copy(), 0.5, rngs)
+                t5 = time.perf_counter()
             if r:  # the first call warms the pools up
                 times["reference"].append(t1 - t0)
                 times["current"].append(t2 - t1)
                 times["read"].append(t3 - t2)
-        med = {key: 1e3 * float(np.median(t)) for key, t in times.items()}
+                if args.parts:
+                    times["streams"].append(t4 - t3)
+                    times["noise"].append(t5 - t4)
+        med = {key: 1e3 * float(np.median(t)) if t else 0.0 for key, t in times.items()}
         print(f"K={K} {args.precision}: reference {med['reference']:.1f} ms, current "
               f"{med['current']:.1f} ms (current / reference "
               f"{med['current'] / med['reference']:.2f}), read {med['read']:.1f} ms "
@@ -96,6 +112,9 @@ def main() -> None:
               f"the sums {float(np.max(np.abs(a - b))):.2e} (largest sum "
               f"{float(np.max(np.abs(a))):.2e}); 1-min load {os.getloadavg()[0]:.2f}",
               flush=True)
+        if args.parts:
+            print(f"K={K}: noise streams {med['streams']:.1f} ms, noisy releases "
+                  f"{med['noise']:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":
