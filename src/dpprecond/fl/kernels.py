@@ -10,12 +10,11 @@ is held classes-major, ``k`` rows of one column per record: the logits as
 ``W^T X_b^T`` and the contribution as ``R_b^T X_b`` (the layouts in which OpenBLAS runs
 these products with ``k = 10`` columns fastest; docs/performance.md), and the softmax's
 reductions over the classes are elementwise operations on ``k`` contiguous rows. The
-array work goes
-through an :class:`~dpprecond.fl.backend.ArrayBackend` (numpy, or torch on the CPU or a
-GPU). With numpy the blocks run on a pool of threads (single-threaded BLAS each; BLAS and
-the numpy loops release the GIL); each block's contribution is kept apart and the
-contributions of a client are added in block order, so the result does not depend on the
-scheduling.
+array work goes through an :class:`~dpprecond.fl.backend.ArrayBackend` (numpy, or torch on
+the CPU or a GPU). With numpy the blocks run on a pool of threads (single-threaded BLAS
+each; BLAS and the numpy loops release the GIL); each block's contribution is kept apart
+and the contributions of a client are added in block order, so the result does not depend
+on the scheduling.
 
 **Floating point: what the sensitivity holds for.** The noise is calibrated to the
 sensitivity ``2C`` of the *computed* sums. Write a client's computed sum as
@@ -237,9 +236,9 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     k = W.shape[-1]
     per_client = W.ndim == 3
     Ws = W if per_client else W[None]
-    # the classes-major layout (k, rows): the logits as W^T X_b^T and the sum as A^T X_b,
-    # the faster layouts with OpenBLAS (the row reductions of the softmax become
-    # elementwise operations over k contiguous rows)
+    # the classes-major layout (k, rows): the logits as W^T X_b^T and the sum as A X_b
+    # (A = R_b^T, the clipped residuals), the faster layouts with OpenBLAS (the softmax's
+    # reductions over the classes become elementwise operations over k contiguous rows)
     WxT = be.asarray(np.ascontiguousarray(Ws[:, :-1].transpose(0, 2, 1), dtype=dtype))
     bias = be.asarray(np.ascontiguousarray(Ws[:, -1, :, None], dtype=dtype))
     clip = not np.isinf(clip_norm)
