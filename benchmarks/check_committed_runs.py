@@ -17,7 +17,8 @@ near 1e-16).
     PYTHONPATH=src python benchmarks/check_committed_runs.py digits --limit 60
     PYTHONPATH=src python benchmarks/check_committed_runs.py digits --methods fedfc fednew
     PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist --limit 6
-    PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist-pca64 --pipeline --limit 6
+    PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist-pca64 --pipeline \\
+        --limit 6
 """
 
 from __future__ import annotations
