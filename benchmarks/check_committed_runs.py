@@ -10,12 +10,15 @@ Changes of the noise's rounding cover since the cells were run (the bound on the
 sums' rounding, about ``2e-9`` relatively; the covariance release's, about ``1e-9``) and
 the pipeline's single calibration (its multipliers within ``1e-4`` relatively of the
 earlier two-step calibration) move a rerun only through those factors in the noise std;
-``--pipeline`` reruns the ``pca:K`` cells to measure the latter.
+``--pipeline`` reruns the ``pca:K`` cells to measure the latter. The linear head's
+classes-major kernel changed the clipped sums' summation order only (relative differences
+near 1e-16).
 
     PYTHONPATH=src python benchmarks/check_committed_runs.py digits --limit 60
     PYTHONPATH=src python benchmarks/check_committed_runs.py digits --methods fedfc fednew
     PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist --limit 6
-    PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist-pca64 --pipeline --limit 6
+    PYTHONPATH=src python benchmarks/check_committed_runs.py fashion-mnist-pca64 --pipeline \\
+        --limit 6
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ variants are interleaved (A, B, C, A, B, C, ...) ``--repeats`` times:
 
 - ``reference``: the same command with another checkout's code (``--ref-src``, e.g. a
   ``git archive`` of main's ``src``), the "today" of the target;
-- ``float64``: this checkout, the default configuration (results bit for bit those of the
-  committed result cells, up to the noise inflation of the corrected rounding bound);
+- ``float64``: this checkout, the default configuration (the committed result cells' runs,
+  up to the noise inflation of the corrected rounding bound and the summation order);
 - ``float32``: this checkout with ``[protocol] precision = "float32"``;
 - ``torch`` (with ``--torch``): this checkout with ``[protocol] backend = "torch"``.
 

@@ -57,16 +57,16 @@ class ArrayBackend(Protocol):
         """Silence overflow and invalid-value warnings (non-finite rows are handled)."""
         ...
 
-    def row_max(self, a: Any) -> Any:
-        """Maximum of each row of a 2-D array."""
+    def col_max(self, a: Any) -> Any:
+        """Maximum of each column of a 2-D array, shape (n,)."""
         ...
 
-    def row_sum(self, a: Any) -> Any:
-        """Sum of each row, shape (n, 1)."""
+    def col_sum(self, a: Any) -> Any:
+        """Sum of each column, shape (n,)."""
         ...
 
-    def row_sq_norms(self, a: Any) -> Any:
-        """Squared norm of each row, in ``a``'s dtype."""
+    def col_sq_norms(self, a: Any) -> Any:
+        """Squared norm of each column, in ``a``'s dtype."""
         ...
 
     def exp_(self, a: Any) -> Any:
@@ -93,10 +93,10 @@ class ArrayBackend(Protocol):
         """``a`` converted to the numpy dtype ``dtype``."""
         ...
 
-    def sub_block_sums(self, X: Any, A: Any, rows: int) -> Any:
-        """``X^T A`` as float64: float32 products of ``rows``-row sub-blocks, whose
-        partial sums are added in float64 (the rounding bound of
-        :func:`dpprecond.fl.kernels.rounding_slack`)."""
+    def sub_block_sums(self, A: Any, X: Any, rows: int) -> Any:
+        """``A X`` as float64 (``A`` of shape (k, n), ``X`` (n, d)): float32 products of
+        ``rows``-row sub-blocks of ``X``, whose partial sums are added in float64 (the
+        rounding bound of :func:`dpprecond.fl.kernels.rounding_slack`)."""
         ...
 
     def label_index(self, y: np.ndarray) -> Any:
@@ -125,14 +125,14 @@ class NumpyBackend:
     def errstate(self) -> contextlib.AbstractContextManager[Any]:
         return np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
-    def row_max(self, a: np.ndarray) -> np.ndarray:
-        return a.max(axis=1)
+    def col_max(self, a: np.ndarray) -> np.ndarray:
+        return a.max(axis=0)
 
-    def row_sum(self, a: np.ndarray) -> np.ndarray:
-        return a.sum(axis=1, keepdims=True)
+    def col_sum(self, a: np.ndarray) -> np.ndarray:
+        return a.sum(axis=0)
 
-    def row_sq_norms(self, a: np.ndarray) -> np.ndarray:
-        return np.einsum("ij,ij->i", a, a)
+    def col_sq_norms(self, a: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,ij->j", a, a)
 
     def exp_(self, a: np.ndarray) -> np.ndarray:
         return np.exp(a, out=a)
@@ -152,18 +152,18 @@ class NumpyBackend:
     def astype(self, a: np.ndarray, dtype: Any) -> np.ndarray:
         return a.astype(dtype)
 
-    def sub_block_sums(self, X: np.ndarray, A: np.ndarray, rows: int) -> np.ndarray:
+    def sub_block_sums(self, A: np.ndarray, X: np.ndarray, rows: int) -> np.ndarray:
         n, d = X.shape
-        k = A.shape[1]
+        k = A.shape[0]
         m = n // rows
-        out = np.zeros((d, k))
-        if m:  # one stacked product A_s^T X_s of all full sub-blocks (the faster layout
-            # with OpenBLAS), their partials summed in float64
-            P = np.matmul(A[:m * rows].reshape(m, rows, k).transpose(0, 2, 1),
+        out = np.zeros((k, d))
+        if m:  # one stacked product A_s X_s of all full sub-blocks, their partials
+            # summed in float64
+            P = np.matmul(A[:, :m * rows].reshape(k, m, rows).transpose(1, 0, 2),
                           X[:m * rows].reshape(m, rows, d))
-            out += P.sum(axis=0, dtype=np.float64).T
+            out += P.sum(axis=0, dtype=np.float64)
         if m * rows < n:
-            out += X[m * rows:].T @ A[m * rows:]
+            out += A[:, m * rows:] @ X[m * rows:]
         return out
 
     def label_index(self, y: np.ndarray) -> np.ndarray:
@@ -239,14 +239,14 @@ class TorchBackend:
     def errstate(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    def row_max(self, a: Any) -> Any:
-        return a.amax(dim=1)
+    def col_max(self, a: Any) -> Any:
+        return a.amax(dim=0)
 
-    def row_sum(self, a: Any) -> Any:
-        return a.sum(dim=1, keepdim=True)
+    def col_sum(self, a: Any) -> Any:
+        return a.sum(dim=0)
 
-    def row_sq_norms(self, a: Any) -> Any:
-        return (a * a).sum(dim=1)
+    def col_sq_norms(self, a: Any) -> Any:
+        return (a * a).sum(dim=0)
 
     def exp_(self, a: Any) -> Any:
         return a.exp_()
@@ -267,17 +267,17 @@ class TorchBackend:
     def astype(self, a: Any, dtype: Any) -> Any:
         return a.to(self._dtype(dtype))
 
-    def sub_block_sums(self, X: Any, A: Any, rows: int) -> Any:
+    def sub_block_sums(self, A: Any, X: Any, rows: int) -> Any:
         n, d = X.shape
-        k = A.shape[1]
+        k = A.shape[0]
         m = n // rows
-        out = self.torch.zeros((d, k), dtype=self.torch.float64, device=X.device)
+        out = self.torch.zeros((k, d), dtype=self.torch.float64, device=X.device)
         if m:
-            P = self.torch.bmm(X[:m * rows].reshape(m, rows, d).transpose(1, 2),
-                               A[:m * rows].reshape(m, rows, k))
+            P = self.torch.bmm(A[:, :m * rows].reshape(k, m, rows).transpose(0, 1),
+                               X[:m * rows].reshape(m, rows, d))
             out += P.to(self.torch.float64).sum(dim=0)
         if m * rows < n:
-            out += (X[m * rows:].T @ A[m * rows:]).to(self.torch.float64)
+            out += (A[:, m * rows:] @ X[m * rows:]).to(self.torch.float64)
         return out
 
     def label_index(self, y: np.ndarray) -> Any:

@@ -5,12 +5,16 @@ For every client ``i`` it computes ``sum_{j in D_i} clip_C(x~_j r_j^T)`` (``x~ =
 blocks that never straddle two clients, and for each block the logits ``X_b W``, the
 residuals, the per-example clip factors ``min(1, C / (||x~|| ||r||))`` (the norm of the
 per-example gradient ``x~ r^T``, so no per-example gradient is formed) and the block's
-contribution ``X_b^T R_b`` are computed while the block is in cache. The array work goes
-through an :class:`~dpprecond.fl.backend.ArrayBackend` (numpy, or torch on the CPU or a
-GPU). With numpy the blocks run on a pool of threads (single-threaded BLAS each; BLAS and
-the numpy loops release the GIL); each block's contribution is kept apart and the
-contributions of a client are added in block order, so the result does not depend on the
-scheduling.
+contribution ``X_b^T R_b`` are computed while the block is in cache. Everything per block
+is held classes-major, ``k`` rows of one column per record: the logits as
+``W^T X_b^T`` and the contribution as ``R_b^T X_b`` (the layouts in which OpenBLAS runs
+these products with ``k = 10`` columns fastest; docs/performance.md), and the softmax's
+reductions over the classes are elementwise operations on ``k`` contiguous rows. The
+array work goes through an :class:`~dpprecond.fl.backend.ArrayBackend` (numpy, or torch on
+the CPU or a GPU). With numpy the blocks run on a pool of threads (single-threaded BLAS
+each; BLAS and the numpy loops release the GIL); each block's contribution is kept apart
+and the contributions of a client are added in block order, so the result does not depend
+on the scheduling.
 
 **Floating point: what the sensitivity holds for.** The noise is calibrated to the
 sensitivity ``2C`` of the *computed* sums. Write a client's computed sum as
@@ -232,9 +236,11 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     k = W.shape[-1]
     per_client = W.ndim == 3
     Ws = W if per_client else W[None]
-    Wx = be.asarray(np.ascontiguousarray(Ws[:, :-1], dtype=dtype))
+    # the classes-major layout (k, rows): the logits as W^T X_b^T and the sum as A X_b
+    # (A = R_b^T, the clipped residuals), the faster layouts with OpenBLAS (the softmax's
+    # reductions over the classes become elementwise operations over k contiguous rows)
     WxT = be.asarray(np.ascontiguousarray(Ws[:, :-1].transpose(0, 2, 1), dtype=dtype))
-    bias = be.asarray(np.asarray(Ws[:, -1], dtype=dtype))
+    bias = be.asarray(np.ascontiguousarray(Ws[:, -1, :, None], dtype=dtype))
     clip = not np.isinf(clip_norm)
     # float32: rows of norm >= 2^100 / sqrt(k) take the safe path (docstring, 1.)
     sq_limit = min(_SQ_LIMIT, 2.0**200 / k) if wide else _SQ_LIMIT
@@ -244,45 +250,45 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     if block_rows is None:
         block_rows = DEFAULT_BLOCK_ROWS if numpy else TORCH_BLOCK_ROWS
     units = _units(bounds, block_rows)
-    partial = be.zeros((len(units), d + 1, k), np.float64)
+    partial = be.zeros((len(units), k, d + 1), np.float64)  # transposed contributions
     hard_parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(units)
     labels = be.label_index(y)
+    columns = be.label_index(np.arange(max((hi - lo for _, lo, hi in units), default=0)))
 
     def one(u: int) -> None:
         i, lo, hi = units[u]
         w = i if per_client else 0
         Xb = X[lo:hi]
         with be.errstate():  # such rows become "hard"
-            # float32: (W^T X_b^T)^T, the faster layout with OpenBLAS; float64 as before
-            L = (WxT[w] @ Xb.T).T if wide else Xb @ Wx[w]
+            L = WxT[w] @ Xb.T  # (k, rows): the logits, one column per row
             L += bias[w]
-            top_logit = be.row_max(L)
+            top_logit = be.col_max(L)
         sq = x_sq_norms[lo:hi]
         hard = ~be.isfinite(top_logit) | ~(sq < sq_limit)
         with be.errstate():
-            L -= top_logit[:, None]
+            L -= top_logit
             be.exp_(L)
-            L /= be.row_sum(L)
-        L[be.label_index(np.arange(hi - lo)), labels[lo:hi]] -= 1.0
+            L /= be.col_sum(L)
+        L[labels[lo:hi], columns[:hi - lo]] -= 1.0
         if wide:  # clip factors from float64 norms of the float32 values (docstring, 1.)
             L = be.astype(L, np.float64)
         if clip:
-            r = be.sqrt(be.row_sq_norms(L))
+            r = be.sqrt(be.col_sq_norms(L))
             with be.errstate():  # min(1, C / n_j) 2^e, never subnormal (docstring, 1.)
                 factor = be.minimum(scaled_clip / (be.sqrt(sq + 1.0) * r), top)
-            L *= (be.where(be.isfinite(factor), factor, top) * shrink)[:, None]
+            L *= be.where(be.isfinite(factor), factor, top) * shrink
         hard_np = be.to_numpy(hard)
         if hard_np.any():
-            L[hard] = 0.0
+            L[:, hard] = 0.0
             hard_parts[u] = np.flatnonzero(hard_np) + lo
         with be.errstate():  # hard rows' entries are zeroed
             if wide:
                 A = be.astype(L, dtype)  # one rounding of the scaled residual (docstring)
-                partial[u, :-1] = be.sub_block_sums(Xb, A, F32_SUB_ROWS)
-                partial[u, -1] = be.astype(A, np.float64).sum(0)
+                partial[u, :, :-1] = be.sub_block_sums(A, Xb, F32_SUB_ROWS)
+                partial[u, :, -1] = be.astype(A, np.float64).sum(1)
             else:
-                partial[u, :-1] = Xb.T @ L
-                partial[u, -1] = L.sum(0)
+                partial[u, :, :-1] = L @ Xb
+                partial[u, :, -1] = L.sum(1)
 
     threads = min(n_threads or _THREADS or os.cpu_count() or 1, len(units))
     small = X.shape[0] * d < _SERIAL_ELEMENTS
@@ -295,10 +301,10 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
         with serial_blas():
             list(_pool(threads).map(one, range(len(units))))
     K = len(bounds) - 1
-    out = be.zeros((K, d + 1, k), np.float64)
+    out = be.zeros((K, k, d + 1), np.float64)
     for u, (i, _, _) in enumerate(units):  # in block order: independent of the scheduling
         out[i] += partial[u]
     if e:
         out *= 2.0**-e
     hard_rows = np.concatenate(hard_parts) if units else np.zeros(0, dtype=np.int64)
-    return be.to_numpy(out), hard_rows
+    return np.ascontiguousarray(be.to_numpy(out).transpose(0, 2, 1)), hard_rows
