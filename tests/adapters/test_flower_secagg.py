@@ -52,6 +52,25 @@ def test_plan_round_trips_and_a_foreign_request_is_refused():
                          target_epsilon=1.0), K, 100)
 
 
+def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
+    """The engine refuses adaptive clipping under secure aggregation (its counts are not
+    part of the secure sum); SecAgg+ on Flower refuses it with the same named error."""
+    from dataclasses import replace
+
+    from dpprecond.fl.adaptive_clip import AdaptiveClip
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    config = replace(CONFIG, adaptive_clip=AdaptiveClip())
+    with pytest.raises(ValueError, match="adaptive_clip") as engine:
+        simulate_secure(model, _engine_data(), "fedgd", config, X_test=ds.X_test,
+                        y_test=ds.y_test, seed=SEED)
+    with pytest.raises(ValueError, match="adaptive_clip") as flower:
+        SecAggDPStrategy(model, "fedgd", config, K, ds.X_train.shape[0])
+    assert str(flower.value) == str(engine.value)
+    assert "trust='secure-aggregation'" in str(flower.value)
+
+
 @pytest.mark.slow
 def test_secagg_plus_simulation_releases_the_engines_sums():
     ds = featurized_dataset("digits")
