@@ -440,7 +440,7 @@ def test_adaptive_clipping_updates_the_clip_from_the_repliers_counts(digits, see
     repliers = (0, 2, 3)
     counts = [task.release(locals_[i].model, params_at[2], locals_[i].X, locals_[i].y,
                            np.array([0, len(locals_[i].y)]),
-                           [client_mod.stream(tree.count, 1, i)]).arrays["count"][0, 0]
+                           [client_mod.stream(tree.counts, 1, i)]).arrays["count"][0, 0]
               for i in repliers]
     fraction = sum(counts) / sum(len(locals_[i].y) for i in repliers)
     expected = geometric_update(clips[1], fraction, AC.target_quantile, AC.learning_rate,
@@ -640,11 +640,11 @@ def test_seed_tree_is_the_engines(digits):
     init, noise, setup = sim.spawn(3)
     counts = count_root(noise)  # adaptive clipping's count streams
     for mine, engine in ((tree.init, init), (tree.noise, noise), (tree.setup, setup),
-                         (tree.partition, part), (tree.count, counts)):
+                         (tree.partition, part), (tree.counts, counts)):
         assert (mine.entropy, mine.spawn_key) == (engine.entropy, engine.spawn_key)
     grad = RoundRequest(3, GradientTask(1.0, 1.0))
     moment = RoundRequest(0, SecondMomentTask(1.0, 1.0))
-    counted = RoundRequest(3, GradientTask(1.0, 1.0), count=RecordCountTask(1.0, 4.0))
+    counted = RoundRequest(3, GradientTask(1.0, 1.0), count_task=RecordCountTask(1.0, 4.0))
     assert client_rng(SEED, grad, 2).random() == client_mod.stream(noise, 2, 2).random()
     assert client_rng(SEED, moment, 2).random() == client_mod.stream(setup, 0, 2).random()
     assert client_rng(SEED, counted, 2, count=True).random() == \
@@ -749,7 +749,7 @@ def test_client_guards(digits):
 
 def test_a_request_with_a_count_round_trips_and_is_checked(digits):
     request = RoundRequest(2, GradientTask(1.5, 1.1), report_size=True,
-                           count=RecordCountTask(1.5, 4.0)).validated()
+                           count_task=RecordCountTask(1.5, 4.0)).validated()
     assert RoundRequest.from_config(request.to_config()) == request
     assert reply_shapes(request, 650) == {"message": (650,), "count": (1,)}
     assert request.noise_multipliers == (1.1, 4.0)
@@ -758,19 +758,20 @@ def test_a_request_with_a_count_round_trips_and_is_checked(digits):
     with pytest.raises(ValueError, match="count-noise-multiplier"):
         RoundRequest.from_config(config)
     with pytest.raises(ValueError, match="released in a round"):
-        RoundRequest(0, SecondMomentTask(1.0, 1.0), count=RecordCountTask(1.0, 1.0)).validated()
+        RoundRequest(0, SecondMomentTask(1.0, 1.0),
+                     count_task=RecordCountTask(1.0, 1.0)).validated()
     with pytest.raises(ValueError, match="clash"):
-        RoundRequest(1, GradientTask(1.0, 1.0), count=GradientTask(1.0, 1.0)).validated()
+        RoundRequest(1, GradientTask(1.0, 1.0), count_task=GradientTask(1.0, 1.0)).validated()
     with pytest.raises(TypeError, match="count"):
-        RoundRequest(1, GradientTask(1.0, 1.0), count="count").validated()  # type: ignore[arg-type]
+        RoundRequest(1, GradientTask(1.0, 1.0), count_task="count").validated()  # type: ignore[arg-type]
     load = PartitionedDataset("digits", seed=SEED)
     params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
     low = _train_message(params, RoundRequest(1, GradientTask(1.0, 3.0),
-                                              count=RecordCountTask(1.0, 0.5)))
+                                              count_task=RecordCountTask(1.0, 0.5)))
     with pytest.raises(ValueError, match=r"noise_multiplier=0\.5"):  # the count's, too
         train_reply(low, _context({"min-noise-multiplier": 1.0}), load)
     msg = _train_message(params, RoundRequest(1, GradientTask(1.0, 1.3), report_size=True,
-                                              count=RecordCountTask(1.0, 2.0)))
+                                              count_task=RecordCountTask(1.0, 2.0)))
     a, b = (train_reply(msg, _context({}), load).content for _ in range(2))
     size = a["metrics"]["num-examples"]
     assert size == len(load(ClientInfo(1, K, {}, {})).y)  # the count's denominator
@@ -791,7 +792,7 @@ def test_the_server_asks_for_the_count_and_charges_it_first(digits):
     server.init(np.zeros(model.n_params))
     request = server.round_request(1, 2)
     z_b = server.method.describe()["count_noise_multiplier"]
-    assert request.count == RecordCountTask(0.7, z_b) and z_b > 0
+    assert request.count_task == RecordCountTask(0.7, z_b) and z_b > 0
     assert request.task.clip_norm == 0.7 and request.report_size
     assert request.task.noise_multiplier == strategy.noise_multiplier_
     server.spend_round()
@@ -799,7 +800,7 @@ def test_the_server_asks_for_the_count_and_charges_it_first(digits):
     assert server.ledger.epsilon < 4.0  # one round of T
     fixed = DPFedStrategy(model, "sofim", replace(config, adaptive_clip=None), K).server_
     fixed.init(np.zeros(model.n_params))
-    assert fixed.round_request(1, 2).count is None and fixed.round_clip == 1.0
+    assert fixed.round_request(1, 2).count_task is None and fixed.round_clip == 1.0
 
 
 # ---------------------------------------------------------------------------------------

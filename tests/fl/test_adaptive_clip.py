@@ -275,8 +275,8 @@ def test_the_flower_adapter_runs_adaptive_clipping() -> None:
     server = ServerSide("fedgd", LinearSoftmax(6, 3), cfg, 4)
     server.init(np.zeros(21))
     request = server.round_request(1, 0)
-    assert isinstance(request.count, RecordCountTask)
-    assert request.count.clip_norm == request.task.clip_norm == cfg.clip_norm
+    assert isinstance(request.count_task, RecordCountTask)
+    assert request.count_task.clip_norm == request.task.clip_norm == cfg.clip_norm
 
 
 def test_float32_precision_runs_with_adaptive_clipping(problem: tuple) -> None:

@@ -46,6 +46,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -207,17 +208,17 @@ def _noise_seed(run_config: dict[str, Any]) -> int | None:
     return None if value in ("", None) else check_int("noise-seed", value, low=0)
 
 
-def _adaptive_clip(run_config: dict[str, Any]) -> dict[str, AdaptiveClip | None]:
-    """``adaptive_clip`` for FLConfig from the run config's ``adaptive-clip`` (``{}``: the
-    key is unset and FLConfig's default applies)."""
+def _adaptive_clip(run_config: dict[str, Any], config: FLConfig) -> FLConfig:
+    """``config`` with the run config's ``adaptive-clip`` (unset or ``""``: FLConfig's
+    default stays)."""
     value = run_config.get("adaptive-clip", "")
     if value == "" or value is None:
-        return {}
+        return config
     if not isinstance(value, bool):  # bool("false") is True: never guess
         raise TypeError(f"Expected run config adaptive-clip to be true (adaptive clipping "
                         f"from clip-norm towards the median norm), false (a fixed "
                         f"clip-norm) or empty (FLConfig's default), got {value!r}.")
-    return {"adaptive_clip": AdaptiveClip() if value else None}
+    return replace(config, adaptive_clip=AdaptiveClip() if value else None)
 
 
 def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
@@ -229,7 +230,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
                          f"got target-epsilon={run_config.get('target-epsilon', '')!r} and "
                          f"noise-multiplier={run_config.get('noise-multiplier', '')!r}.")
     check_target_delta("target-delta", run_config.get("target-delta", 1e-5))
-    return FLConfig(
+    return _adaptive_clip(run_config, FLConfig(
         n_rounds=run_config.get("n-rounds", 20), clip_norm=run_config.get("clip-norm", 10.0),
         target_epsilon=eps, noise_multiplier=z,
         target_delta=run_config.get("target-delta", 1e-5),
@@ -239,7 +240,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         local_lr=run_config.get("local-lr", 0.1),
         weighting=run_config.get("weighting", "uniform"),
         accountant=run_config.get("accountant", DEFAULT_ACCOUNTANT),
-        trust=run_config.get("trust", "local"), **_adaptive_clip(run_config)).validated()
+        trust=run_config.get("trust", "local"))).validated()
 
 
 def load_client_data(info: ClientInfo) -> LocalData:

@@ -212,7 +212,7 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
     secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
     seed = noise_seed if noise_seed is not None else _run_config_seed(info)
     rng = client_rng(seed, request, info.client_id, secure=secure)
-    count_rng = None if request.count is None else client_rng(
+    count_rng = None if request.count_task is None else client_rng(
         seed, request, info.client_id, secure=secure, count=True)
     local = load_data(info)
     n_params = local.model.n_params

@@ -81,15 +81,15 @@ def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np
         A stateful task's new client state (to keep, pending); else ``None``.
     """
     bounds = np.array([0, X.shape[0]], dtype=np.int64)
-    if request.count is not None and count_rng is None:
+    if request.count_task is not None and count_rng is None:
         raise ValueError("The request asks for a count: pass its noise source count_rng "
                          "(client_rng(..., count=True)).")
     out = request.task.release(model, params, X, y, bounds, [rng], broadcast=broadcast,
                                client_state=None if client_state is None
                                else client_state[None, :])
     arrays = {name: rows[0] for name, rows in out.arrays.items()}
-    if request.count is not None:
+    if request.count_task is not None:
         assert count_rng is not None
-        counted = request.count.release(model, params, X, y, bounds, [count_rng])
+        counted = request.count_task.release(model, params, X, y, bounds, [count_rng])
         arrays.update({name: rows[0] for name, rows in counted.arrays.items()})
     return arrays, None if out.client_state is None else out.client_state[0]

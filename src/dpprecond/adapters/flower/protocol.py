@@ -74,7 +74,7 @@ class RoundRequest(NamedTuple):
         under the record-level, replace-one unit, as in the paper).
     secure : bool
         Draw the noise in secure mode (:mod:`dpprecond.secure`).
-    count : ClientTask or None
+    count_task : ClientTask or None
         A count released beside the task, at the same parameters, with noise from the
         client's count stream (adaptive clipping's
         :class:`~dpprecond.fl.tasks.RecordCountTask`: the client's records inside the
@@ -86,7 +86,7 @@ class RoundRequest(NamedTuple):
     accepted_round: int = 0
     report_size: bool = False
     secure: bool = False
-    count: ClientTask | None = None
+    count_task: ClientTask | None = None
 
     @property
     def kind(self) -> str:
@@ -118,13 +118,13 @@ class RoundRequest(NamedTuple):
             raise ValueError(f"The {self.kind!r} task's noise is added by a trusted "
                              "aggregator, which this adapter avoids on purpose; use the "
                              "in-process engine for it.")
-        if self.count is not None:
-            self._check_count(self.count)
+        if self.count_task is not None:
+            self._check_count(self.count_task)
         return self
 
     def _check_count(self, count: Any) -> None:
         if not isinstance(count, ClientTask):
-            raise TypeError(f"Expected count to be a ClientTask or None, got "
+            raise TypeError(f"Expected count_task to be a ClientTask or None, got "
                             f"{type(count).__name__}.")
         count.validated()
         if count.setup or self.task.setup:
@@ -141,13 +141,13 @@ class RoundRequest(NamedTuple):
     @property
     def noise_multipliers(self) -> tuple[float, ...]:
         """The noise multiplier of every release the request asks for (task, count)."""
-        tasks = (self.task,) if self.count is None else (self.task, self.count)
+        tasks = (self.task,) if self.count_task is None else (self.task, self.count_task)
         return tuple(float(t.noise_multiplier) for t in tasks)
 
     def to_config(self) -> dict[str, Any]:
         """Flat dict for a Flower ConfigRecord (keys with dashes, as Flower's)."""
-        count = {} if self.count is None else {
-            _COUNT + k: v for k, v in self.count.to_config().items()}
+        count = {} if self.count_task is None else {
+            _COUNT + k: v for k, v in self.count_task.to_config().items()}
         return {"server-round": self.server_round, "accepted-round": self.accepted_round,
                 "report-size": self.report_size, "secure": self.secure,
                 **self.task.to_config(), **count}
@@ -182,8 +182,8 @@ def reply_shapes(request: RoundRequest, n_params: int,
     ``(d + 1, d + 1)`` reply.
     """
     shapes = request.task.reply_shapes(n_params, n_features)
-    if request.count is not None:
-        shapes = {**shapes, **request.count.reply_shapes(n_params, n_features)}
+    if request.count_task is not None:
+        shapes = {**shapes, **request.count_task.reply_shapes(n_params, n_features)}
     return shapes
 
 
@@ -200,7 +200,7 @@ class SeedTree(NamedTuple):
     noise: np.random.SeedSequence       # root of the (round, client) gradient streams
     setup: np.random.SeedSequence       # root of the one-off (covariance) releases
     partition: np.random.SeedSequence   # the client split
-    count: np.random.SeedSequence       # root of the (round, client) count streams
+    counts: np.random.SeedSequence      # root of the (round, client) count streams
 
 
 def simulator_seeds(seed: int) -> SeedTree:
@@ -210,8 +210,8 @@ def simulator_seeds(seed: int) -> SeedTree:
     :func:`dpprecond.fl.engine.simulate` spawns ``(init, noise, setup)`` from the simulation
     sequence; client ``i`` draws round ``t``'s noise from ``fl.client.stream(noise, t, i)``,
     its covariance from ``stream(setup, 0, i)`` and its adaptive-clipping count from
-    ``stream(count, t, i)`` (``count`` is :func:`dpprecond.fl.adaptive_clip.count_root` of
-    ``noise``, as in the engine). Every process rebuilds the same tree from the integer, so
+    ``stream(counts, t, i)`` (``counts`` is :func:`dpprecond.fl.adaptive_clip.count_root`
+    of ``noise``, as in the engine). Every process rebuilds the same tree from the integer, so
     a Flower client and the engine draw identical numbers. This is the only place the
     adapter mirrors the engine's spawn order (a test pins it).
     """
@@ -244,9 +244,9 @@ def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
     client_id = check_int("client_id", client_id, low=0)
     tree = simulator_seeds(noise_seed)
     if count:
-        if request.count is None:
+        if request.count_task is None:
             raise ValueError("client_rng(count=True) needs a request with a count.")
-        return client_mod.stream(tree.count, request.server_round - 1, client_id)
+        return client_mod.stream(tree.counts, request.server_round - 1, client_id)
     if request.task.setup:
         return client_mod.stream(tree.setup, 0, client_id)
     return client_mod.stream(tree.noise, request.server_round - 1, client_id)

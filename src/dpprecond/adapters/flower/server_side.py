@@ -218,7 +218,7 @@ class ServerSide:
         accepted = int(self._accepted[client]) if task.stateful else 0
         return RoundRequest(server_round, task, accepted_round=accepted,
                             report_size=self.method.reports_sizes(self.config),
-                            secure=self.secure, count=self._count_task).validated()
+                            secure=self.secure, count_task=self._count_task).validated()
 
     def broadcast(self) -> dict[str, np.ndarray]:
         """Arrays sent with the parameters (the method's broadcast; often nothing)."""
