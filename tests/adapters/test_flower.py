@@ -68,7 +68,8 @@ T = 3
 # engine). Noise std per coordinate of a gradient message is 2 z C / |D_i| with z >= 1.2,
 # C = 1, |D_i| ~ 359, i.e. ~7e-3: one wrong noise draw moves a parameter by far more than
 # the tolerances below.
-CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0)
+# A fixed clip, whatever FLConfig's default (adaptive clipping: AC_CONFIG below).
+CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, adaptive_clip=None)
 # Adaptive clipping (explicitly on, whatever FLConfig's default): from C = 1 the noisy
 # median moves the clip by ~30% a round (lr 0.5), so a wrong count moves the model.
 AC = AdaptiveClip(learning_rate=0.5)
@@ -391,11 +392,10 @@ def test_noise_aware_sofim_matches_the_engine(digits, seeded_app):
 
 
 def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_app):
-    for config in (FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
-                            weighting="size"),
+    for config in (replace(CONFIG, weighting="size"),
                    FLConfig(n_rounds=T, clip_norm=1.0, noise_multiplier=1.3, accountant="rdp",
                             mechanism="poisson", sampling_rate=0.5, local_steps=2,
-                            local_lr=0.5)):
+                            local_lr=0.5, adaptive_clip=None)):
         result = _strategy(digits, config=config).run(LocalGrid(seeded_app), timeout=10)
         _assert_same_run(result, _reference(digits, "sofim", config), config.mechanism)
 
@@ -602,7 +602,7 @@ def test_misconfigured_federations_are_refused(digits, seeded_app):
 
 def test_strategy_validates_its_settings(digits):
     model = LinearSoftmax(digits.n_features, digits.n_classes)
-    explicit = dict(n_rounds=2, clip_norm=1.0, noise_multiplier=1.0)
+    explicit = dict(n_rounds=2, clip_norm=1.0, noise_multiplier=1.0, adaptive_clip=None)
     with pytest.raises(ValueError, match="trusted aggregator"):
         DPFedStrategy(model, "sofim", FLConfig(**explicit, mechanism="client-level"), K)
     with pytest.raises(ValueError, match="mechanism='full-batch'"):  # method.check

@@ -24,7 +24,7 @@ from dpprecond.secagg.fl import simulate_secure
 
 K, SEED, PART = 3, 11, 5
 CONFIG = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=4.0, weighting="size",
-                  trust="secure-aggregation")
+                  trust="secure-aggregation", adaptive_clip=None)  # refused there
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
@@ -176,7 +176,7 @@ def test_a_callers_ledger_is_checked_before_any_message():
 
     rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
           "noise-multiplier": "", "trust": "secure-aggregation", "weighting": "size",
-          "max-epsilon": 1.0}
+          "adaptive-clip": False, "max-epsilon": 1.0}
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
     with pytest.raises(PrivacyBudgetExceededError):
         secagg_strategy_from_run_config(ctx, n_clients=K)
