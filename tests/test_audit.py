@@ -219,6 +219,26 @@ def test_audit_fl_message() -> None:
     assert res.epsilon_lower_bound > 0  # ceiling 0.38
 
 
+def test_fl_count_pair_moves_the_count_by_one() -> None:
+    from dpprecond.fl.client import record_counts
+    from dpprecond.fl.models import LinearSoftmax
+
+    case = audit_cases.fl_count_case(CLAIM, DELTA)
+    model = LinearSoftmax(2, 2)
+    params = model.init_params(np.random.default_rng(0))
+    counts = [record_counts(model, params, X, y, np.array([0, 4]), 1.0)[0]
+              for X, y in case.pair]
+    assert counts[0] - counts[1] == 1.0  # the sensitivity, reached
+    assert case.claimed_epsilon < CLAIM  # the count's share of the run's budget
+
+
+def test_audit_fl_count() -> None:
+    case = audit_cases.fl_count_case(CLAIM, DELTA)
+    res = audit(case.mechanism, case.pair, n_runs=20_000, delta=DELTA, batch=True,
+                claimed_epsilon=case.claimed_epsilon, seed=6)
+    _check(res, case)
+
+
 def test_audit_fl_run() -> None:
     case = audit_cases.fl_run_case(CLAIM, DELTA)
     from dpprecond.fl.engine import simulate

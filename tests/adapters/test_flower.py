@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from dpprecond import PrivacyBudgetExceededError
-from dpprecond.accounting import PrivacyLedger
+from dpprecond.accounting import PrivacyLedger, gaussian
 from dpprecond.adapters.flower import (
     DPFedStrategy,
     PartitionedDataset,
@@ -36,21 +37,29 @@ from dpprecond.adapters.flower import (
     simulator_seeds,
     train_reply,
 )
-from dpprecond.adapters.flower.app import config_from_run_config, method_from_run_config
+from dpprecond.adapters.flower.app import (
+    RunConfigError,
+    check_run_config,
+    config_from_run_config,
+    method_from_run_config,
+)
 from dpprecond.adapters.flower.client_app import ClientInfo
+from dpprecond.adapters.flower.client_side import client_reply
 from dpprecond.adapters.flower.data import featurized_dataset
+from dpprecond.adapters.flower.protocol import reply_shapes
 from dpprecond.fl import METHODS, ClientData, FLConfig, make_method, method_options, run_federated
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import resolve_scale
-from dpprecond.fl.engine import simulate
+from dpprecond.fl.adaptive_clip import AdaptiveClip, count_root, geometric_update
+from dpprecond.fl.config import MAX_NOISE_STD
+from dpprecond.fl.engine import plan_event, simulate
 from dpprecond.fl.local_steps import local_step_deltas, updated_controls
 from dpprecond.fl.methods import Method
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import client_weights
 from dpprecond.fl.server import FedNewState
-from dpprecond.fl.tasks import GradientTask, LocalStepsTask, SecondMomentTask
+from dpprecond.fl.tasks import GradientTask, LocalStepsTask, RecordCountTask, SecondMomentTask
 from dpprecond.secure import SecureGenerator
-from tests.fl.conftest import FIXED
 
 SEED = 7
 K = 4
@@ -59,7 +68,12 @@ T = 3
 # engine). Noise std per coordinate of a gradient message is 2 z C / |D_i| with z >= 1.2,
 # C = 1, |D_i| ~ 359, i.e. ~7e-3: one wrong noise draw moves a parameter by far more than
 # the tolerances below.
-CONFIG = FLConfig(**FIXED, n_rounds=T, clip_norm=1.0, target_epsilon=4.0)
+# A fixed clip, whatever FLConfig's default (adaptive clipping: AC_CONFIG below).
+CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, adaptive_clip=None)
+# Adaptive clipping (explicitly on, whatever FLConfig's default): from C = 1 the noisy
+# median moves the clip by ~30% a round (lr 0.5), so a wrong count moves the model.
+AC = AdaptiveClip(learning_rate=0.5)
+AC_CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, adaptive_clip=AC)
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
@@ -104,6 +118,17 @@ def _assert_same_run(result, ref, label: str) -> None:
     assert result.events == ref.events, label  # the same releases, in the same order
     assert [r["epsilon"] for r in result.history] == [r["epsilon"] for r in ref.history]
     assert result.epsilon == ref.epsilon, label
+    if ref.config.get("adaptive_clip") is not None:  # the same clips, reported alike
+        clips = ref.config["clip_norms"]
+        assert len(clips) == T and len(set(clips)) == T, (label, clips)  # the clip moved
+        assert result.config["clip_norms"] == clips, label
+        assert [r["clip_norm"] for r in result.history] == clips, label
+        assert result.config["count_noise_multiplier"] == ref.config["count_noise_multiplier"]
+        assert ref.config["count_noise_multiplier"] > 0, label
+        count = gaussian(ref.config["count_noise_multiplier"])
+        assert sum(e == count for e in result.events) == T, label  # one count per round
+    else:
+        assert all(r["clip_norm"] == ref.config["clip_norm"] for r in result.history), label
 
 
 def _client_data() -> tuple[ClientData, list]:
@@ -210,16 +235,19 @@ def _server_app(strategies: list[DPFedStrategy]) -> ServerApp:
 @pytest.mark.slow
 def test_flower_simulation_reproduces_the_engine(digits):
     """DP-FedSOFIM, DP-SCAFFOLD (the c_i in each node's context.state across rounds),
-    DP-FedNew (a setup round) and DP-FedProx (added as one module: the adapter is generic)
+    DP-FedNew (a setup round), DP-FedProx (added as one module: the adapter is generic) and
+    DP-FedFC with adaptive clipping (a setup round, then counts beside the messages)
     through Ray equal run_federated with the same seed."""
-    names = ["sofim", "scaffold", "fednew", "fedprox"]
-    strategies = [_strategy(digits, name, connect_timeout=SIM_TIMEOUT) for name in names]
+    runs = [("sofim", CONFIG), ("scaffold", CONFIG), ("fednew", CONFIG), ("fedprox", CONFIG),
+            ("fedfc", AC_CONFIG)]  # adaptive clipping: each node's count, the engine's clip
+    strategies = [_strategy(digits, name, config, connect_timeout=SIM_TIMEOUT)
+                  for name, config in runs]
     run_simulation(_server_app(strategies),
                    make_client_app(PartitionedDataset("digits", seed=SEED), noise_seed=SEED),
                    num_supernodes=K, backend_config=RAY)
-    for name, strategy in zip(names, strategies, strict=True):
+    for (name, config), strategy in zip(runs, strategies, strict=True):
         result = strategy.result_
-        _assert_same_run(result, _reference(digits, name), name)
+        _assert_same_run(result, _reference(digits, name, config), name)
         assert all(r["clients_replied"] == [0, 1, 2, 3] for r in result.history), name
 
 
@@ -364,14 +392,67 @@ def test_noise_aware_sofim_matches_the_engine(digits, seeded_app):
 
 
 def test_size_weighting_and_poisson_mechanism_match_the_engine(digits, seeded_app):
-    for config in (FLConfig(adaptive_clip=None, n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
-                            weighting="size"),
-                   FLConfig(**FIXED, n_rounds=T, clip_norm=1.0, noise_multiplier=1.3,
-                            accountant="rdp",
+    for config in (replace(CONFIG, weighting="size"),
+                   FLConfig(n_rounds=T, clip_norm=1.0, noise_multiplier=1.3, accountant="rdp",
                             mechanism="poisson", sampling_rate=0.5, local_steps=2,
-                            local_lr=0.5)):
+                            local_lr=0.5, adaptive_clip=None)):
         result = _strategy(digits, config=config).run(LocalGrid(seeded_app), timeout=10)
         _assert_same_run(result, _reference(digits, "sofim", config), config.mechanism)
+
+
+def test_local_grid_reproduces_the_engine_with_adaptive_clipping(digits, seeded_app):
+    """Every method with adaptive clipping: each client releases its count (its own noise,
+    from the engine's count stream) beside its message, the server updates the clip from
+    the counts as the engine does: the same model, clips, releases and epsilons."""
+    for name in METHODS:
+        result = _strategy(digits, name, AC_CONFIG).run(LocalGrid(seeded_app), timeout=10)
+        _assert_same_run(result, _reference(digits, name, AC_CONFIG), f"{name} adaptive")
+    other = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, weighting="size",
+                     accountant="rdp", adaptive_clip=AdaptiveClip(
+                         target_quantile=0.3, learning_rate=0.5, count_share=0.2))
+    result = _strategy(digits, "sofim-lagged", other).run(LocalGrid(seeded_app), timeout=10)
+    _assert_same_run(result, _reference(digits, "sofim-lagged", other), "size weights")
+
+
+def test_adaptive_clipping_updates_the_clip_from_the_repliers_counts(digits, seeded_app):
+    """Client 1 misses round 2 (no message, no count): C_3 is the geometric step from the
+    three repliers' noisy counts over their records (a Flower-free replay from the count
+    task and the engine's count streams), and every count asked for is charged."""
+    grid = LocalGrid(seeded_app, silent=lambda node, req: node == 102 and
+                     req.get("server-round") == 2)
+    strategy = _strategy(digits, "fedgd", AC_CONFIG)
+    params_at: dict[int, np.ndarray] = {}
+    update = strategy.server_.update
+
+    def recording(server_round, replies, sizes, params):
+        params_at[server_round] = params.copy()
+        return update(server_round, replies, sizes, params)
+
+    strategy.server_.update = recording  # type: ignore[method-assign]
+    result = strategy.run(grid, timeout=1)
+    assert [r["clients_replied"] for r in result.history] == [[0, 1, 2, 3], [0, 2, 3],
+                                                               [0, 1, 2, 3]]
+    assert result.events == _reference(digits, "fedgd", AC_CONFIG).events
+    clips = result.config["clip_norms"]
+    _, locals_ = _client_data()
+    tree = simulator_seeds(SEED)
+    task = RecordCountTask(clips[1], result.config["count_noise_multiplier"])
+    repliers = (0, 2, 3)
+    counts = [task.release(locals_[i].model, params_at[2], locals_[i].X, locals_[i].y,
+                           np.array([0, len(locals_[i].y)]),
+                           [client_mod.stream(tree.counts, 1, i)]).arrays["count"][0, 0]
+              for i in repliers]
+    fraction = sum(counts) / sum(len(locals_[i].y) for i in repliers)
+    expected = geometric_update(clips[1], fraction, AC.target_quantile, AC.learning_rate,
+                                MAX_NOISE_STD / (2 * result.noise_multiplier))
+    assert clips[2] == pytest.approx(expected, rel=1e-12)
+    assert abs(clips[2] - clips[1]) > 1e-3  # the step moved it: a real comparison
+    # a round that aggregates nothing leaves the clip where it was (its count is charged)
+    nobody = LocalGrid(seeded_app, silent=lambda node, req: req.get("server-round") == 2)
+    quiet = _strategy(digits, "fedgd", AC_CONFIG).run(nobody, timeout=1)
+    assert quiet.history[1]["n_replied"] == 0
+    assert quiet.config["clip_norms"][2] == quiet.config["clip_norms"][1]
+    assert quiet.events == result.events
 
 
 def test_schedule_releases_compose_to_the_calibrated_schedule():
@@ -521,7 +602,7 @@ def test_misconfigured_federations_are_refused(digits, seeded_app):
 
 def test_strategy_validates_its_settings(digits):
     model = LinearSoftmax(digits.n_features, digits.n_classes)
-    explicit = dict(n_rounds=2, clip_norm=1.0, noise_multiplier=1.0)
+    explicit = dict(n_rounds=2, clip_norm=1.0, noise_multiplier=1.0, adaptive_clip=None)
     with pytest.raises(ValueError, match="trusted aggregator"):
         DPFedStrategy(model, "sofim", FLConfig(**explicit, mechanism="client-level"), K)
     with pytest.raises(ValueError, match="mechanism='full-batch'"):  # method.check
@@ -549,7 +630,7 @@ def test_seed_tree_is_the_engines(digits):
     clients' seeded generators are the engine's (round, client) streams."""
     data, _ = _client_data()
     tree = simulator_seeds(SEED)
-    config = FLConfig(**FIXED, n_rounds=2, clip_norm=1.0, noise_multiplier=1.3)
+    config = FLConfig(n_rounds=2, clip_norm=1.0, noise_multiplier=1.3)
     ref = run_federated(digits.X_train, digits.y_train, digits.X_test, digits.y_test, 10,
                         algorithm="fedfc", n_clients=K, config=config, seed=SEED)
     again = simulate(LinearSoftmax(64, 10), data, "fedfc", config, X_test=digits.X_test,
@@ -557,13 +638,20 @@ def test_seed_tree_is_the_engines(digits):
     np.testing.assert_array_equal(again.params, ref.params)
     sim, part = np.random.SeedSequence(SEED).spawn(2)
     init, noise, setup = sim.spawn(3)
+    counts = count_root(noise)  # adaptive clipping's count streams
     for mine, engine in ((tree.init, init), (tree.noise, noise), (tree.setup, setup),
-                         (tree.partition, part)):
+                         (tree.partition, part), (tree.counts, counts)):
         assert (mine.entropy, mine.spawn_key) == (engine.entropy, engine.spawn_key)
     grad = RoundRequest(3, GradientTask(1.0, 1.0))
     moment = RoundRequest(0, SecondMomentTask(1.0, 1.0))
+    counted = RoundRequest(3, GradientTask(1.0, 1.0), count_task=RecordCountTask(1.0, 4.0))
     assert client_rng(SEED, grad, 2).random() == client_mod.stream(noise, 2, 2).random()
     assert client_rng(SEED, moment, 2).random() == client_mod.stream(setup, 0, 2).random()
+    assert client_rng(SEED, counted, 2, count=True).random() == \
+        client_mod.stream(counts, 2, 2).random()
+    assert client_rng(SEED, counted, 2).random() == client_mod.stream(noise, 2, 2).random()
+    with pytest.raises(ValueError, match="needs a request with a count"):
+        client_rng(SEED, grad, 2, count=True)
 
 
 def _train_message(params: np.ndarray | None, request: RoundRequest) -> Message:
@@ -659,6 +747,62 @@ def test_client_guards(digits):
         RoundRequest.from_config({"server-round": 1})
 
 
+def test_a_request_with_a_count_round_trips_and_is_checked(digits):
+    request = RoundRequest(2, GradientTask(1.5, 1.1), report_size=True,
+                           count_task=RecordCountTask(1.5, 4.0)).validated()
+    assert RoundRequest.from_config(request.to_config()) == request
+    assert reply_shapes(request, 650) == {"message": (650,), "count": (1,)}
+    assert request.noise_multipliers == (1.1, 4.0)
+    config = request.to_config()
+    del config["count-noise-multiplier"]
+    with pytest.raises(ValueError, match="count-noise-multiplier"):
+        RoundRequest.from_config(config)
+    with pytest.raises(ValueError, match="released in a round"):
+        RoundRequest(0, SecondMomentTask(1.0, 1.0),
+                     count_task=RecordCountTask(1.0, 1.0)).validated()
+    with pytest.raises(ValueError, match="clash"):
+        RoundRequest(1, GradientTask(1.0, 1.0), count_task=GradientTask(1.0, 1.0)).validated()
+    with pytest.raises(TypeError, match="count"):
+        RoundRequest(1, GradientTask(1.0, 1.0), count_task="count").validated()  # type: ignore[arg-type]
+    load = PartitionedDataset("digits", seed=SEED)
+    params = np.zeros(LinearSoftmax(digits.n_features, digits.n_classes).n_params)
+    low = _train_message(params, RoundRequest(1, GradientTask(1.0, 3.0),
+                                              count_task=RecordCountTask(1.0, 0.5)))
+    with pytest.raises(ValueError, match=r"noise_multiplier=0\.5"):  # the count's, too
+        train_reply(low, _context({"min-noise-multiplier": 1.0}), load)
+    msg = _train_message(params, RoundRequest(1, GradientTask(1.0, 1.3), report_size=True,
+                                              count_task=RecordCountTask(1.0, 2.0)))
+    a, b = (train_reply(msg, _context({}), load).content for _ in range(2))
+    size = a["metrics"]["num-examples"]
+    assert size == len(load(ClientInfo(1, K, {}, {})).y)  # the count's denominator
+    ca, cb = a["reply"]["count"].numpy()[0], b["reply"]["count"].numpy()[0]
+    assert abs(ca - cb) > 1e-3 and -20 < ca < size + 20  # its own fresh noise, std 2
+    with pytest.raises(ValueError, match="count_rng"):
+        client_reply(load(ClientInfo(1, K, {}, {})).model, params, np.zeros((3, 64)),
+                     np.zeros(3, dtype=np.int64), RoundRequest.from_config(
+                         msg.content["config"]), np.random.default_rng(0))
+
+
+def test_the_server_asks_for_the_count_and_charges_it_first(digits):
+    model = LinearSoftmax(digits.n_features, digits.n_classes)
+    config = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0,
+                      adaptive_clip=AdaptiveClip(initial_clip=0.7))
+    strategy = DPFedStrategy(model, "sofim", config, K)
+    server = strategy.server_
+    server.init(np.zeros(model.n_params))
+    request = server.round_request(1, 2)
+    z_b = server.method.describe()["count_noise_multiplier"]
+    assert request.count_task == RecordCountTask(0.7, z_b) and z_b > 0
+    assert request.task.clip_norm == 0.7 and request.report_size
+    assert request.task.noise_multiplier == strategy.noise_multiplier_
+    server.spend_round()
+    assert server.ledger.events == [gaussian(z_b), gaussian(strategy.noise_multiplier_)]
+    assert server.ledger.epsilon < 4.0  # one round of T
+    fixed = DPFedStrategy(model, "sofim", replace(config, adaptive_clip=None), K).server_
+    fixed.init(np.zeros(model.n_params))
+    assert fixed.round_request(1, 2).count_task is None and fixed.round_clip == 1.0
+
+
 # ---------------------------------------------------------------------------------------
 # The run config and the example app
 # ---------------------------------------------------------------------------------------
@@ -678,6 +822,33 @@ def test_run_config_needs_exactly_one_noise_setting_and_known_method_options():
         method_from_run_config({"algorithm": "scaffold", "method-options.gamma": 2.0})
     with pytest.raises(ValueError, match="lerning_rate"):
         method_from_run_config({"algorithm": "sofim", "method-options.lerning-rate": 0.1})
+
+
+def test_run_config_adaptive_clip_is_checked_before_anything_starts():
+    base = {"target-epsilon": 1.0, "noise-multiplier": "", "algorithm": "fedgd"}
+    assert config_from_run_config({**base, "adaptive-clip": True}).adaptive_clip == \
+        AdaptiveClip()
+    assert config_from_run_config({**base, "adaptive-clip": False}).adaptive_clip is None
+    default = FLConfig(target_epsilon=1.0).adaptive_clip  # "" and absent: FLConfig's
+    assert config_from_run_config({**base, "adaptive-clip": ""}).adaptive_clip == default
+    assert config_from_run_config(base).adaptive_clip == default
+    check_run_config({**base, "adaptive-clip": True})
+    for bad in ("yes", "true", 1):
+        with pytest.raises(RunConfigError, match="run config adaptive-clip to be true"):
+            check_run_config({**base, "adaptive-clip": bad})
+    on = {**base, "adaptive-clip": True}
+    with pytest.raises(RunConfigError, match="adaptive_clip needs mechanism='full-batch'"):
+        check_run_config({**on, "mechanism": "poisson", "sampling-rate": 0.5})
+    with pytest.raises(RunConfigError, match="noise_aware"):
+        check_run_config({**on, "algorithm": "sofim", "method-options.noise-aware": True})
+    # secure aggregation refuses it with the engine's own error
+    secagg = FLConfig(n_rounds=2, target_epsilon=1.0, weighting="size",
+                      trust="secure-aggregation", adaptive_clip=AdaptiveClip())
+    with pytest.raises(ValueError, match="adaptive_clip") as engine:
+        plan_event(LinearSoftmax(64, 10), "fedgd", secagg)
+    with pytest.raises(RunConfigError) as app:
+        check_run_config({**on, "trust": "secure-aggregation", "weighting": "size"})
+    assert str(engine.value) in str(app.value)
 
 
 def test_example_app_lists_every_option_of_every_method():

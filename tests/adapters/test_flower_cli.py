@@ -166,3 +166,7 @@ def test_the_preflight_check_exits_non_zero_on_a_bad_run_config() -> None:
     assert typo.returncode == 2 and "did you mean 'max-epsilon'" in typo.stderr
     value = check("--run-config", "clip-norm=-1.0")
     assert value.returncode == 2 and "clip" in value.stderr
+    adaptive = check("--run-config", f"{TINY} adaptive-clip=true")
+    assert adaptive.returncode == 0, adaptive.stderr
+    flag = check("--run-config", "adaptive-clip='yes'")
+    assert flag.returncode == 2 and "run config adaptive-clip" in flag.stderr

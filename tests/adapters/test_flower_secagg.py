@@ -24,7 +24,7 @@ from dpprecond.secagg.fl import simulate_secure
 
 K, SEED, PART = 3, 11, 5
 CONFIG = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=4.0, weighting="size",
-                  trust="secure-aggregation")
+                  trust="secure-aggregation", adaptive_clip=None)  # refused there
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
@@ -50,6 +50,25 @@ def test_plan_round_trips_and_a_foreign_request_is_refused():
     with pytest.raises(ValueError, match="trust='secure-aggregation'"):
         SecAggDPStrategy(LinearSoftmax(64, 10), "fedgd", FLConfig(n_rounds=2, clip_norm=1.0,
                          target_epsilon=1.0), K, 100)
+
+
+def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
+    """The engine refuses adaptive clipping under secure aggregation (its counts are not
+    part of the secure sum); SecAgg+ on Flower refuses it with the same named error."""
+    from dataclasses import replace
+
+    from dpprecond.fl.adaptive_clip import AdaptiveClip
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    config = replace(CONFIG, adaptive_clip=AdaptiveClip())
+    with pytest.raises(ValueError, match="adaptive_clip") as engine:
+        simulate_secure(model, _engine_data(), "fedgd", config, X_test=ds.X_test,
+                        y_test=ds.y_test, seed=SEED)
+    with pytest.raises(ValueError, match="adaptive_clip") as flower:
+        SecAggDPStrategy(model, "fedgd", config, K, ds.X_train.shape[0])
+    assert str(flower.value) == str(engine.value)
+    assert "trust='secure-aggregation'" in str(flower.value)
 
 
 @pytest.mark.slow
@@ -157,7 +176,7 @@ def test_a_callers_ledger_is_checked_before_any_message():
 
     rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
           "noise-multiplier": "", "trust": "secure-aggregation", "weighting": "size",
-          "max-epsilon": 1.0}
+          "adaptive-clip": False, "max-epsilon": 1.0}
     ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
     with pytest.raises(PrivacyBudgetExceededError):
         secagg_strategy_from_run_config(ctx, n_clients=K)

@@ -20,13 +20,18 @@ from dpprecond.fl import (
 )
 from dpprecond.fl.adaptive_clip import (
     AdaptiveClip,
+    count_fraction,
+    count_root,
     count_sensitivity,
     geometric_update,
+    noisy_fraction,
     record_counts,
     split_multipliers,
 )
+from dpprecond.fl.client import round_generators, stream
 from dpprecond.fl.engine import plan_event
 from dpprecond.fl.partition import iid_partition
+from dpprecond.fl.tasks import RecordCountTask
 from tests.fl.conftest import make_problem
 from tests.gdp import gaussian_gdp_epsilon
 
@@ -238,13 +243,40 @@ def test_the_initial_clip_overrides_clip_norm(problem: tuple) -> None:
     assert res.config["clip_norms"][0] == 0.7  # type: ignore[attr-defined]
 
 
-def test_the_flower_adapter_refuses_adaptive_clipping_by_name() -> None:
+def test_the_count_task_is_the_engines_count(problem: tuple) -> None:
+    """The count's client half (a task, what a Flower client runs on its own records) and
+    server half give the engine's fraction: the same draws from the same streams."""
+    X, y, _, _ = problem
+    data = ClientData.from_partition(X, y, iid_partition(len(y), 4, 2), 3)
+    model = LinearSoftmax(6, 3)
+    params = np.random.default_rng(0).standard_normal(model.n_params)
+    root = np.random.SeedSequence(9, spawn_key=(0, 1))
+    task = RecordCountTask(1.3, 2.5).validated()
+    together = task.release(model, params, data.X, data.y, data.bounds,
+                            round_generators(count_root(root), 4, 4)).arrays
+    sizes = np.diff(data.bounds)
+    alone = [task.release(model, params, data.X[lo:hi], data.y[lo:hi],
+                          np.array([0, hi - lo]), [stream(count_root(root), 4, i)]
+                          ).arrays["count"][0]
+             for i, (lo, hi) in enumerate(zip(data.bounds[:-1], data.bounds[1:], strict=True))]
+    np.testing.assert_array_equal(np.stack(alone), together["count"])
+    counts = record_counts(model, params, data.X, data.y, data.bounds, 1.3)
+    expected = noisy_fraction(counts, len(y), 2.5, round_generators(count_root(root), 4, 4))
+    assert count_fraction(together, sizes) == expected
+    assert abs(expected - counts.sum() / len(y)) > 1e-4  # the noise is there
+    assert count_fraction({"count": counts[:, None]}, sizes) == counts.sum() / len(y)
+
+
+def test_the_flower_adapter_runs_adaptive_clipping() -> None:
     pytest.importorskip("flwr")
     from dpprecond.adapters.flower.server_side import ServerSide
 
     cfg = FLConfig(n_rounds=2, target_epsilon=1.0, adaptive_clip=AdaptiveClip())
-    with pytest.raises(ValueError, match="adaptive_clip"):
-        ServerSide("fedgd", LinearSoftmax(6, 3), cfg, 4)
+    server = ServerSide("fedgd", LinearSoftmax(6, 3), cfg, 4)
+    server.init(np.zeros(21))
+    request = server.round_request(1, 0)
+    assert isinstance(request.count_task, RecordCountTask)
+    assert request.count_task.clip_norm == request.task.clip_norm == cfg.clip_norm
 
 
 def test_float32_precision_runs_with_adaptive_clipping(problem: tuple) -> None:

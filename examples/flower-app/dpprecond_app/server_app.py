@@ -36,4 +36,5 @@ def main(grid: Grid, context: Context) -> None:
         # test accuracy on the public test split: Flower's "ServerApp-side Evaluate Metrics"
         result = strategy_from_run_config(context, n_clients=n_clients).run(grid,
                                                                           timeout=timeout)
+    # with adaptive-clip = true, result.config["clip_norms"] holds the clip of every round
     save_result(result, context)  # result.json and params.npy in output-dir, if set

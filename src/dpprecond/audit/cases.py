@@ -21,6 +21,9 @@ Cases:
 - :func:`fl_message_case`: one client message of full-batch DP-FedGD
   (:func:`dpprecond.fl.client.full_batch_messages`, :class:`~dpprecond.fl.models.LinearSoftmax`);
 - :func:`fl_run_case`: a few rounds of DP-FedGD through :func:`dpprecond.fl.engine.simulate`;
+- :func:`fl_count_case`: adaptive clipping's noisy count of one client
+  (:class:`dpprecond.fl.tasks.RecordCountTask`, the client half the engine and the Flower
+  client run), a record inside the clip replaced by one outside it;
 - :func:`probe_case`: ``auto``'s probe, counts and rest energies per bin
   (:func:`dpprecond.pca.auto.probe`);
 - :func:`auto_coupled_case`: ``auto``'s two coupled releases of ``A^T A`` (``M1``, ``M2``);
@@ -49,6 +52,7 @@ __all__ = [
     "BatchNoise",
     "auto_coupled_case",
     "federated_pca_case",
+    "fl_count_case",
     "fl_message_case",
     "fl_run_case",
     "gram_release_statistics",
@@ -382,6 +386,64 @@ def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: flo
     return AuditCase("FL client message (full-batch DP-FedGD, one round)", mechanism, True,
                      ((X, y), (X, y2)), epsilon_of(training_event(z, 1), delta, "pld"),
                      delta, 1.0 / z, {"noise_multiplier": z, "clip_norm": clip_norm})
+
+
+def fl_count_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: float = 1.0,
+                  count_share: float = 0.5, chunk: int = 20000) -> AuditCase:
+    """Adaptive clipping's count of one client (record-level, replace-one).
+
+    The client holds the four records of :func:`fl_message_case`, except that record 0 is
+    ``(0, 0)`` in ``D`` (gradient norm ``||softmax - onehot|| = 0.71 <= C`` at the zero
+    parameters of :class:`~dpprecond.fl.models.LinearSoftmax`: inside the clip) and
+    ``(3, 0)`` in ``D'`` (norm ``sqrt(10) * 0.71 > C``: outside), so the count changes by
+    1, the stated sensitivity. ``z_b`` is the library's: the count's multiplier of a
+    one-round DP-FedGD run with ``AdaptiveClip(count_share=count_share)`` calibrated to
+    ``epsilon`` (:class:`~dpprecond.fl.adaptive_clip.AdaptiveClipMethod`); the claim is
+    the epsilon of the count's own event, ``Gaussian(z_b)``. Runs are batched through the
+    library's client half, :class:`~dpprecond.fl.tasks.RecordCountTask` on ``chunk``
+    copies of the client, each drawing from its own stream. Statistic: the released count.
+    """
+    from dpprecond.fl.accounting import resolve_scale
+    from dpprecond.fl.adaptive_clip import AdaptiveClip, AdaptiveClipMethod
+    from dpprecond.fl.client import round_generators
+    from dpprecond.fl.config import FLConfig
+    from dpprecond.fl.methods import RunSpec, make_method
+    from dpprecond.fl.models import LinearSoftmax
+    from dpprecond.fl.tasks import RecordCountTask
+
+    X, y, _ = _fl_records()
+    X2 = X.copy()
+    X[0] = 0.0  # inside the clip in D; X2[0] = (3, 0) outside it in D'
+    model = LinearSoftmax(X.shape[1], 2)
+    settings = AdaptiveClip(count_share=count_share)
+    config = FLConfig(n_rounds=1, clip_norm=clip_norm, target_epsilon=epsilon,
+                      target_delta=delta, adaptive_clip=settings).validated()
+    method = AdaptiveClipMethod(make_method("fedgd"), settings)
+    schedule = method.schedule(config)
+    spec = RunSpec(config, schedule.multipliers(resolve_scale(schedule, config)), model, 1)
+    params = model.init_params(np.random.default_rng(0))
+    _, task, _ = method.begin_round(spec, None)
+    event = method.count_releases(spec)[0][0]
+    z_b = float(task.noise_multiplier)
+    n = X.shape[0]
+
+    def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
+                  n_runs: int) -> np.ndarray:
+        Xd, yd = data
+        out = np.empty(n_runs)
+        for lo in range(0, n_runs, chunk):
+            c = min(chunk, n_runs - lo)
+            root = np.random.SeedSequence(int(rng.integers(0, 2**63)))
+            counts = task.release(model, params, np.tile(Xd, (c, 1)), np.tile(yd, c),
+                                  np.arange(0, c * n + 1, n), round_generators(root, 0, c))
+            out[lo:lo + c] = counts.arrays["count"][:, 0]
+        return out
+
+    assert isinstance(task, RecordCountTask) and event == gaussian(z_b)
+    return AuditCase("FL adaptive-clipping count (one client, one round)", mechanism, True,
+                     ((X, y), (X2, y)), epsilon_of(event, delta, "pld"), delta, 1.0 / z_b,
+                     {"noise_multiplier": z_b, "clip_norm": clip_norm,
+                      "count_share": count_share})
 
 
 def fl_run_case(epsilon: float = 1.0, delta: float = 1e-5, *, n_rounds: int = 3,

@@ -44,9 +44,18 @@ noise variance is fixed at the start of a run).
 
 How it runs: :class:`AdaptiveClipMethod` wraps the method's halves (its schedule, hence
 the calibration and the ledger's plan, is the method's; its server state carries
-``C_t``), and the engine calls :meth:`AdaptiveClipMethod.count_round` before each round
-(:func:`dpprecond.fl.engine.simulate`, the one driver that runs it; the Flower adapter
-refuses ``adaptive_clip`` by name).
+``C_t``) and adds the count's halves: :meth:`~AdaptiveClipMethod.begin_round` (the
+round's clip ``C_t`` and the client half, a :class:`~dpprecond.fl.tasks.RecordCountTask`),
+:meth:`~AdaptiveClipMethod.count_releases` (its event, recorded before the release) and
+:meth:`~AdaptiveClipMethod.update_clip` (the server half). Both drivers run them:
+:func:`dpprecond.fl.engine.simulate` calls :meth:`~AdaptiveClipMethod.count_round` (the
+halves on all clients at once) before each round; the Flower adapter
+(:mod:`dpprecond.adapters.flower.server_side`) sends the count task with each round's
+request, every client releases its count with its own noise (the same count streams,
+:func:`count_root`) beside its message, and the server updates the clip from the
+repliers' counts, so that a seeded Flower run reproduces the engine's. Under
+``trust="secure-aggregation"`` adaptive clipping is refused by name (its counts are not
+part of the secure sum), in both drivers.
 """
 
 from __future__ import annotations
@@ -60,21 +69,29 @@ import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond.accounting import gaussian, gaussian_precision
-from dpprecond.fl.accounting import Schedule
-from dpprecond.fl.client import Stream, round_generators
+from dpprecond.fl.accounting import Releases, Schedule
+from dpprecond.fl.client import (
+    Stream,
+    count_sensitivity,
+    noisy_counts,
+    record_counts,
+    round_generators,
+)
 from dpprecond.fl.config import MAX_CLIP_NORM, MAX_NOISE_STD, AdaptiveClip, FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel
-from dpprecond.fl.tasks import ClientTask
-from dpprecond.noise import release
+from dpprecond.fl.tasks import ClientTask, RecordCountTask
 from dpprecond.secure import SecureRoot
 
 __all__ = [
     "AdaptiveClip",
     "AdaptiveClipMethod",
+    "count_fraction",
+    "count_root",
     "count_sensitivity",
     "geometric_update",
+    "noisy_counts",
     "noisy_fraction",
     "record_counts",
     "resolve_adaptive_clip",
@@ -85,15 +102,6 @@ __all__ = [
 #: The spawn-key child of a run's root that the count noise is drawn from: the engine
 #: spawns children 0 (model init), 1 (message noise) and 2 (one-off releases).
 COUNT_STREAM = 3
-
-
-def count_sensitivity() -> float:
-    """Replace-one l2 sensitivity of a client's count ``#{x : ||g(x)|| <= C}``: 1.
-
-    One replaced record flips at most its own indicator; every other record's norm, and
-    every other client's count, is unchanged (the parameters are the same broadcast).
-    """
-    return 1.0
 
 
 def split_multipliers(multipliers: Mapping[str, float], precision: float, n_rounds: int,
@@ -111,27 +119,24 @@ def split_multipliers(multipliers: Mapping[str, float], precision: float, n_roun
     return raised, math.sqrt(n_rounds / (s * precision))
 
 
-def record_counts(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                  bounds: np.ndarray, clip_norm: float) -> np.ndarray:
-    """Every client's count of records whose gradient norm is at most ``clip_norm``, (K,)."""
-    norms_of = getattr(model, "per_example_grad_norms", None)
-    if norms_of is not None:
-        norms = norms_of(params, X, y)
-    else:
-        norms = np.linalg.norm(model.per_example_grads(params, X, y), axis=1)
-    inside = (norms <= clip_norm).astype(np.float64)
-    return np.add.reduceat(inside, bounds[:-1]) if len(inside) else np.zeros(len(bounds) - 1)
+def count_fraction(replies: Mapping[str, np.ndarray], sizes: np.ndarray) -> float:
+    """The server half of the count: ``b = sum_i (c_i + noise_i) / sum_i |D_i|``.
+
+    ``replies["count"]``: the released counts of the clients that answered (one row each,
+    :class:`~dpprecond.fl.tasks.RecordCountTask`), ``sizes`` their ``|D_i|`` (public); with
+    every client, the denominator is ``n``, the records of all clients. Post-processing.
+    """
+    total = 0.0
+    for c in np.asarray(replies["count"], dtype=np.float64).reshape(-1):
+        total += float(c)
+    return total / int(np.sum(sizes))
 
 
 def noisy_fraction(counts: np.ndarray, n_records: int, count_multiplier: float,
                    rngs: Sequence[Stream]) -> float:
     """``sum_i (c_i + N(0, (z_b * 1)^2)) / n``: each client noises its own count."""
-    total = 0.0
-    std = count_multiplier * count_sensitivity()
-    for c, rng in zip(counts, rngs, strict=True):
-        total += float(release(np.array([c]), std, rng)[0]) \
-            if std > 0 else float(c)
-    return total / n_records
+    return count_fraction({"count": noisy_counts(counts, count_multiplier, rngs)},
+                          np.array([n_records]))
 
 
 def geometric_update(clip_norm: float, fraction: float, target_quantile: float,
@@ -144,9 +149,10 @@ def geometric_update(clip_norm: float, fraction: float, target_quantile: float,
     return float(min(max(new, np.finfo(np.float64).tiny), top))
 
 
-def _count_root(noise_root: Any) -> Any:
+def count_root(noise_root: Any) -> Any:
     """The count streams' root, the sibling ``COUNT_STREAM`` of the message noise root
-    (secure mode: the OS CSPRNG, as every other draw)."""
+    (secure mode: the OS CSPRNG, as every other draw). Client ``i`` draws round ``t``'s
+    count noise from ``stream(count_root(noise_root), t, i)``, in every driver."""
     if isinstance(noise_root, SecureRoot):
         return noise_root
     return np.random.SeedSequence(noise_root.entropy,
@@ -234,7 +240,9 @@ class AdaptiveClipMethod(Method):
         return self.inner.round_task(self.inner_spec(run))
 
     def reports_sizes(self, config: FLConfig) -> bool:
-        return self.inner.reports_sizes(config)
+        """True: the count's server half divides by the repliers' records
+        (:func:`count_fraction`; ``|D_i|`` is public under the replace-one unit)."""
+        return True
 
     # -- the server half: the wrapped method's, and the clip -------------------------
 
@@ -260,36 +268,75 @@ class AdaptiveClipMethod(Method):
                                                         clients, sizes, inner_state, params)
         return updates, (inner_state, clip, history)
 
+    # -- the count: client half (a task), server half (the clip update) --------------
+
+    def begin_round(self, run: RunSpec, state: Any) -> tuple[RunSpec, ClientTask, Any]:
+        """A round at the state's clip ``C_t``: ``(the round's spec, the count task, the
+        state with C_t in its clip history)``.
+
+        The round's messages are clipped at ``C_t`` (the spec returned: give it to
+        :meth:`round_task` and :meth:`server_update`); every client releases the count
+        task (:class:`~dpprecond.fl.tasks.RecordCountTask` at ``C_t`` with ``z_b``) at the
+        round's parameters, from its own count stream (:func:`count_root`), and the
+        driver records :meth:`count_releases` before it. ``state=None`` (no run started)
+        describes the first round and returns ``None``.
+        """
+        if state is None:
+            clip, new_state = self.initial_clip(run.config), None
+        else:
+            inner_state, clip, history = state
+            clip = float(clip)
+            new_state = (inner_state, clip, (*history, clip))
+            self.clip_norms = list(new_state[2])
+        round_spec = replace(run, config=replace(run.config, clip_norm=clip))
+        self.inner_spec(round_spec)  # sets the count's z_b
+        return round_spec, RecordCountTask(clip, self._z_count).validated(), new_state
+
+    def count_releases(self, run: RunSpec) -> Releases:
+        """One round's count releases, per record: one ``Gaussian(z_b)`` (sensitivity 1)."""
+        self.inner_spec(run)
+        return [(gaussian(self._z_count), 1)]
+
+    def update_clip(self, round_spec: RunSpec, replies: Mapping[str, np.ndarray],
+                    sizes: np.ndarray, state: Any) -> Any:
+        """The count's server half: the state with ``C_{t+1} = C_t exp(-lr (b_t -
+        gamma))``, ``b_t`` the repliers' noisy fraction (:func:`count_fraction`).
+
+        Post-processing of the released counts; ``round_spec`` is :meth:`begin_round`'s
+        (its largest raised multiplier bounds ``C_{t+1}`` so that the noise std stays
+        finite).
+        """
+        inner_state, clip, history = state
+        fraction = count_fraction(replies, sizes)
+        sub = self.inner_spec(round_spec)
+        z_max = max(sub.multipliers.values(), default=0.0)
+        upper = MAX_NOISE_STD / (2.0 * z_max) if z_max > 0 else None
+        new_clip = geometric_update(float(clip), fraction, self.settings.target_quantile,
+                                    self.settings.learning_rate, upper)
+        return (inner_state, new_clip, history)
+
     # -- the engine's hook before each round ------------------------------------------
 
     def count_round(self, run: RunSpec, t: int, params: np.ndarray, state: Any,
                     data: ClientData, noise_root: Any,
                     spend: Callable[[list[tuple[dp_event.DpEvent, int]]], None]
                     ) -> tuple[RunSpec, Any]:
-        """Round ``t``'s private count and clip: ``(the round's spec, the new state)``.
+        """Round ``t``'s private count and clip, all clients at once: ``(the round's spec,
+        the new state)``.
 
-        Every client releases its noisy count at ``C_t`` (from its own count stream,
-        spawn key ``(t, client)`` under :data:`COUNT_STREAM`), recorded through ``spend``
-        as it is made; the round's messages are clipped at ``C_t`` (the spec returned) and
-        the state carries ``C_{t+1}``, post-processing of the counts.
+        The halves every driver runs (:meth:`begin_round`, the count task on every
+        client from its count stream, spawn key ``(t, client)`` under
+        :data:`COUNT_STREAM`, recorded through ``spend`` before it is made, and
+        :meth:`update_clip`); the Flower adapter runs the same halves, one client per node.
         """
-        inner_state, clip, history = state
-        clip = float(clip)
-        round_spec = replace(run, config=replace(run.config, clip_norm=clip))
-        sub = self.inner_spec(round_spec)
+        round_spec, task, state = self.begin_round(run, state)
+        spend(self.count_releases(run))
         # the host float64 records (the round's X may be a float32 copy or on a torch
         # device); the count's sensitivity is 1 for any per-record norm
-        counts = record_counts(run.model, params, data.X, data.y, data.bounds, clip)
-        fraction = noisy_fraction(counts, int(data.bounds[-1]), self._z_count,
-                                  round_generators(_count_root(noise_root), t, data.n_clients))
-        spend([(gaussian(self._z_count), 1)])
-        history = (*history, clip)
-        self.clip_norms = list(history)
-        z_max = max(sub.multipliers.values(), default=0.0)
-        upper = MAX_NOISE_STD / (2.0 * z_max) if z_max > 0 else None
-        new_clip = geometric_update(clip, fraction, self.settings.target_quantile,
-                                    self.settings.learning_rate, upper)
-        return round_spec, (inner_state, new_clip, history)
+        out = task.release(run.model, params, data.X, data.y, data.bounds,
+                           round_generators(count_root(noise_root), t, data.n_clients))
+        state = self.update_clip(round_spec, out.arrays, np.diff(data.bounds), state)
+        return round_spec, state
 
 
 def resolve_adaptive_clip(method: Method, config: FLConfig) -> AdaptiveClip | None:

@@ -20,6 +20,9 @@ privacy unit, sensitivity and accounting of each mechanism are in
 - :func:`second_moment_releases` (DP-FedFC, DP-FedNew): record-level, replace-one. A one-off
   release of each client's feature second moment, rows of ``[x, 1]`` clipped to ``C_x``
   (sensitivity ``sqrt(2) C_x^2`` of the upper triangle; event ``Gaussian(z_cov)``).
+- :func:`noisy_counts` (adaptive clipping, :mod:`dpprecond.fl.adaptive_clip`):
+  record-level, replace-one. Each client's count of its records whose gradient norm is at
+  most the round's clip, plus ``N(0, z_b^2)`` (sensitivity 1; event ``Gaussian(z_b)``).
 
 Noise streams: the generator of client ``i`` in round ``t`` is built from the seed
 sequence with spawn key ``(t, i)`` (exactly ``root.spawn(T)[t].spawn(K)[i]``), so numbers do
@@ -50,11 +53,14 @@ __all__ = [
     "aggregate_inflation",
     "client_level_aggregate",
     "clip_feature_rows",
+    "count_sensitivity",
     "covariance_sensitivity",
     "full_batch_messages",
     "gram_inflation",
     "noise_inflation",
+    "noisy_counts",
     "poisson_local_messages",
+    "record_counts",
     "round_generators",
     "second_moment_releases",
     "stream",
@@ -256,3 +262,45 @@ def second_moment_releases(X: np.ndarray, bounds: np.ndarray, row_clip: float,
             E = noise.symmetric_gaussian(d1, std_i, rngs[i], draws="triangle")
             S = noise.release(S, std_i, rngs[i], noise=E)
         yield S / (hi - lo)
+
+
+def count_sensitivity() -> float:
+    """Replace-one l2 sensitivity of a client's count ``#{x : ||g(x)|| <= C}``: 1.
+
+    One replaced record flips at most its own indicator; every other record's norm, and
+    every other client's count, is unchanged (the parameters are the same broadcast).
+    """
+    return 1.0
+
+
+def record_counts(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                  bounds: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Every client's count of records whose gradient norm is at most ``clip_norm``, (K,).
+
+    The exact statistic of adaptive clipping (:mod:`dpprecond.fl.adaptive_clip`);
+    :func:`noisy_counts` releases it.
+    """
+    norms_of = getattr(model, "per_example_grad_norms", None)
+    if norms_of is not None:
+        norms = norms_of(params, X, y)
+    else:
+        norms = np.linalg.norm(model.per_example_grads(params, X, y), axis=1)
+    inside = (norms <= clip_norm).astype(np.float64)
+    return np.add.reduceat(inside, bounds[:-1]) if len(inside) else np.zeros(len(bounds) - 1)
+
+
+def noisy_counts(counts: np.ndarray, noise_multiplier: float,
+                 rngs: Sequence[NoiseSource]) -> np.ndarray:
+    """Every client's released count ``c_i + N(0, (z_b * 1)^2)``, (K,), in client order.
+
+    Record-level, replace-one: the count has l2 sensitivity :func:`count_sensitivity` (1)
+    and client ``i`` adds its own noise from ``rngs[i]``, so each release is a Gaussian
+    mechanism with noise multiplier ``z_b`` (event ``Gaussian(z_b)``, recorded once per
+    round by :mod:`dpprecond.fl.adaptive_clip`). ``z_b = 0`` releases the counts themselves
+    (a non-private run).
+    """
+    std = noise_multiplier * count_sensitivity()
+    out = np.empty(len(counts), dtype=np.float64)
+    for i, (c, rng) in enumerate(zip(counts, rngs, strict=True)):
+        out[i] = float(noise.release(np.array([c]), std, rng)[0]) if std > 0 else float(c)
+    return out

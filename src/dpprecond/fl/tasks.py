@@ -25,6 +25,11 @@ Tasks (privacy unit, sensitivity and event of each: :mod:`dpprecond.fl.client`,
 ``"second-moment"`` (:class:`SecondMomentTask`)
     The one-off noisy feature second moment of DP-FedFC and DP-FedNew (a setup task, run
     before the first round; ``clip_norm`` is the row clip ``C_x``). Replies ``"moment"``.
+``"record-count"`` (:class:`RecordCountTask`)
+    Adaptive clipping's count (:mod:`dpprecond.fl.adaptive_clip`): the client's records
+    whose gradient norm at the round's parameters is at most ``clip_norm`` (the round's
+    clip ``C_t``), plus its own Gaussian noise (sensitivity 1). Released beside the round's
+    task, from its own noise stream. Replies ``"count"``.
 
 A new kind of client work is one subclass here and one entry of :data:`TASKS`.
 """
@@ -50,6 +55,7 @@ __all__ = [
     "ClientTask",
     "GradientTask",
     "LocalStepsTask",
+    "RecordCountTask",
     "SecondMomentTask",
     "TaskOutput",
     "task_field_names",
@@ -279,9 +285,34 @@ class SecondMomentTask(ClientTask):
         return TaskOutput({"moment": np.stack(list(moments))})
 
 
+@dataclass(frozen=True)
+class RecordCountTask(ClientTask):
+    """The noisy count of adaptive clipping (:func:`dpprecond.fl.client.noisy_counts` of
+    :func:`dpprecond.fl.client.record_counts`): ``#{x in D_i : ||g(x)|| <= clip_norm} +
+    N(0, noise_multiplier^2)`` (sensitivity 1, event ``Gaussian(noise_multiplier)``)."""
+
+    kind: ClassVar[str] = "record-count"
+
+    def reply_shapes(self, n_params: int,
+                     n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        return {"count": (1,)}
+
+    def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
+                y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
+                broadcast: Mapping[str, np.ndarray] | None = None,
+                client_state: np.ndarray | None = None,
+                x_sq_norms: np.ndarray | None = None) -> TaskOutput:
+        assert params is not None
+        K = len(bounds) - 1
+        counts = client_mod.record_counts(model, params, X, y, bounds, self.clip_norm)
+        return TaskOutput({"count": client_mod.noisy_counts(
+            counts, self.noise_multiplier, rngs[:K])[:, None]})
+
+
 #: kind -> task class (what a Flower client may be asked to run).
 TASKS: dict[str, type[ClientTask]] = {
-    cls.kind: cls for cls in (GradientTask, LocalStepsTask, SecondMomentTask)}
+    cls.kind: cls for cls in (GradientTask, LocalStepsTask, SecondMomentTask,
+                              RecordCountTask)}
 
 
 def task_field_names(kind: str) -> list[str]:

@@ -15,7 +15,10 @@ an option the algorithm does not have is an error), ``n-clients``, ``n-rounds``,
 ``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one), ``target-delta``,
 ``max-epsilon`` (refuse a plan above it), ``mechanism``, ``sampling-rate``,
 ``local-steps``, ``local-lr`` (the Poisson mechanism of the gradient methods), ``weighting``,
-``accountant``, ``secure`` (secure-mode noise at the clients), ``round-timeout``,
+``adaptive-clip`` (``true``: adaptive clipping at its defaults, the median from
+``clip-norm``, :class:`~dpprecond.fl.config.AdaptiveClip`; ``false``: a fixed clip; ``""``:
+:class:`~dpprecond.fl.config.FLConfig`'s default), ``accountant``, ``secure``
+(secure-mode noise at the clients), ``round-timeout``,
 ``connect-timeout``, ``min-replies``, ``evaluate`` (server-side accuracy on the dataset's
 public test split), ``output-dir`` (write ``result.json`` and ``params.npy`` there). Data:
 ``data`` (a dataset name, or ``"node-file"`` for each client's own file), ``data-path``,
@@ -43,6 +46,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +66,8 @@ from dpprecond.adapters.flower.protocol import KEYS
 from dpprecond.adapters.flower.records import read_int
 from dpprecond.adapters.flower.secagg import SecAggDPStrategy, make_dual_client_app
 from dpprecond.adapters.flower.strategy import DPFedStrategy
-from dpprecond.fl.config import FLConfig
+from dpprecond.fl.adaptive_clip import with_adaptive_clip
+from dpprecond.fl.config import AdaptiveClip, FLConfig
 from dpprecond.fl.engine import FLResult
 from dpprecond.fl.methods import METHODS, Method, make_method, method_options
 from dpprecond.fl.models import LinearSoftmax
@@ -83,8 +88,8 @@ OPTIONS_TABLE = "method-options"
 RUN_CONFIG_KEYS = (
     "algorithm", "n-clients", "n-rounds", "clip-norm", "target-epsilon", "noise-multiplier",
     "target-delta", "max-epsilon", "mechanism", "sampling-rate", "local-steps", "local-lr",
-    "weighting", "accountant", "secure", "round-timeout", "connect-timeout", "min-replies",
-    "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
+    "weighting", "adaptive-clip", "accountant", "secure", "round-timeout", "connect-timeout",
+    "min-replies", "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
     "partition-seed", "n-features", "n-classes", "noise-seed", "trust", "min-clients")
 
 
@@ -127,13 +132,16 @@ def check_run_config(run_config: dict[str, Any]) -> None:
     _check_algorithm(rc)
     try:
         config = config_from_run_config(rc)
-        method_from_run_config(rc)
+        method = method_from_run_config(rc)
         check_int("n-clients", rc.get("n-clients", 0), low=0)
         if rc.get("data", "digits") == "node-file":
             check_int("n-features", rc.get("n-features"), low=1)
             check_int("n-classes", rc.get("n-classes"), low=2)
         else:
             PartitionedDataset.from_run_config(rc)
+        if config.trust == "local":  # what the strategy's method refuses (the app's model
+            # class; the checks read its type and the settings, not its sizes)
+            with_adaptive_clip(method, config).check(config, LinearSoftmax(1, 2))
         _bool(rc, "evaluate", True)
         _bool(rc, "secure", False)
         _positive(rc, "round-timeout", 600.0)
@@ -200,6 +208,19 @@ def _noise_seed(run_config: dict[str, Any]) -> int | None:
     return None if value in ("", None) else check_int("noise-seed", value, low=0)
 
 
+def _adaptive_clip(run_config: dict[str, Any], config: FLConfig) -> FLConfig:
+    """``config`` with the run config's ``adaptive-clip`` (unset or ``""``: FLConfig's
+    default stays)."""
+    value = run_config.get("adaptive-clip", "")
+    if value == "" or value is None:
+        return config
+    if not isinstance(value, bool):  # bool("false") is True: never guess
+        raise TypeError(f"Expected run config adaptive-clip to be true (adaptive clipping "
+                        f"from clip-norm towards the median norm), false (a fixed "
+                        f"clip-norm) or empty (FLConfig's default), got {value!r}.")
+    return replace(config, adaptive_clip=AdaptiveClip() if value else None)
+
+
 def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
     """The :class:`~dpprecond.fl.simulator.FLConfig` described by a Flower run config."""
     eps = _optional_float(run_config, "target-epsilon")
@@ -209,7 +230,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
                          f"got target-epsilon={run_config.get('target-epsilon', '')!r} and "
                          f"noise-multiplier={run_config.get('noise-multiplier', '')!r}.")
     check_target_delta("target-delta", run_config.get("target-delta", 1e-5))
-    return FLConfig(
+    return _adaptive_clip(run_config, FLConfig(
         n_rounds=run_config.get("n-rounds", 20), clip_norm=run_config.get("clip-norm", 10.0),
         target_epsilon=eps, noise_multiplier=z,
         target_delta=run_config.get("target-delta", 1e-5),
@@ -219,7 +240,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         local_lr=run_config.get("local-lr", 0.1),
         weighting=run_config.get("weighting", "uniform"),
         accountant=run_config.get("accountant", DEFAULT_ACCOUNTANT),
-        trust=run_config.get("trust", "local")).validated()
+        trust=run_config.get("trust", "local"))).validated()
 
 
 def load_client_data(info: ClientInfo) -> LocalData:

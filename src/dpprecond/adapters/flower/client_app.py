@@ -25,7 +25,8 @@ simulation sets both). Node-config keys the client honours, all optional:
     client never follows a run-config seed unless its own operator allowed it. Without the
     consent a seeded request is refused (the client drops out, with this reason).
 ``min-noise-multiplier`` (float, default 0)
-    The client refuses any release that asks for a smaller noise multiplier.
+    The client refuses any release that asks for a smaller noise multiplier (the round's
+    message and, with adaptive clipping, its count).
 ``secure-noise`` (bool, default false)
     Always draw the noise in secure mode (:mod:`dpprecond.secure`: the OS CSPRNG, snapped
     releases), whatever the server asks; seeds are then refused.
@@ -142,8 +143,9 @@ def _check_policy(info: ClientInfo, request: RoundRequest) -> None:
     if not isinstance(floor, numbers.Real) or isinstance(floor, bool):
         raise TypeError(f"Expected node config min-noise-multiplier to be a number, got "
                         f"{floor!r}.")
-    if request.noise_multiplier < float(floor):
-        raise ValueError(f"The server asked for noise_multiplier={request.noise_multiplier:g} "
+    lowest = min(request.noise_multipliers)  # every release asked for, count included
+    if lowest < float(floor):
+        raise ValueError(f"The server asked for noise_multiplier={lowest:g} "
                          f"below this client's min-noise-multiplier={float(floor):g}; "
                          "refusing to answer.")
 
@@ -210,6 +212,8 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
     secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
     seed = noise_seed if noise_seed is not None else _run_config_seed(info)
     rng = client_rng(seed, request, info.client_id, secure=secure)
+    count_rng = None if request.count_task is None else client_rng(
+        seed, request, info.client_id, secure=secure, count=True)
     local = load_data(info)
     n_params = local.model.n_params
     task = request.task
@@ -221,7 +225,8 @@ def train_reply(message: Message, context: Context, load_data: LoadData, *,
     if task.stateful:
         client_state = settle_state(_client_state(context, n_params), request.accepted_round)
     arrays, new_state = client_reply(local.model, params, local.X, local.y, request, rng,
-                                     broadcast=broadcast, client_state=client_state)
+                                     broadcast=broadcast, client_state=client_state,
+                                     count_rng=count_rng)
     if new_state is not None:
         assert client_state is not None
         _keep_state(context, client_state, new_state, request.server_round)

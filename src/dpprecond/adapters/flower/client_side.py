@@ -5,7 +5,9 @@ client half the engine runs too); :func:`client_reply` runs it on this one clien
 client's examples are the single block ``bounds = [0, n]`` of the engine's
 client-contiguous layout and its generator is the one-element list of generators, so the
 result is row ``i`` of what :func:`dpprecond.fl.engine.simulate` computes for all clients
-at once. Privacy unit, sensitivity and event of every release: see the task's module.
+at once. A request with a count (adaptive clipping) runs its count task the same way, at
+the same parameters, with the client's count stream. Privacy unit, sensitivity and event
+of every release: see the task's module.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def settle_state(state: ClientState, accepted_round: int) -> np.ndarray:
 def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np.ndarray,
                  request: RoundRequest, rng: Stream, *,
                  broadcast: Mapping[str, np.ndarray] | None = None,
-                 client_state: np.ndarray | None = None
+                 client_state: np.ndarray | None = None,
+                 count_rng: Stream | None = None
                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """One client's released arrays for ``request`` (names of :func:`~.protocol.reply_shapes`).
 
@@ -66,6 +69,9 @@ def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np
     broadcast, client_state : optional
         The server's broadcast arrays (the task's ``broadcast_names``) and, for a stateful
         task, this client's state.
+    count_rng : Generator or SecureGenerator, optional
+        The noise source of the request's count (``client_rng(..., count=True)``); needed
+        when the request has one.
 
     Returns
     -------
@@ -75,8 +81,15 @@ def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np
         A stateful task's new client state (to keep, pending); else ``None``.
     """
     bounds = np.array([0, X.shape[0]], dtype=np.int64)
+    if request.count_task is not None and count_rng is None:
+        raise ValueError("The request asks for a count: pass its noise source count_rng "
+                         "(client_rng(..., count=True)).")
     out = request.task.release(model, params, X, y, bounds, [rng], broadcast=broadcast,
                                client_state=None if client_state is None
                                else client_state[None, :])
     arrays = {name: rows[0] for name, rows in out.arrays.items()}
+    if request.count_task is not None:
+        assert count_rng is not None
+        counted = request.count_task.release(model, params, X, y, bounds, [count_rng])
+        arrays.update({name: rows[0] for name, rows in counted.arrays.items()})
     return arrays, None if out.client_state is None else out.client_state[0]

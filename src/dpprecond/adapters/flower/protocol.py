@@ -19,6 +19,7 @@ import numpy as np
 
 from dpprecond._validation import check_int
 from dpprecond.fl import client as client_mod
+from dpprecond.fl.adaptive_clip import count_root
 from dpprecond.fl.tasks import ClientTask, task_field_names, task_from_config
 from dpprecond.secure import SecureGenerator
 
@@ -48,6 +49,8 @@ class _Keys(NamedTuple):
 KEYS = _Keys()
 
 _BOOKKEEPING = ("server-round", "accepted-round", "report-size", "secure")
+#: Prefix of the count task's fields in a request's ConfigRecord.
+_COUNT = "count-"
 
 
 class RoundRequest(NamedTuple):
@@ -71,6 +74,11 @@ class RoundRequest(NamedTuple):
         under the record-level, replace-one unit, as in the paper).
     secure : bool
         Draw the noise in secure mode (:mod:`dpprecond.secure`).
+    count_task : ClientTask or None
+        A count released beside the task, at the same parameters, with noise from the
+        client's count stream (adaptive clipping's
+        :class:`~dpprecond.fl.tasks.RecordCountTask`: the client's records inside the
+        round's clip, :mod:`dpprecond.fl.adaptive_clip`); ``None``: none.
     """
 
     server_round: int
@@ -78,6 +86,7 @@ class RoundRequest(NamedTuple):
     accepted_round: int = 0
     report_size: bool = False
     secure: bool = False
+    count_task: ClientTask | None = None
 
     @property
     def kind(self) -> str:
@@ -109,13 +118,39 @@ class RoundRequest(NamedTuple):
             raise ValueError(f"The {self.kind!r} task's noise is added by a trusted "
                              "aggregator, which this adapter avoids on purpose; use the "
                              "in-process engine for it.")
+        if self.count_task is not None:
+            self._check_count(self.count_task)
         return self
+
+    def _check_count(self, count: Any) -> None:
+        if not isinstance(count, ClientTask):
+            raise TypeError(f"Expected count_task to be a ClientTask or None, got "
+                            f"{type(count).__name__}.")
+        count.validated()
+        if count.setup or self.task.setup:
+            raise ValueError(f"A count is released in a round, beside the round's task; got "
+                             f"count kind {count.kind!r} with task kind {self.kind!r}.")
+        if count.server_streams or count.stateful or count.broadcast_names:
+            raise ValueError(f"The count task {count.kind!r} must be stateless, without "
+                             "broadcast arrays or aggregator noise.")
+        shared = set(count.reply_shapes(1, 1)) & set(self.task.reply_shapes(1, 1))
+        if shared:
+            raise ValueError(f"The count task's replies {sorted(shared)} clash with the "
+                             f"{self.kind!r} task's.")
+
+    @property
+    def noise_multipliers(self) -> tuple[float, ...]:
+        """The noise multiplier of every release the request asks for (task, count)."""
+        tasks = (self.task,) if self.count_task is None else (self.task, self.count_task)
+        return tuple(float(t.noise_multiplier) for t in tasks)
 
     def to_config(self) -> dict[str, Any]:
         """Flat dict for a Flower ConfigRecord (keys with dashes, as Flower's)."""
+        count = {} if self.count_task is None else {
+            _COUNT + k: v for k, v in self.count_task.to_config().items()}
         return {"server-round": self.server_round, "accepted-round": self.accepted_round,
                 "report-size": self.report_size, "secure": self.secure,
-                **self.task.to_config()}
+                **self.task.to_config(), **count}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RoundRequest:
@@ -123,22 +158,33 @@ class RoundRequest(NamedTuple):
         missing = [k for k in (*_BOOKKEEPING, "kind") if k not in config]
         if not missing:
             missing = [k for k in task_field_names(config["kind"]) if k not in config]
+        count = None
+        if _COUNT + "kind" in config:
+            fields = {k[len(_COUNT):]: v for k, v in config.items() if k.startswith(_COUNT)}
+            missing += [_COUNT + k for k in task_field_names(fields["kind"])
+                        if k not in fields]
+            if not missing:
+                count = task_from_config(fields)
         if missing:
             raise ValueError(f"The round request is missing {missing}; the server and the "
                              "client run different versions of the dpprecond adapter.")
         return cls(config["server-round"], task_from_config(config),
                    config["accepted-round"], config["report-size"],
-                   config["secure"]).validated()
+                   config["secure"], count).validated()
 
 
 def reply_shapes(request: RoundRequest, n_params: int,
                  n_features: int | None = None) -> dict[str, tuple[int, ...]]:
-    """The arrays (name -> shape) a client replies with to ``request`` (its task's).
+    """The arrays (name -> shape) a client replies with to ``request`` (its task's, and
+    its count's if any).
 
     ``n_features`` (the linear head's ``d``) is needed for the second moment's
     ``(d + 1, d + 1)`` reply.
     """
-    return request.task.reply_shapes(n_params, n_features)
+    shapes = request.task.reply_shapes(n_params, n_features)
+    if request.count_task is not None:
+        shapes = {**shapes, **request.count_task.reply_shapes(n_params, n_features)}
+    return shapes
 
 
 class SeedTree(NamedTuple):
@@ -154,6 +200,7 @@ class SeedTree(NamedTuple):
     noise: np.random.SeedSequence       # root of the (round, client) gradient streams
     setup: np.random.SeedSequence       # root of the one-off (covariance) releases
     partition: np.random.SeedSequence   # the client split
+    counts: np.random.SeedSequence      # root of the (round, client) count streams
 
 
 def simulator_seeds(seed: int) -> SeedTree:
@@ -161,29 +208,32 @@ def simulator_seeds(seed: int) -> SeedTree:
 
     ``run_federated`` spawns ``(simulation, partition)`` from ``SeedSequence(seed)``, and
     :func:`dpprecond.fl.engine.simulate` spawns ``(init, noise, setup)`` from the simulation
-    sequence; client ``i`` draws round ``t``'s noise from ``fl.client.stream(noise, t, i)``
-    and its covariance from ``stream(setup, 0, i)``. Every process rebuilds the same tree
-    from the integer, so a Flower client and the engine draw identical numbers. This is the
-    only place the adapter mirrors the engine's spawn order (a test pins it).
+    sequence; client ``i`` draws round ``t``'s noise from ``fl.client.stream(noise, t, i)``,
+    its covariance from ``stream(setup, 0, i)`` and its adaptive-clipping count from
+    ``stream(counts, t, i)`` (``counts`` is :func:`dpprecond.fl.adaptive_clip.count_root`
+    of ``noise``, as in the engine). Every process rebuilds the same tree from the integer, so
+    a Flower client and the engine draw identical numbers. This is the only place the
+    adapter mirrors the engine's spawn order (a test pins it).
     """
     seed = check_int("seed", seed, low=0)
 
     def child(*key: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(seed, spawn_key=key)
 
-    return SeedTree(child(0), child(0, 0), child(0, 1), child(0, 2), child(1))
+    return SeedTree(child(0), child(0, 0), child(0, 1), child(0, 2), child(1),
+                    count_root(child(0, 1)))
 
 
 def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
-               secure: bool = False) -> client_mod.Stream:
-    """The noise source of one client for one request.
+               secure: bool = False, count: bool = False) -> client_mod.Stream:
+    """The noise source of one client for one request (``count=True``: for its count).
 
     ``noise_seed=None`` (every deployment): fresh OS entropy, a new generator per call, so
     no two clients, rounds or runs share noise and nobody can predict it; in secure mode
     (``secure`` or ``request.secure``) a :class:`dpprecond.secure.SecureGenerator` (the OS
     CSPRNG, and the releases are snapped). With an integer (testing only): the engine's
-    stream of ``run_federated(seed=noise_seed)`` for this (round, client); refused in secure
-    mode, as the engine refuses seeds there.
+    stream of ``run_federated(seed=noise_seed)`` for this (round, client), the count
+    stream with ``count=True``; refused in secure mode, as the engine refuses seeds there.
     """
     secure = secure or request.secure
     if noise_seed is None:
@@ -193,6 +243,10 @@ def client_rng(noise_seed: int | None, request: RoundRequest, client_id: int, *,
                          "a seeded release can be regenerated by whoever knows the seed.")
     client_id = check_int("client_id", client_id, low=0)
     tree = simulator_seeds(noise_seed)
+    if count:
+        if request.count_task is None:
+            raise ValueError("client_rng(count=True) needs a request with a count.")
+        return client_mod.stream(tree.counts, request.server_round - 1, client_id)
     if request.task.setup:
         return client_mod.stream(tree.setup, 0, client_id)
     return client_mod.stream(tree.noise, request.server_round - 1, client_id)

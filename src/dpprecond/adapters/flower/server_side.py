@@ -17,6 +17,14 @@ released moment out of the whole run (:meth:`~dpprecond.fl.methods.Method.eligib
 A stateful client task (a client state across rounds) only moves a client's state when
 the server aggregated that client's reply: each request says the client's last aggregated
 round.
+
+Adaptive clipping (``config.adaptive_clip``, :mod:`dpprecond.fl.adaptive_clip`): the
+method is wrapped exactly as the engine wraps it, and each round runs the same halves as
+the engine's hook: the round's clip ``C_t`` and count task from the server state, the
+count's release recorded before the requests go out (before the round's own), every
+asked client releasing its noisy count (its own noise, its count stream) beside its
+message at ``C_t``, and the clip ``C_{t+1}`` updated from the repliers' counts and sizes
+(post-processing). A round that aggregates no reply leaves the clip where it was.
 """
 
 from __future__ import annotations
@@ -31,10 +39,12 @@ from dpprecond._validation import check_int
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.protocol import RoundRequest
 from dpprecond.fl.accounting import Releases, resolve_scale
+from dpprecond.fl.adaptive_clip import AdaptiveClipMethod, with_adaptive_clip
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.engine import as_method
 from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel
+from dpprecond.fl.tasks import ClientTask
 
 __all__ = ["ServerSide"]
 
@@ -54,7 +64,8 @@ class ServerSide:
         The model (``n_params``; ``n_features``/``n_classes`` for the covariance methods).
     config : FLConfig
         Privacy and training settings, as for the engine (a mechanism whose noise the
-        clients add: ``"full-batch"`` or ``"poisson"``).
+        clients add: ``"full-batch"`` or ``"poisson"``; ``adaptive_clip`` as the engine
+        runs it).
     n_clients : int
         The federation size K (client ids ``0 .. K-1``).
     ledger : PrivacyLedger, optional
@@ -70,6 +81,9 @@ class ServerSide:
         The release schedule, the calibrated scale and the named noise multipliers.
     ledger : PrivacyLedger
         This run's own ledger (the history's epsilons).
+    round_clip : float
+        The clip norm of the current (or next) round's messages: ``config.clip_norm``, or
+        ``C_t`` with adaptive clipping.
     """
 
     def __init__(self, method: Method | str | Any, model: FLModel, config: FLConfig,
@@ -78,16 +92,14 @@ class ServerSide:
         if not isinstance(config, FLConfig):
             raise TypeError(f"Expected config to be an FLConfig, got {type(config).__name__}.")
         self.config = config.validated()
-        if self.config.adaptive_clip not in (None, "auto"):  # dpprecond.fl.adaptive_clip
-            raise ValueError("adaptive_clip is not supported on Flower yet (its per-round "
-                             "counts are not in the message protocol); use the in-process "
-                             "engine (run_federated) or drop adaptive_clip.")
-        self.method = as_method(method)
-        if type(self.method).round_task is Method.round_task or \
-                type(self.method).server_update is Method.server_update:
+        inner = as_method(method)
+        if type(inner).round_task is Method.round_task or \
+                type(inner).server_update is Method.server_update:
             raise TypeError(f"The Flower adapter runs a method's client and server halves; "
-                            f"{type(self.method).__name__} does not define them "
+                            f"{type(inner).__name__} does not define them "
                             "(Method.round_task, Method.server_update).")
+        # adaptive clipping wraps the method as in the engine (a no-op without it)
+        self.method = with_adaptive_clip(inner, self.config)
         if ledger is not None and not isinstance(ledger, PrivacyLedger):
             raise TypeError(f"Expected ledger to be a PrivacyLedger, got "
                             f"{type(ledger).__name__}.")
@@ -102,6 +114,8 @@ class ServerSide:
         self.scale = resolve_scale(self.schedule, self.config)
         self.multipliers = self.schedule.multipliers(self.scale)
         self.spec = RunSpec(self.config, self.multipliers, model, self.n_clients)
+        # the engine's one hook beside the halves: a count before each round sets its clip
+        self._clipping = self.method if isinstance(self.method, AdaptiveClipMethod) else None
         self._setup_task = self.method.setup_task(self.spec)
         self._round_task = self.method.round_task(self.spec)
         if self._round_task.server_streams:
@@ -109,7 +123,11 @@ class ServerSide:
                              "Flower: its noise is added after aggregation by a trusted "
                              "aggregator, which this adapter avoids on purpose (the clients "
                              "add their own noise); use the in-process engine for it.")
-        self._setup_events, self._round_events = self.schedule.releases(self.multipliers)
+        self._setup_events, self._round_events = self.schedule.releases(
+            self.multipliers if self._clipping is None
+            else self._clipping.inner_spec(self.spec).multipliers)
+        self._count_events: Releases = [] if self._clipping is None \
+            else self._clipping.count_releases(self.spec)
         self.reset()
 
     # -- state -----------------------------------------------------------------------------
@@ -120,6 +138,29 @@ class ServerSide:
         self.state: Any = None
         self.setup_clients: list[int] = []
         self._accepted = np.zeros(self.n_clients, dtype=np.int64)  # stateful tasks
+        self._round = 0  # the round whose spec and tasks are below (0: none yet)
+        self._round_spec = self.spec
+        self._task = self._round_task
+        self._count_task: ClientTask | None = None
+
+    @property
+    def round_clip(self) -> float:
+        """The clip norm of the current round's messages (``C_t`` with adaptive
+        clipping)."""
+        return float(self._round_spec.config.clip_norm)
+
+    def begin_round(self, server_round: int) -> None:
+        """Fix round ``server_round``'s spec and tasks from the server state (once per
+        round; :meth:`round_request` calls it). With adaptive clipping: the round's clip
+        ``C_t`` and count task, ``C_t`` entering the clip history."""
+        server_round = check_int("server_round", server_round, low=1)
+        if server_round == self._round:
+            return
+        self._round = server_round
+        if self._clipping is not None:
+            self._round_spec, self._count_task, self.state = self._clipping.begin_round(
+                self.spec, self.state)
+            self._task = self._clipping.round_task(self._round_spec)
 
     @property
     def noise_multiplier(self) -> float:
@@ -154,8 +195,9 @@ class ServerSide:
         self._spend(self._setup_events)
 
     def spend_round(self) -> None:
-        """Record one round's releases (before the requests go out)."""
-        self._spend(self._round_events)
+        """Record one round's releases (before the requests go out): adaptive clipping's
+        count first, then the round's own, in the engine's order."""
+        self._spend([*self._count_events, *self._round_events])
 
     def init(self, params: np.ndarray) -> None:
         """The server half's initial state of a method without a setup phase."""
@@ -171,11 +213,12 @@ class ServerSide:
 
     def round_request(self, server_round: int, client: int) -> RoundRequest:
         """Client ``client``'s request in round ``server_round``."""
-        task = self._round_task
+        self.begin_round(server_round)
+        task = self._task
         accepted = int(self._accepted[client]) if task.stateful else 0
         return RoundRequest(server_round, task, accepted_round=accepted,
                             report_size=self.method.reports_sizes(self.config),
-                            secure=self.secure).validated()
+                            secure=self.secure, count_task=self._count_task).validated()
 
     def broadcast(self) -> dict[str, np.ndarray]:
         """Arrays sent with the parameters (the method's broadcast; often nothing)."""
@@ -210,10 +253,19 @@ class ServerSide:
         client-id order, as the engine's. ``sizes``: the reported ``|D_i|`` (1 when the
         method asks for none).
         """
+        if self._clipping is not None and server_round != self._round:
+            raise RuntimeError(f"update(server_round={server_round}) without its requests "
+                               f"(the last requests were for round {self._round}).")
         order = sorted(replies)
         replier_sizes = np.array([sizes.get(c, 1) for c in order])
+        arrays = self._stack(replies, order)
+        if self._clipping is not None and self._count_task is not None:  # the clip's update
+            names = self._count_task.reply_shapes(self.model.n_params)
+            counts = {name: arrays.pop(name) for name in names}
+            self.state = self._clipping.update_clip(self._round_spec, counts, replier_sizes,
+                                                    self.state)
         updates, self.state = self.method.server_update(
-            self.spec, self._stack(replies, order), order, replier_sizes, self.state, params)
+            self._round_spec, arrays, order, replier_sizes, self.state, params)
         if self._round_task.stateful:
             self._accepted[order] = server_round
         return updates

@@ -8,9 +8,11 @@ it
 1. registers any newly connected node (a ``query`` message: which client id are you?);
 2. records the round's releases in the ledger, then sends every eligible client the model
    (and the method's broadcast arrays, such as SCAFFOLD's ``c``) and its
-   :class:`~dpprecond.adapters.flower.protocol.RoundRequest`;
-3. validates the replies, hands the valid ones to the method's server half, and records
-   the epsilon spent and which clients dropped out.
+   :class:`~dpprecond.adapters.flower.protocol.RoundRequest` (with adaptive clipping, the
+   round's clip ``C_t`` and the count each client releases beside its message);
+3. validates the replies, hands the valid ones to the method's server half (and the
+   counts to the clip's update), and records the epsilon spent, the round's clip and
+   which clients dropped out.
 
 A method with a setup task (DP-FedFC and DP-FedNew: the noisy feature second moment) first
 runs a setup round (round 0) in which every registered client releases it.
@@ -104,6 +106,7 @@ class DPFedStrategy(Strategy):
         The run: schedule, multipliers, the run's ledger, the server state.
     history_ : list of dict
         One record per round: ``round``, ``epsilon``, ``update_norm``, ``seconds``,
+        ``clip_norm`` (the clip of the round's messages: ``C_t`` with adaptive clipping),
         ``n_replied``, ``clients_replied``, ``clients_failed``, ``clients_timed_out``,
         ``clients_absent`` (not connected), ``clients_excluded`` (connected but not asked:
         DP-FedNew without a moment), ``failures`` (client id -> reason) and, with test
@@ -111,7 +114,9 @@ class DPFedStrategy(Strategy):
     setup_ : dict or None
         DP-FedFC/DP-FedNew: the setup round's record (the same client lists).
     result_ : FLResult
-        After :meth:`run`: final parameters, history, privacy figures and ``events``.
+        After :meth:`run`: final parameters, history, privacy figures and ``events``
+        (with adaptive clipping its ``config`` has the engine's ``clip_norms``, the clip
+        of every round, and ``count_noise_multiplier``).
     """
 
     def __init__(self, model: FLModel, method: Method | str | GradientTransformation,
@@ -346,13 +351,15 @@ class DPFedStrategy(Strategy):
             record.update(test_accuracy=acc, test_loss=loss)
         record.update(epsilon=self.server_.ledger.epsilon,
                       update_norm=float(np.linalg.norm(updates)), seconds=seconds,
+                      clip_norm=self.server_.round_clip,
                       **self._dropouts(valid, failures, timed_out))
         self.history_.append(record)
         logger.info("round %d: %d/%d replied, epsilon=%.4g", server_round, len(valid),
                     self.n_clients, record["epsilon"])
         metrics = MetricRecord({  # test accuracy: ServerApp-side evaluate (evaluate_fn)
             "epsilon": record["epsilon"], "update-norm": record["update_norm"],
-            "n-replied": len(valid), "clients-failed": record["clients_failed"],
+            "clip-norm": record["clip_norm"], "n-replied": len(valid),
+            "clients-failed": record["clients_failed"],
             "clients-timed-out": timed_out, "clients-absent": record["clients_absent"]})
         return ArrayRecord({KEYS.params: Array(self._params)}), metrics
 
