@@ -238,7 +238,7 @@ def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
         sampling_rate=run_config.get("sampling-rate", 1.0),
         local_steps=run_config.get("local-steps", 1),
         local_lr=run_config.get("local-lr", 0.1),
-        weighting=run_config.get("weighting", "uniform"),
+        weighting=run_config.get("weighting") or None,  # unset or "": FLConfig's default
         accountant=run_config.get("accountant", DEFAULT_ACCOUNTANT),
         trust=run_config.get("trust", "local"))).validated()
 
