@@ -175,7 +175,8 @@ def test_pipeline_composes_the_pca_and_the_skellam_rounds_in_rdp(digits) -> None
     z = res.fl.noise_multiplier
     config = FLConfig(n_rounds=3, clip_norm=1.0, noise_multiplier=z, weighting="size",
                       trust="secure-aggregation")
-    planned = compose([planned_event("auto", target_epsilon=eps_pca, target_delta=1e-5),
+    planned = compose([planned_event("auto", target_epsilon=eps_pca, target_delta=1e-5,
+                                     trust="secure-aggregation"),
                        plan_event(LinearSoftmax(8, 10), make_method("fedgd"), config)])
     total = epsilon_of(planned, 1e-5, "rdp")
     assert res.epsilon == pytest.approx(total, rel=1e-9)
