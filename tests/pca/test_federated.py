@@ -56,9 +56,12 @@ def test_secure_aggregation_records_its_skellam_plan(data: np.ndarray, method: s
     fed = fit_private_pca(data, 2, clients=BOUNDS, trust="secure-aggregation", seed=7,
                           row_norm=1.0, **kw)
     assert fed.dp_event == planned_event(trust="secure-aggregation", **kw)
-    leaves = [fed.dp_event] if not isinstance(fed.dp_event, dp_event.ComposedDpEvent) \
-        else fed.dp_event.events
-    assert all(isinstance(getattr(e, "event", e), dp_event.ZCDpEvent) for e in leaves)
+    def leaves(e: dp_event.DpEvent) -> list[dp_event.DpEvent]:
+        if isinstance(e, dp_event.ComposedDpEvent):
+            return [x for sub in e.events for x in leaves(sub)]
+        return leaves(e.event) if isinstance(e, dp_event.SelfComposedDpEvent) else [e]
+
+    assert all(isinstance(e, dp_event.ZCDpEvent) for e in leaves(fed.dp_event))
     assert fed.epsilon == epsilon_of(fed.dp_event, 1e-6, "rdp")
     assert 1.0 * (1 - 1e-3) <= fed.epsilon <= 1.0
     sums = fed.info["secure_aggregation"]
