@@ -105,8 +105,13 @@ class FederatedRows:
                   block_bytes: int = DEFAULT_BLOCK_BYTES,
                   shared: bool = False) -> FederatedRows:
         """Split ``X`` at ``bounds`` (``0 = b_0 < b_1 < ... < b_K = n``) into clients."""
-        bounds = np.asarray(bounds, dtype=np.int64)
+        raw = np.asarray(bounds)
         n = X.shape[0]
+        if raw.dtype.kind not in "iu":  # 0.5 or 14.0 would be truncated silently
+            raise ValueError(f"Expected client bounds of integers 0 = b_0 < b_1 < ... < b_K = "
+                             f"n = {n}, got dtype {raw.dtype} "
+                             f"({raw.ravel().tolist()[:6]}); pass row indices as ints.")
+        bounds = raw.astype(np.int64)
         if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != n or \
                 np.any(np.diff(bounds) <= 0):
             raise ValueError(f"Expected client bounds 0 = b_0 < b_1 < ... < b_K = n = {n} "

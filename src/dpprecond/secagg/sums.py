@@ -69,6 +69,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -336,6 +337,8 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
         raise ValueError(f"sensitivity={sensitivity:g} is too small for an exact integer "
                          "scale of the secure sum; give a larger clip radius.")
     scale = max(1.0, 2.0 ** math.ceil(math.log2(target)))
+    while scale * sensitivity * inflation < math.sqrt(dim):  # log2 may round down
+        scale *= 2.0
     plan = SumPlan(dim, sensitivity, z, scale, n_rows, n_clients, min_clients, 2)
     if plan.signal_bound >= EXACT_LIMIT:
         raise ValueError(f"A secure sum of {n_rows} rows at sensitivity {sensitivity:g} "
@@ -352,6 +355,11 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
     raise ValueError(f"No modulus up to 2^{MAX_BITS} keeps the wrap-around probability of "
                      f"a secure sum of {n_rows} rows below {max_wrap_probability:g} (noise "
                      f"multiplier {z:g}); raise epsilon or lower the number of rows.")
+
+
+#: The plans of the sums a fit makes repeat (same size, sensitivity and noise multiplier
+#: for every iteration); a plan is a pure function of its arguments.
+_cached_plan = lru_cache(maxsize=1024)(plan_sum)
 
 
 def check_inflation(inflation: float) -> float:
@@ -514,7 +522,10 @@ class SecureSums:
         else:
             flat = parts.reshape(K, -1)
         delta_fp = float(sensitivity) * self.fp
-        plan = plan_sum(flat.shape[1], delta_fp, std / delta_fp, n_rows=self.n_rows,
+        # z = std / (Delta fp), nudged up by 2^-40: std was formed as (z fp) Delta in
+        # floating point, and the sum must carry at least the accounted z
+        z = std / delta_fp * (1.0 + 2.0**-40)
+        plan = _cached_plan(flat.shape[1], delta_fp, z, n_rows=self.n_rows,
                         n_clients=K, min_clients=self.min_clients, inflation=self.inflation,
                         max_wrap_probability=self.max_wrap_probability)
         self.plans.append(plan)
