@@ -574,6 +574,7 @@ def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
     the recalibrated plan's (:func:`~dpprecond.pca.budget.secure_aggregation_plan`) and
     the claim its RDP epsilon (the target).
     """
+    from dpprecond.noise import release
     from dpprecond.pca.budget import secure_aggregation_plan
     from dpprecond.pca.core import private_init
     from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
@@ -602,10 +603,9 @@ def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
         source = SecureSums(streams[:n_clients], streams[n_clients], n_rows=X.shape[0],
                             fp=fp)
         out = np.empty(n_runs)
-        for i in range(n_runs):
-            M = private_init(S, 1, z0 * fp, source).M
-            if M is None:  # private_init always keeps its release
-                raise RuntimeError("private_init returned no released matrix.")
+        for i in range(n_runs):  # private_init's release (its eigenvectors are not needed)
+            M = release(S, z0 * fp * math.sqrt(2.0), source, symmetric=True,
+                        sensitivity=math.sqrt(2.0))
             out[i] = upper_triangle(M) @ direction
         return out
 
