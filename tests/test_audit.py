@@ -397,19 +397,37 @@ def test_federated_case_releases_what_fit_private_pca_releases(trust: str) -> No
         res = fit_private_pca(D, 2, method="analyze_gauss", target_epsilon=CLAIM,
                               target_delta=DELTA, row_norm=1.0, seed=12, clients=bounds,
                               trust=trust)
+    stream = np.random.default_rng(12).spawn(3)[1]
+    if trust == "secure-aggregation":
+        from dpprecond.secagg.sums import ClientParts, SecureSums
+
+        assert res.epsilon == case.claimed_epsilon  # the secure plan's, in RDP
+        rows = FederatedRows.from_data(D, bounds, 1.0, shared=True)
+        fp = 1 + rows.rounding_slack()
+        streams = stream.spawn(4)
+        M = private_init(rows.gram(), 2, case.info["z0"] * fp,
+                         SecureSums(streams[:3], streams[3], n_rows=D.shape[0], fp=fp)).M
+        np.testing.assert_array_equal(seen[0][0], M)  # the same secure sum, bit for bit
+
+        def zero_release(s: int) -> float:
+            g = np.random.default_rng(s)
+            src = SecureSums(g.spawn(3), g, n_rows=99, fp=1.0)
+            return private_init(ClientParts(np.zeros((3, 2, 2))), 1, 1.0, src).M[0, 1]
+
+        noise = np.array([zero_release(s) for s in range(3000)])
+        assert noise.std() == pytest.approx(math.sqrt(2.0), rel=6 / math.sqrt(2 * 3000))
+        return
     assert res.epsilon == pytest.approx(audit_cases.pca_init_case(CLAIM, DELTA)
                                         .claimed_epsilon, rel=1e-12)  # each message
     rows = FederatedRows.from_data(D, bounds, 1.0)
-    stream = np.random.default_rng(12).spawn(3)[1]
-    source = LocalNoise(stream.spawn(3)) if trust == "local" else stream
+    source = LocalNoise(stream.spawn(3))
     z = case.info["z0"] * (1 + rows.rounding_slack())
     M = private_init(rows.gram(), 2, z, source).M
     np.testing.assert_allclose(seen[0][0], M, rtol=1e-12, atol=1e-12)
     noise = np.array([private_init(np.zeros((2, 2)), 1, 1.0, LocalNoise(
-        np.random.default_rng(s).spawn(3)) if trust == "local" else
-        np.random.default_rng(s)).M[0, 1] for s in range(3000)])
-    expected = math.sqrt(2.0) * (math.sqrt(3) if trust == "local" else 1.0)
-    assert noise.std() == pytest.approx(expected, rel=6 / math.sqrt(2 * 3000))
+        np.random.default_rng(s).spawn(3))).M[0, 1] for s in range(3000)])
+    assert noise.std() == pytest.approx(math.sqrt(2.0) * math.sqrt(3),
+                                        rel=6 / math.sqrt(2 * 3000))
 
 
 @pytest.mark.parametrize("trust", ["local", "secure-aggregation"])

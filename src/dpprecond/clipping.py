@@ -31,6 +31,7 @@ __all__ = [
     "MAX_WIDTH",
     "SHRINK",
     "check_width",
+    "clip_rows_safely",
     "clip_to_radius",
     "gamma",
     "safe_row_norms",
@@ -131,3 +132,20 @@ def unit_scale(nu: np.ndarray, pre: np.ndarray, bound: float) -> tuple[np.ndarra
     with np.errstate(divide="ignore", under="ignore"):
         post[~clipped] = SHRINK / level[~clipped]
     return post, clipped
+
+
+def clip_rows_safely(G: np.ndarray, clip_norm: float) -> np.ndarray:
+    """Rows of ``G`` clipped to norm ``clip_norm``, for any input (a new array).
+
+    A row with a non-finite entry (a per-example gradient that overflowed) is replaced by
+    zero: a deterministic function of that example, so the sensitivity is kept. Finite rows
+    are clipped with the overflow-safe factors of :mod:`dpprecond.clipping` (norm at most
+    ``clip_norm`` as computed). ``clip_norm = inf`` returns the rows unchanged.
+    """
+    if np.isinf(clip_norm):
+        return np.array(G, dtype=np.float64)
+    G = np.where(np.isfinite(G).all(axis=1)[:, None], G, 0.0)
+    nu, pre = safe_row_norms(G)
+    G *= pre[:, None]
+    G *= clip_to_radius(nu, pre, clip_norm)[:, None]
+    return G

@@ -17,7 +17,13 @@ A :class:`NoiseSource` is anything with a numpy-style ``standard_normal(size)``:
   snapped);
 - wrappers that draw the same law differently: federated PCA's
   :class:`dpprecond.pca.federated.LocalNoise` (every client adds its own share) and the
-  audits' batch source (many independent draws in one call).
+  audits' batch source (many independent draws in one call);
+- a *distributed* source (:func:`is_distributed`: it has ``release_sum``), federated
+  PCA's :class:`dpprecond.secagg.sums.SecureSums` under secure aggregation: the noise is
+  not Gaussian and not drawn here; :func:`release` hands it the value (a sum of client
+  parts), the std and the release's sensitivity, and it returns the decoded secure sum.
+  Such a source never gives Gaussian noise (:func:`gaussian` and
+  :func:`symmetric_gaussian` refuse it).
 
 A draw of zero std returns zeros *without* touching the source, so switching a release off
 does not shift the draws of the releases after it.
@@ -33,8 +39,8 @@ import numpy as np
 
 from dpprecond import secure as _secure
 
-__all__ = ["CoupledNoise", "NoiseSource", "coupled_symmetric_gaussian", "gaussian", "keyed_stream",
-           "release", "symmetric_gaussian"]
+__all__ = ["CoupledNoise", "NoiseSource", "coupled_symmetric_gaussian", "gaussian",
+           "is_distributed", "keyed_stream", "release", "symmetric_gaussian"]
 
 
 @runtime_checkable
@@ -70,6 +76,17 @@ def keyed_stream(seed: int, *key: int) -> np.random.Generator:
                                                         spawn_key=tuple(int(k) for k in key)))
 
 
+def is_distributed(source: Any) -> bool:
+    """True for a source whose noise the clients add to a secure sum (``release_sum``)."""
+    return callable(getattr(source, "release_sum", None))
+
+
+def _no_distributed(source: Any) -> None:
+    if is_distributed(source):
+        raise TypeError("Gaussian noise cannot be drawn from a secure-aggregation source: "
+                        "its noise is the clients' Skellam shares (use release()).")
+
+
 def _check_std(std: float) -> float:
     std = float(std)
     if not (math.isfinite(std) and std >= 0):
@@ -94,6 +111,7 @@ def gaussian(shape: tuple[int, ...], std: float, source: NoiseSource) -> Any:
     noise : ndarray of shape ``shape`` (float for ``shape == ()``)
     """
     std = _check_std(std)
+    _no_distributed(source)
     shape = tuple(shape)
     if std == 0:
         return 0.0 if shape == () else np.zeros(shape)
@@ -129,6 +147,7 @@ def symmetric_gaussian(dim: int, std: float, source: NoiseSource, *,
         Symmetric noise matrix.
     """
     std = _check_std(std)
+    _no_distributed(source)
     if std == 0:
         return np.zeros((dim, dim))
     if draws == "square":
@@ -219,7 +238,7 @@ def coupled_symmetric_gaussian(dim: int, std_full: float, std_first: float,
 
 
 def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = False,
-            noise: Any = None) -> Any:
+            noise: Any = None, sensitivity: float | None = None) -> Any:
     """``value + noise`` with ``noise ~ N(0, std^2)``: the one place a noisy release is formed.
 
     The noise has the shape of ``value`` (symmetric for ``symmetric=True``) and is drawn
@@ -242,6 +261,10 @@ def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = Fa
         ``value`` is a symmetric ``(d, d)`` matrix: noise from :func:`symmetric_gaussian`.
     noise : float or ndarray, optional
         Noise drawn beforehand (then nothing is drawn here).
+    sensitivity : float, optional
+        The release's l2 sensitivity (``std / sensitivity`` is its noise multiplier, times
+        the rounding slack). Unused by Gaussian sources; a distributed source
+        (:func:`is_distributed`) needs it to scale and round the clients' parts.
 
     Returns
     -------
@@ -249,6 +272,15 @@ def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = Fa
         ``value + noise``, snapped in secure mode (a batch source broadcasts to a batch).
     """
     std = _check_std(std)
+    if is_distributed(source):  # secure aggregation: the clients' shares, a decoded sum
+        if noise is not None:
+            raise TypeError("Noise drawn beforehand cannot enter a secure sum: under secure "
+                            "aggregation the clients add the noise.")
+        out = source.release_sum(value, std, symmetric=symmetric,  # type: ignore[attr-defined]
+                                 sensitivity=sensitivity)
+        for seen in _secure._OBSERVERS.get():
+            seen.append((np.array(out, copy=True), std))
+        return out
     if noise is None:
         if symmetric:
             shape = np.shape(value)

@@ -8,10 +8,10 @@ public feature extractor, :func:`run_pipeline` builds the features privately:
    the clients' rows, with a share ``pca_share`` of the budget. ``trust="local"`` (no
    trusted party): every client adds its own noise, so each client's message meets the
    target on its own (the aggregate carries ``sqrt(K)`` times the central noise).
-   ``trust="secure-aggregation"`` (an assumption for this stage): each client adds a
-   share of std ``std / sqrt(K)``, so only the sum meets the target, and only if a
-   secure-aggregation protocol reveals nothing but the sum (none runs for the PCA;
-   :mod:`dpprecond.pca.federated`);
+   ``trust="secure-aggregation"``: every release is a secure sum with distributed
+   Skellam noise, each client adding a share of ``1/K`` of its variance (std
+   ``std / sqrt(K)``), so only the sum meets the target, against a server that sees
+   nothing but the sum (:mod:`dpprecond.pca.federated`, :mod:`dpprecond.secagg.sums`);
 3. every record is projected on the released components and publicly rescaled,
    ``z = V^T x sqrt(k) / row_norm`` (``V`` released, ``k`` and ``row_norm`` public: a
    row-wise post-processing of the release and of the record itself);
@@ -31,12 +31,11 @@ again (:func:`split_noise`, :func:`training_scale`), and **one**
 of both stages and reports the total per record from dp_accounting.
 
 Under ``trust="secure-aggregation"`` the training's releases are Skellam sums (an RDP
-bound, not Gaussian), so no precision split applies to them: the PCA gets its
-Gaussian share as above, and the training's Skellam noise multiplier is the smallest one
-whose ``T`` sums, composed with the PCA's releases in dp_accounting's RDP accountant,
-meet the target (the one calibration of that stage: a Skellam sum is not a Gaussian).
-The ledger composes the same events with the same accountant, so its
-total is that composition (at most the target).
+bound, not Gaussian), and so are the PCA's (secure sums with Skellam noise, calibrated
+in RDP to the epsilon of its Gaussian share above): the training's Skellam noise
+multiplier is the smallest one whose ``T`` sums, composed with the PCA's releases in
+dp_accounting's RDP accountant, meet the target. The ledger composes the same events
+with the same accountant, so its total is that composition (at most the target).
 
 ``features="random:64"`` is the data-independent control: a fixed random feature map
 (:func:`dpprecond.features.random_features.random_fourier_features`, public seed), which
@@ -264,12 +263,12 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
     trust : {"local", "secure-aggregation"}
         The trust model of the whole run (both stages). ``"local"``: every client adds its
         own noise to every message. ``"secure-aggregation"``: the server sees only sums;
-        the PCA splits its noise across the clients and the training runs the distributed
-        Skellam rounds (:mod:`dpprecond.secagg.fl`: one-message gradient methods, size
-        weighting, a private run); with ``pca:K`` the training's Skellam noise is
-        calibrated so that the composition of the PCA's releases and the ``T`` Skellam
-        sums, in dp_accounting's RDP accountant, meets ``target_epsilon`` (see the
-        module docstring).
+        the PCA's releases (planned by ``planned_event(..., trust=trust)``) and the
+        training's rounds (:mod:`dpprecond.secagg.fl`: one-message gradient methods, size
+        weighting, a private run) are secure sums with distributed Skellam noise; with
+        ``pca:K`` the training's Skellam noise is calibrated so that the composition of
+        the PCA's releases and the ``T`` Skellam sums, in dp_accounting's RDP accountant,
+        meets ``target_epsilon`` (see the module docstring).
     algorithm, learning_rate, method_options
         The federated method (:mod:`dpprecond.fl.methods`, full-batch Gaussian methods),
         its ``learning_rate`` option (``None`` keeps its default) and its other options.
@@ -340,9 +339,11 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         if ledger is not None:  # private, or a caller's ledger
             pca_event = planned_event(pca_method if private else "exact",
                                       target_epsilon=None, noise_multiplier=z_pca,
-                                      target_delta=target_delta, **(pca_options or {}))
-            if private:
-                eps_pca = epsilon_of(pca_event, target_delta, "pld")
+                                      target_delta=target_delta,
+                                      trust=trust if private else "local",
+                                      **(pca_options or {}))
+            if private:  # the stage's own epsilon (Skellam sums: an RDP bound)
+                eps_pca = epsilon_of(pca_event, target_delta, "rdp" if secagg else "pld")
 
     def config_for(level: dict[str, Any]) -> FLConfig:
         return FLConfig(n_rounds=n_rounds, clip_norm=clip_norm, target_delta=target_delta,

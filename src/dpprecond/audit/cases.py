@@ -620,26 +620,35 @@ def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
                        n: int = 99, n_clients: int = 3, chunk: int = 64) -> AuditCase:
     """Federated PCA's first release (``A^T A`` plus noise) in a trust model.
 
-    The production path of ``fit_private_pca(clients=...)``: the clients' parts are summed
-    by :class:`~dpprecond.pca.federated.FederatedRows` (the changed row is client 0's), the
-    noise multiplier is the registry's Analyze Gauss plan, and the noise is drawn by
-    :func:`~dpprecond.pca.core.private_init` from the source ``fit_private_pca`` builds:
-    under ``trust="local"`` a :class:`~dpprecond.pca.federated.LocalNoise` of ``K`` client
-    streams (every client adds the central std), under ``"secure-aggregation"`` the central
-    stream. The claim audited is what the server sees: for secure aggregation the central
-    release (the target); for local trust the aggregate of ``K`` client messages, each
-    carrying the central noise, i.e. the Gaussian mechanism with multiplier ``z sqrt(K)``
-    (each client's own message meets the target; the aggregate, its post-processing
-    together with the other clients' noise, meets this stronger claim). Batching as
-    :func:`pca_init_case`.
+    The production path of ``fit_private_pca(clients=...)``: the changed row is client 0's,
+    the noise multiplier is the registry's Analyze Gauss plan, and the release is made by
+    :func:`~dpprecond.pca.core.private_init` from the source ``fit_private_pca`` builds.
+    Under ``trust="local"`` the clients' parts are summed by
+    :class:`~dpprecond.pca.federated.FederatedRows` and a
+    :class:`~dpprecond.pca.federated.LocalNoise` of ``K`` client streams adds the noise
+    (every client the central std); the claim audited is what the server sees, the
+    aggregate of ``K`` client messages each carrying the central noise, i.e. the Gaussian
+    mechanism with multiplier ``z sqrt(K)`` (each client's own message meets the target;
+    the aggregate, its post-processing together with the other clients' noise, meets this
+    stronger claim). Batching as :func:`pca_init_case`. Under ``"secure-aggregation"``
+    the release is the secure sum of the clients' rounded Gram parts and Skellam shares
+    (:class:`~dpprecond.secagg.sums.SecureSums`, one sum per run), the noise multiplier
+    the recalibrated plan's (:func:`~dpprecond.pca.budget.secure_aggregation_plan`) and
+    the claim its RDP epsilon (the target).
     """
+    from dpprecond.noise import release
+    from dpprecond.pca.budget import secure_aggregation_plan
     from dpprecond.pca.core import private_init
     from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
+    from dpprecond.secagg.sums import SecureSums
 
     if trust not in TRUST_MODELS:
         raise ValueError(f"Unknown trust={trust!r}; expected one of {list(TRUST_MODELS)}.")
     base = pca_init_case(epsilon, delta, n=n)
     plan, claim, _ = pca_plan("analyze_gauss", epsilon, delta)
+    if trust == "secure-aggregation":
+        plan = secure_aggregation_plan(plan, epsilon, delta)
+        claim = epsilon_of(plan.event, delta, "rdp")
     z0 = plan.noise_multipliers["z0"]
     bounds = np.linspace(0, n, n_clients + 1).astype(np.int64)
     amp = math.sqrt(n_clients) if trust == "local" else 1.0
@@ -648,9 +657,25 @@ def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
     direction = base.info["direction"]
     d = base.pair[0].shape[1]
 
+    def secure_mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        rows = FederatedRows.from_data(X, bounds, 1.0, shared=True)
+        fp = 1.0 + rows.rounding_slack()
+        S = rows.gram()
+        streams = rng.spawn(n_clients + 1)
+        source = SecureSums(streams[:n_clients], streams[n_clients], n_rows=X.shape[0],
+                            fp=fp)
+        out = np.empty(n_runs)
+        for i in range(n_runs):  # private_init's release (its eigenvectors are not needed)
+            M = release(S, z0 * fp * math.sqrt(2.0), source, symmetric=True,
+                        sensitivity=math.sqrt(2.0))
+            out[i] = upper_triangle(M) @ direction
+        return out
+
     def mechanism(X: np.ndarray, rng: np.random.Generator, n_runs: int) -> np.ndarray:
+        if trust == "secure-aggregation":
+            return secure_mechanism(X, rng, n_runs)
         S = FederatedRows.from_data(X, bounds, 1.0).gram()
-        source: Any = LocalNoise(rng.spawn(n_clients)) if trust == "local" else rng
+        source: Any = LocalNoise(rng.spawn(n_clients))
         out = np.empty(n_runs)
         for lo in range(0, n_runs, chunk):
             c = min(chunk, n_runs - lo)
@@ -662,7 +687,7 @@ def federated_pca_case(trust: str, epsilon: float = 1.0, delta: float = 1e-5, *,
         return out
 
     view = ("the aggregate of 3 clients' messages" if trust == "local"
-            else "the sum, under secure aggregation")
+            else "the secure sum of the clients' Skellam shares")
     return AuditCase(f"Federated PCA, trust={trust}: {view}", mechanism, True, base.pair,
                      claim, delta, 1.0 / (z0 * amp),
                      {"z0": z0, "bounds": bounds, "trust": trust, "direction": direction})

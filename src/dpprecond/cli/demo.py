@@ -74,8 +74,9 @@ def _fl_section(seed: int) -> None:
     ds, feat = load_features("digits")
     # the package default (method, size weights, adaptive clipping from 10) against
     # DP-FedGD as the paper runs it (uniform weights, the fixed clip 10)
-    runs = (("default", DEFAULT_ALGORITHM, {}),
-            ("fedgd (paper)", "fedgd", {"weighting": "uniform", "adaptive_clip": None}))
+    runs: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("default", DEFAULT_ALGORITHM, {}),
+        ("fedgd (paper)", "fedgd", {"weighting": "uniform", "adaptive_clip": None}))
     print(f"== DP federated learning on digits ({feat}): 10 IID clients, 70 rounds, "
           "delta 1e-5; final test accuracy ==")
     print(f"{'epsilon':>10} " + " ".join(f"{name:>15}" for name, _, _ in runs))

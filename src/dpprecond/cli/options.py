@@ -253,9 +253,8 @@ OPTIONS: dict[str, Option] = {
                        "secure-aggregation: the server sees only sums; the training runs "
                        "the distributed Skellam rounds (fedgd, sofim*, adam, yogi; "
                        "full-batch; --weighting size, chosen by default), and pca:K "
-                       "features split their noise in shares of std/sqrt(K), so only the sum "
-                       "meets the target, which assumes a secure sum (none runs for the "
-                       "PCA)"),
+                       "features are secure sums too, each client adding a Skellam share "
+                       "of std/sqrt(K), so only the sum meets the target"),
     "fl_row_norm": _opt("--row-norm", type=float, default=None, unit="l2 norm of a row",
                         param="row_norm",
                         shown="sqrt(d) for the built-in image data, whose features lie in "

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpprecond.clipping import SHRINK, clip_to_radius, safe_row_norms
+from dpprecond.clipping import SHRINK, clip_rows_safely, clip_to_radius, safe_row_norms
 from dpprecond.fl.backend import backend_of, import_torch
 from dpprecond.fl.kernels import clipped_sums, rounding_slack, scale_exponent
 
@@ -75,23 +75,6 @@ def clip_factors(norms: np.ndarray, clip_norm: float) -> np.ndarray:
         return np.ones_like(norms)
     with np.errstate(divide="ignore", over="ignore"):  # an overflow means a factor of 1
         return np.minimum(1.0, clip_norm / np.maximum(norms, 1e-300))
-
-
-def clip_rows_safely(G: np.ndarray, clip_norm: float) -> np.ndarray:
-    """Rows of ``G`` clipped to norm ``clip_norm``, for any input (a new array).
-
-    A row with a non-finite entry (a per-example gradient that overflowed) is replaced by
-    zero: a deterministic function of that example, so the sensitivity is kept. Finite rows
-    are clipped with the overflow-safe factors of :mod:`dpprecond.clipping` (norm at most
-    ``clip_norm`` as computed). ``clip_norm = inf`` returns the rows unchanged.
-    """
-    if np.isinf(clip_norm):
-        return np.array(G, dtype=np.float64)
-    G = np.where(np.isfinite(G).all(axis=1)[:, None], G, 0.0)
-    nu, pre = safe_row_norms(G)
-    G *= pre[:, None]
-    G *= clip_to_radius(nu, pre, clip_norm)[:, None]
-    return G
 
 
 def block_products(X: np.ndarray, R: np.ndarray, bounds: np.ndarray) -> np.ndarray:

@@ -29,13 +29,14 @@ from dpprecond._validation import (
     check_seed,
     check_target_delta,
 )
-from dpprecond.accounting import PrivacyLedger, epsilon_of
+from dpprecond.accounting import AccountantName, PrivacyLedger, epsilon_of
 from dpprecond.noise import release
-from dpprecond.pca.budget import Budget, GaussianScale
+from dpprecond.pca.budget import Budget, GaussianScale, secure_aggregation_plan
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
 from dpprecond.pca.rows import make_rows, mean_sensitivity, noise_inflation
+from dpprecond.secagg.sums import SecureSums
 from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
@@ -171,23 +172,32 @@ def _check_center(center: Any, d: int) -> str | np.ndarray | None:
 
 def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
                   target_delta: float, center: str | np.ndarray | None = None,
-                  noise_multiplier: float | None = None,
+                  noise_multiplier: float | None = None, trust: str = "local",
                   **options: Any) -> dp_event.DpEvent:
     """What :func:`fit_private_pca` with these settings will release, from them alone.
 
     The method registry's budget plan (the same one the fit checks its ledger against),
     computed without any data: callers that compose several fits or stages check their
     whole plan against a ledger with it before touching the data. A non-private setting
-    (``method="exact"``, ``add_noise=False``) is a ``NonPrivateDpEvent``.
+    (``method="exact"``, ``add_noise=False``) is a ``NonPrivateDpEvent``. With
+    ``trust="secure-aggregation"`` it is the plan of the secure sums (Skellam
+    ``ZCDpEvent``s calibrated in RDP, :func:`~dpprecond.pca.budget.secure_aggregation_plan`),
+    which is what a federated fit under that trust model records.
     """
     spec = METHODS[check_choice("method", method, list(METHODS))]
+    check_choice("trust", trust, TRUST_MODELS)
     opts = spec.options(options)
     if not spec.private or not opts.get("add_noise", True):
+        if trust != "local":
+            _refuse_nonprivate_secure_aggregation()
         return dp_event.NonPrivateDpEvent()
     delta = check_target_delta("target_delta", target_delta)
     budget = _budget_of(target_epsilon, noise_multiplier)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
-    return spec.plan(budget, delta, opts, mean_share).event
+    plan = spec.plan(budget, delta, opts, mean_share)
+    if trust != "local":
+        plan = secure_aggregation_plan(plan, _secure_epsilon(budget, delta), delta)
+    return plan.event
 
 
 def _budget_of(target_epsilon: float | None, noise_multiplier: float | None) -> Budget:
@@ -201,13 +211,30 @@ def _budget_of(target_epsilon: float | None, noise_multiplier: float | None) -> 
     return GaussianScale(check_positive("noise_multiplier", noise_multiplier))
 
 
+def _secure_epsilon(budget: Budget, delta: float) -> float:
+    """The epsilon the secure sums are calibrated to: the target, or, for a
+    ``noise_multiplier``, that Gaussian's (the Skellam sums are not Gaussian, so their own
+    calibration is the one of the fit)."""
+    if isinstance(budget, GaussianScale):
+        return epsilon_of(dp_event.GaussianDpEvent(budget.noise_multiplier), delta, "pld")
+    assert budget is not None
+    return float(budget)
+
+
+def _refuse_nonprivate_secure_aggregation() -> None:
+    raise ValueError("trust='secure-aggregation' is a private mechanism (every release is "
+                     "a secure sum with the clients' Skellam noise); a non-private fit "
+                     "(method='exact' or add_noise=False) uses trust='local'.")
+
+
 def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                     target_delta: float, row_norm: float | None,
                     method: str = DEFAULT_METHOD, center: str | np.ndarray | None = None,
                     seed: SeedLike = None, ledger: PrivacyLedger | None = None,
                     diagnostics: bool = False, secure: bool = False,
                     clients: Any = None, trust: str = "local",
-                    noise_multiplier: float | None = None, **options: Any) -> PCAResult:
+                    noise_multiplier: float | None = None, min_clients: int | None = None,
+                    **options: Any) -> PCAResult:
     """Differentially private top-k PCA of the rows of ``X``.
 
     Privacy unit: one row of ``X``, replace-one adjacency. Rows are divided by the public
@@ -271,14 +298,22 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         ``"local"`` (no trusted party): every client adds its own noise at the central std
         to its part, so each client's message meets the target on its own, against
         everyone including the server; the aggregate carries ``sqrt(K)`` times the
-        central noise. ``"secure-aggregation"`` (an assumption): each client adds a share
-        of std ``std / sqrt(K)``, so a client's message alone is a Gaussian mechanism with
-        multiplier ``z / sqrt(K)`` and does not meet the target; only the sum, which
-        carries the central noise, meets it, and only if a secure-aggregation protocol
-        reveals nothing but the sum. No such protocol runs here: the simulation adds the
-        central noise to the sum of the parts (the law of the sum of the shares). The
-        reported epsilon is the target in both cases (per client message, resp. for the
-        sum under the assumption). Without ``clients``, ``trust`` must stay ``"local"``.
+        central noise. ``"secure-aggregation"``: every release is a secure sum with
+        distributed Skellam noise (:mod:`dpprecond.secagg.sums`): each client rounds its
+        scaled part to integers and adds a share of ``1/K`` of the variance (std
+        ``std / sqrt(K)``), so a client's message alone does not meet the target; only
+        the sum, which the server decodes from the modular sum of the messages, does,
+        against a server that sees nothing but the sums. Its epsilon is from the Skellam
+        events (``ZCDpEvent``, dp_accounting's RDP accountant, whatever ``accountant``
+        says; ``info["accountant"]``), calibrated to the target; ``info
+        ["secure_aggregation"]`` lists the sums' moduli and wrap-around bound. Not with
+        ``secure=True`` or a non-private fit. Without ``clients``, ``trust`` must stay
+        ``"local"``.
+    min_clients : int, optional
+        With ``trust="secure-aggregation"``: the fewest noise shares a released sum may
+        hold (default ``K``, all clients). Each share carries ``1/min_clients`` of the
+        calibrated variance, so up to ``K - min_clients`` dropouts leave the sum private,
+        at ``K / min_clients`` times the variance when every client answers.
     noise_multiplier : float, optional
         Instead of ``target_epsilon``: the fit is exactly one Gaussian mechanism with this
         noise multiplier (its releases' precisions ``1/z_i^2`` add up to
@@ -286,6 +321,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         caller that composes the fit with other Gaussian releases and has calibrated the
         whole once (:func:`dpprecond.pipeline.run_pipeline`). Every method but ``select``
         (whose repeat-and-select is not Gaussian); ``result.epsilon`` is the fit's own.
+        Under secure aggregation the Skellam sums are calibrated to that Gaussian's
+        epsilon.
     **options
         Method options; :data:`dpprecond.pca.methods.METHODS` lists each method's options
         and defaults (the docs in ``docs/pca.md`` explain them). Common: ``add_noise``
@@ -337,8 +374,22 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                              f"be a sum over rows; use one of {list(FEDERATED_METHODS)} "
                              "(select's score needs the exact A^T A, which no party holds).")
     noise = spec.private and opts.get("add_noise", True)
+    secagg = trust == "secure-aggregation"
+    if min_clients is not None and not secagg:
+        raise ValueError(f"min_clients={min_clients!r} applies to trust='secure-aggregation' "
+                         "only (the fewest noise shares a secure sum may hold); leave it "
+                         "None.")
+    if secagg:
+        if not noise:
+            _refuse_nonprivate_secure_aggregation()
+        if secure:
+            raise ValueError("secure=True is not available with trust='secure-aggregation': "
+                             "the Skellam shares need Poisson draws, which the secure noise "
+                             "source does not provide.")
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget if noise else None, delta, opts, mean_share)
+    if secagg:
+        plan = secure_aggregation_plan(plan, _secure_epsilon(budget, delta), delta)
     if ledger is not None and noise:  # refuse before any data is touched
         ledger.check(plan.event)
     info: dict[str, Any] = {"noise_multipliers": dict(plan.noise_multipliers),
@@ -348,12 +399,24 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if clients is None:
         rows: Any = make_rows(X, row_norm)  # ClippedRows, or DaskRows for a dask array
     else:
-        rows = FederatedRows.from_data(X, clients, row_norm)
+        rows = FederatedRows.from_data(X, clients, row_norm, shared=secagg)
         info.update(n_clients=rows.n_clients, trust=trust)
+        K = rows.n_clients
         if trust == "local":  # each client adds its own noise: one stream per client
-            K = rows.n_clients
             mean_stream, init_stream, main_stream = (LocalNoise(s.spawn(K)) for s in
                                                      (mean_stream, init_stream, main_stream))
+        else:  # every release a secure sum: one stream per client and a public one
+            if min_clients is not None:
+                min_clients = check_int("min_clients", min_clients, low=1, high=K)
+            sums_made: list[Any] = []
+            slack = noise_inflation(rows)
+            mean_stream, init_stream, main_stream = (
+                SecureSums(streams[:K], streams[K], n_rows=n, fp=slack,
+                           min_clients=min_clients, plans=sums_made)
+                for streams in (s.spawn(K + 1) for s in (mean_stream, init_stream,
+                                                         main_stream)))
+            if ledger is not None:  # charged before the first share, as the FL rounds
+                ledger.spend(plan.event)
     # Rounding of the block sums: every noise std is inflated (rows.noise_inflation; below
     # 1e-6 relatively for n <= 1e7); events keep z. fit_auto applies the same factor.
     fp = noise_inflation(rows)
@@ -362,7 +425,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if center is not None:
         if isinstance(center, str):  # "private": Gaussian mean of the step-1 rows
             s_mean = z.get("z_mean", 0.0) * mean_sensitivity(n)
-            mu = release(rows.column_sum() / n, s_mean, mean_stream)
+            mu = release(rows.column_sum() / n, s_mean, mean_stream,
+                         sensitivity=mean_sensitivity(n))
         else:
             with np.errstate(over="ignore"):
                 mu = center / row_norm
@@ -374,13 +438,16 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     S = rows.gram()
 
     out = spec.run(FitContext(rows, S, k, z, plan, opts, init_stream, main_stream, delta))
-    event = plan.event if out.event is None else out.event
+    event = plan.event if out.event is None or secagg else out.event
     info.update(out.info)
     if "note" in info:
         logger.info(info["note"])
-    eps = math.inf if plan.scale == 0 else epsilon_of(event, delta, opts.get("accountant",
-                                                                            "pld"))
-    if ledger is not None and noise:
+    accountant: AccountantName = "rdp" if secagg else opts.get("accountant", "pld")
+    eps = math.inf if plan.scale == 0 else epsilon_of(event, delta, accountant)
+    if secagg:
+        assert isinstance(main_stream, SecureSums)
+        info.update(accountant="rdp", secure_aggregation=main_stream.summary())
+    elif ledger is not None and noise:
         ledger.spend(event)
     explained = total = ratio = None
     if out.eigvals is not None:  # in the units of X (inf if row_norm^2 overflows)

@@ -58,7 +58,13 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
-from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
+from dpprecond.noise import (
+    NoiseSource,
+    coupled_symmetric_gaussian,
+    is_distributed,
+    release,
+    symmetric_gaussian,
+)
 from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
 from dpprecond.pca.rows import RowSource, clip_unit_rows, noise_inflation
 
@@ -215,7 +221,7 @@ def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.
     """
     nb = edges.size + 1
     total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,))
-    out = release(total, std, rng)
+    out = release(total, std, rng, sensitivity=2.0)
     return out[:nb], out[nb:]
 
 
@@ -265,7 +271,7 @@ def clipped_step(rows: RowSource, X: np.ndarray, B: np.ndarray, radius: float,
     """
     d, k = X.shape
     Z = _block_sum(rows, _block_clipped_step, X @ B, radius, shape=(d, k))
-    return release(Z, noise_std, rng)
+    return release(Z, noise_std, rng, sensitivity=2.0 * radius)
 
 
 def _preconditioner(H: np.ndarray, floor: float) -> np.ndarray:
@@ -789,7 +795,9 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
                         "None; None is only for add_noise=False.")
     n, d = rows.shape
     k = check_int("k", k, low=1, high=d)
-    S = np.asarray(S, dtype=np.float64)
+    distributed = is_distributed(rng)  # secure aggregation: S is held as client parts
+    if not distributed:
+        S = np.asarray(S, dtype=np.float64)
     if S.shape != (d, d):
         raise ValueError(f"Expected S of shape ({d}, {d}) (A^T A of the rows), got "
                          f"{S.shape}.")
@@ -810,9 +818,13 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     # without a trusted party (LocalNoise) adds every client's noise, sqrt(K) times std.
     amp = float(getattr(gen, "noise_amplification", 1.0))
 
-    # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
-    coupled = coupled_symmetric_gaussian(d, std_ag, std1, gen)
-    M1 = release(S, std1, gen, noise=coupled.first)
+    # -- release 1: M1 (coupled with the Analyze Gauss completion; under secure
+    # aggregation the clients' Skellam shares cannot be coupled: M2 is drawn on its own)
+    coupled = None if distributed else coupled_symmetric_gaussian(d, std_ag, std1, gen)
+    if coupled is None:
+        M1 = release(S, std1, gen, symmetric=True, sensitivity=SQRT2)
+    else:
+        M1 = release(S, std1, gen, noise=coupled.first)
     with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
         spectrum = np.linalg.eigvalsh(M1)[::-1]
     w1, U1 = top_eigvecs(M1, min(k + 1, d))
@@ -848,7 +860,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
             zt = z / math.sqrt(st)
             std_t = SQRT2 * zt * fp
             S_tau = rescaled_gram(rows, tau)
-            M_tau = release(S_tau, std_t, gen, symmetric=True)
+            M_tau = release(S_tau, std_t, gen, symmetric=True, sensitivity=SQRT2)
             events.append(gaussian(zt))
             left -= st
             info["noise_multipliers"]["z_rescaled"] = zt
@@ -878,7 +890,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
         assert rescaled is not None
         S_tau, M_tau, std_t, tau = rescaled
         std2 = SQRT2 * z_left * fp
-        M2 = release(S_tau, std2, gen, symmetric=True)
+        M2 = release(S_tau, std2, gen, symmetric=True, sensitivity=SQRT2)
         v1, v2 = std_t**2, std2**2
         M = (M_tau / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
         wa, X = top_eigvecs(M, k)
@@ -887,7 +899,12 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
         events.append(gaussian(z_left))
         info["row_scale"] = tau
     elif branch == "analyze_gauss":
-        if noise:
+        if noise and coupled is None:  # independent M2 with the precision left
+            v1, v2 = std1**2, (SQRT2 * z_left * fp) ** 2
+            M2 = release(S, math.sqrt(v2), gen, symmetric=True, sensitivity=SQRT2)
+            M = (M1 / v1 + M2 / v2) / (1.0 / v1 + 1.0 / v2)
+        elif noise:
+            assert coupled is not None
             second = coupled.second
             v2 = coupled.var_second
             if left < rest:  # less precision left than the coupling assumed: add noise

@@ -60,5 +60,5 @@ def dp_power_method(S: np.ndarray, X0: np.ndarray, n_iter: int, z: float,
     X = X0
     std = z * SQRT2
     for _ in range(n_iter):
-        X = orthonormalize(release(S @ X, std, rng))
+        X = orthonormalize(release(S @ X, std, rng, sensitivity=SQRT2))
     return X

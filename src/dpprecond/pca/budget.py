@@ -67,6 +67,7 @@ from dpprecond.accounting import (
     gaussian,
     gaussian_precision,
 )
+from dpprecond.secagg.sums import ROUNDING_INFLATION, skellam_release_events
 from dpprecond.selection import repeat_and_select_event
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "plan_fixed",
     "plan_power",
     "plan_select",
+    "secure_aggregation_plan",
     "trial_multipliers",
 ]
 
@@ -319,3 +321,30 @@ def plan_epsilon(plan: BudgetPlan, delta: float,
     if plan.scale == 0:
         return math.inf
     return epsilon_of(plan.event, delta, accountant)
+
+
+def secure_aggregation_plan(plan: BudgetPlan, epsilon: float, delta: float, *,
+                            inflation: float = ROUNDING_INFLATION) -> BudgetPlan:
+    """A plan's releases as secure sums with distributed Skellam noise, recalibrated.
+
+    Every noise multiplier of a plan is proportional to its scale ``c``, so the plan at
+    scale ``c`` is ``plan`` with its multipliers times ``c / plan.scale``. Under
+    ``trust="secure-aggregation"`` each Gaussian release with multiplier ``z`` becomes a
+    secure sum whose event is :func:`dpprecond.secagg.sums.sum_event` (``ZCDpEvent``,
+    an RDP bound); the scale is calibrated with the one calibrator
+    (:func:`~dpprecond.accounting.calibrate_noise`) and dp_accounting's RDP accountant so
+    that the composition meets ``(epsilon, delta)``. Returns the recalibrated plan: its
+    ``noise_multipliers`` are the Gaussian plan's at the new scale (what the kernels draw
+    with), its ``event`` and ``init_event`` the Skellam ones.
+    """
+    if plan.scale == 0:
+        raise ValueError("trust='secure-aggregation' is a private mechanism; a fit without "
+                         "noise uses trust='local'.")
+
+    def event(c: float) -> dp_event.DpEvent:
+        return skellam_release_events(plan.event, c / plan.scale, inflation)
+
+    c = calibrate_noise(event, epsilon, delta, "rdp")
+    f = c / plan.scale
+    return BudgetPlan(c, {key: val * f for key, val in plan.noise_multipliers.items()},
+                      event(c), skellam_release_events(plan.init_event, f, inflation))

@@ -43,6 +43,7 @@ from dpprecond._threads import serial_blas
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, release
 from dpprecond.pca.rows import DenseRows, RowSource
+from dpprecond.secagg.sums import ClientParts
 from dpprecond.selection import draw_trial_count
 
 __all__ = [
@@ -166,7 +167,7 @@ def private_init(S: np.ndarray, k: int, z0: float, rng: NoiseSource) -> InitRele
     """
     d = S.shape[0]
     std = z0 * SQRT2
-    M = release(S, std, rng, symmetric=True)
+    M = release(S, std, rng, symmetric=True, sensitivity=SQRT2)
     w, V = top_eigvecs(M, min(k + 1, d))
     return InitRelease(X0=V[:, :k].copy(), eigvals=w, noise_std=std, M=M)
 
@@ -186,7 +187,7 @@ def refine_init(S: np.ndarray, init: InitRelease, z: float,
     k = init.X0.shape[1]
     d = S.shape[0]
     std = z * SQRT2
-    M2 = release(S, std, rng, symmetric=True)
+    M2 = release(S, std, rng, symmetric=True, sensitivity=SQRT2)
     if init.noise_std == 0 or std == 0:
         M = M2 if std == 0 else init.M
         combined_std = 0.0
@@ -260,12 +261,15 @@ def clipped_products(block: np.ndarray, XB: np.ndarray, radii: np.ndarray, k: in
 
 
 def _clipped_sums(rows: RowSource, XB: np.ndarray, radii: np.ndarray,
-                  k: int) -> tuple[np.ndarray, np.ndarray]:
+                  k: int) -> tuple[Any, np.ndarray]:
     """``(Z, clipped counts)`` of :func:`clipped_products` summed over all rows (one pass)."""
     d, mk = XB.shape
     size = d * mk + radii.size
     if hasattr(rows, "block_sum"):
         flat = rows.block_sum(clipped_products, XB, radii, k, shape=(size,), row_scaled=True)
+        if isinstance(flat, ClientParts):  # secure aggregation: Z stays with the clients;
+            counts = flat[d * mk:].total()  # the clip counts are a diagnostic, never released
+            return flat[:d * mk].reshape(d, mk), counts.astype(np.int64)
     else:  # a RowSource without its own pass: blocks read with rows.rows
         n = rows.shape[0]
         flat = np.zeros(size)
@@ -330,7 +334,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 H = Xs[:, sl].T @ SX[:, sl]
                 H = 0.5 * (H + H.T)
                 sH = tr.zH * SQRT2
-                H = release(H, sH, tr.rng, symmetric=True)
+                H = release(H, sH, tr.rng, symmetric=True, sensitivity=SQRT2)
                 amp = float(getattr(tr.rng, "noise_amplification", 1.0))  # LocalNoise
                 floor = tr.h_floor_factor * sH * amp if sH > 0 else 1e-12 * max(np.trace(H), 1e-300)
                 B, _ = _preconditioner(H, floor)
@@ -344,7 +348,7 @@ def run_trials(A: np.ndarray | RowSource, S: np.ndarray, X0: np.ndarray,
                 Zj = Z[:, j * k:(j + 1) * k]
                 if tr.zZ > 0:
                     sZ = 2.0 * tr.clip_radius * tr.zZ
-                    Zj = release(Zj, sZ, tr.rng)
+                    Zj = release(Zj, sZ, tr.rng, sensitivity=2.0 * tr.clip_radius)
                 out[i] = orthonormalize(Zj)
                 clipped_last[i] = int(clipped_count[j])
     return out, clipped_last

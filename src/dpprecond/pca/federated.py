@@ -16,16 +16,43 @@ and the server adds the parts. Who adds the noise is the trust model:
     one (events and epsilon unchanged). The aggregate then carries ``K`` independent
     noises: ``sqrt(K)`` times the central noise std (:class:`LocalNoise` draws them, one
     stream per client).
-``trust="secure-aggregation"`` (an assumption: the server sees only the sum)
-    Every client adds a share ``N(0, std^2 / K)``, so a client's message alone is a
-    Gaussian mechanism with multiplier ``z / sqrt(K)`` and does *not* meet the target:
-    only the sum, which carries exactly the central noise, does, and the guarantee holds
-    only if a secure aggregation protocol reveals nothing but the sum to the server (and
-    the clients add their shares honestly). No such protocol runs in this library: the
-    simulation adds the central noise to the sum of the clients' parts, which is the law of
-    the sum of ``K`` independent shares (so a run equals the central computation for the
-    same seed, up to the summation order). :func:`split_noise` forms shares that sum to a
-    central draw, for a deployment that runs a real protocol.
+``trust="secure-aggregation"`` (the server sees only sums; :mod:`dpprecond.secagg.sums`)
+    Every release is a secure sum with distributed Skellam noise: each client computes its
+    part (:class:`FederatedRows` with ``shared=True`` returns the parts, a
+    :class:`~dpprecond.secagg.sums.ClientParts`, never their sum), scales it by a power of
+    two ``gamma``, rounds it to integers with its own uniforms (``floor(y) + [U <= y -
+    floor(y)]``), adds its Skellam share of ``1/K`` of the variance (std ``std /
+    sqrt(K)`` for ``min_clients = K``) and sends it modulo ``2^bits``; the server decodes
+    the modular sum. A client's message alone does not meet the target: only the sum
+    does, against an honest-but-curious server that sees nothing but the sum (and
+    clients that add their shares honestly). The noise source of the kernels is
+    :class:`~dpprecond.secagg.sums.SecureSums`; :func:`dpprecond.noise.release` hands it
+    every release with its central sensitivity.
+
+    Sensitivity of the rounded release (one row, replace-one, rows of norm ``<= 1``): the
+    row's client's computed part moves by at most ``Delta`` (the central sensitivity,
+    times ``1 + rounding slack``); with the same uniforms the rounded parts move by an
+    integer vector with ``|w_j| <= ceil(gamma |delta_j|)``, so ``||w||_2 <= gamma Delta +
+    sqrt(m)`` on ``m`` released coordinates and ``||w||_1 <= min(sqrt(m) ||w||_2,
+    ||w||_2^2)``; joint quasi-convexity of Renyi divergence carries the Skellam RDP bound
+    at these sensitivities to the mixture over the uniforms. ``gamma`` is the smallest
+    power of two with ``sqrt(m) / (gamma Delta) <= 2^-10``: the noise std is at most
+    ``1 + 2^-10`` times the central Gaussian one. The modulus is the smallest power of two
+    whose wrap-around bound is at most ``1e-12`` per sum.
+
+    Accounting: each Gaussian release of the method's plan (noise multiplier ``z``)
+    becomes ``ZCDpEvent(rho, rho/2)``, ``rho = 1/(2 z^2) + 1/(2 z^4 (2^10 + 1)^2)``
+    (:func:`~dpprecond.secagg.sums.sum_event`, which dominates every such sum), and the
+    plan's common scale is recalibrated with dp_accounting's RDP accountant to the
+    target (:func:`~dpprecond.pca.budget.secure_aggregation_plan`). The fit records its
+    plan's event, charged to a ledger before the first share is computed; for ``auto``
+    it dominates the releases of every branch (their precisions add up to the plan's).
+    ``auto``'s two Gram releases are drawn independently (the Gaussian coupling of the
+    central fit has no Skellam counterpart). Dropouts: ``min_clients`` (default ``K``)
+    sets each share to ``1/min_clients`` of the variance; a sum with fewer shares is not
+    released (:class:`~dpprecond.secagg.skellam.InsufficientNoiseError`); the simulation
+    has every client answer. Not available: ``secure=True`` (no secure Poisson sampler)
+    and non-private fits.
 
 Methods: every release of ``auto``, ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``)
 is a sum over rows (``auto``'s probe is a histogram: a sum of per-row indicator vectors),
@@ -43,11 +70,12 @@ from typing import Any, Literal
 import numpy as np
 
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
+from dpprecond.secagg.sums import ClientParts
 
-__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel", "split_noise"]
+__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel"]
 
-#: Who adds the noise of federated PCA: every client its own share (``local``) or a
-#: trusted aggregate (``secure-aggregation``).
+#: Who adds the noise of federated PCA: every client its own full noise (``local``) or
+#: every client a Skellam share of a secure sum (``secure-aggregation``).
 TRUST_MODELS = ("local", "secure-aggregation")
 #: A name of :data:`TRUST_MODELS` (for annotations; a test checks they agree).
 TrustModel = Literal["local", "secure-aggregation"]
@@ -61,19 +89,29 @@ class FederatedRows:
     public) mean broadcast to every client.
     """
 
-    def __init__(self, clients: Sequence[ClippedRows], bounds: np.ndarray) -> None:
+    def __init__(self, clients: Sequence[ClippedRows], bounds: np.ndarray, *,
+                 shared: bool = False) -> None:
         self.clients = list(clients)
         self.bounds = np.asarray(bounds, dtype=np.int64)
+        #: secure aggregation: the passes return their clients' parts
+        #: (:class:`~dpprecond.secagg.sums.ClientParts`), never the sum
+        self.shared = shared
         self.row_norm = self.clients[0].row_norm
         self.mean = self.clients[0].mean
         self._norms: np.ndarray | None = None
 
     @classmethod
     def from_data(cls, X: Any, bounds: Any, row_norm: float, *,
-                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> FederatedRows:
+                  block_bytes: int = DEFAULT_BLOCK_BYTES,
+                  shared: bool = False) -> FederatedRows:
         """Split ``X`` at ``bounds`` (``0 = b_0 < b_1 < ... < b_K = n``) into clients."""
-        bounds = np.asarray(bounds, dtype=np.int64)
+        raw = np.asarray(bounds)
         n = X.shape[0]
+        if raw.dtype.kind not in "iu":  # 0.5 or 14.0 would be truncated silently
+            raise ValueError(f"Expected client bounds of integers 0 = b_0 < b_1 < ... < b_K = "
+                             f"n = {n}, got dtype {raw.dtype} "
+                             f"({raw.ravel().tolist()[:6]}); pass row indices as ints.")
+        bounds = raw.astype(np.int64)
         if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != n or \
                 np.any(np.diff(bounds) <= 0):
             raise ValueError(f"Expected client bounds 0 = b_0 < b_1 < ... < b_K = n = {n} "
@@ -81,7 +119,7 @@ class FederatedRows:
                              f"{bounds.tolist()[:6]}{'...' if bounds.size > 6 else ''}.")
         parts = [ClippedRows.from_data(X[lo:hi], row_norm, block_bytes=block_bytes)
                  for lo, hi in pairwise(bounds)]
-        return cls(parts, bounds)
+        return cls(parts, bounds, shared=shared)
 
     @property
     def n_clients(self) -> int:
@@ -109,16 +147,21 @@ class FederatedRows:
         slacks = [c.rounding_slack(n) for c in self.clients]
         return max(slacks) + 2.0 * self.n_clients * 2.0**-53 * n
 
-    def column_sum(self) -> np.ndarray:
-        """``sum_i u_i`` over every client's step-1 rows."""
+    def column_sum(self) -> Any:
+        """``sum_i u_i`` over every client's step-1 rows (the parts when ``shared``)."""
+        if self.shared:
+            return ClientParts([c.column_sum() for c in self.clients])
         return np.sum([c.column_sum() for c in self.clients], axis=0)
 
     def centered(self, mean: np.ndarray) -> FederatedRows:
         """Every client's rows centered at the broadcast ``mean`` and re-clipped."""
-        return FederatedRows([c.centered(mean) for c in self.clients], self.bounds)
+        return FederatedRows([c.centered(mean) for c in self.clients], self.bounds,
+                             shared=self.shared)
 
-    def gram(self) -> np.ndarray:
-        """``A^T A`` as the sum of the clients' Gram matrices."""
+    def gram(self) -> Any:
+        """``A^T A`` as the sum of the clients' Gram matrices (the parts when ``shared``)."""
+        if self.shared:
+            return ClientParts([c.gram() for c in self.clients])
         S = np.zeros((self.shape[1],) * 2)
         for c in self.clients:
             S += c.gram()
@@ -131,8 +174,12 @@ class FederatedRows:
                 yield int(start) + lo, int(start) + hi, block
 
     def block_sum(self, func: Any, *args: Any, shape: tuple[int, ...],
-                  row_scaled: bool = False) -> np.ndarray:
-        """The sum over clients of each client's :meth:`ClippedRows.block_sum`."""
+                  row_scaled: bool = False) -> Any:
+        """The sum over clients of each client's :meth:`ClippedRows.block_sum` (the parts
+        when ``shared``)."""
+        if self.shared:
+            return ClientParts([c.block_sum(func, *args, shape=shape, row_scaled=row_scaled)
+                                for c in self.clients])
         out = np.zeros(shape)
         for c in self.clients:
             out += c.block_sum(func, *args, shape=shape, row_scaled=row_scaled)
@@ -213,19 +260,3 @@ class LocalNoise:
         raise AttributeError(f"LocalNoise has no {name!r}: only noise draws run federated "
                              "(the method needs another kind of randomness; see "
                              "dpprecond.pca.methods.FEDERATED_METHODS).")
-
-
-def split_noise(central: np.ndarray, std: float, n_clients: int,
-                rng: np.random.Generator) -> np.ndarray:
-    """``K`` secure-aggregation shares of a central noise draw, summing to it exactly.
-
-    With ``central ~ N(0, s^2)`` (entrywise) and ``E_i ~ N(0, s^2 / K)`` independent,
-    ``W_i = central / K + E_i - mean_j E_j`` (``s = std``) are independent ``N(0, s^2 / K)``: the
-    variance is ``s^2/K^2 + (s^2/K)(1 - 1/K) = s^2/K`` and the covariance of ``W_i, W_j``
-    is ``s^2/K^2 - s^2/K^2 = 0`` for ``i != j`` (jointly Gaussian, hence independent). So
-    the shares have the distribution of each client drawing its own noise, and their sum is
-    the central draw. Returns an array of shape ``(K, *central.shape)``.
-    """
-    shape = (n_clients, *np.shape(central))
-    E = rng.standard_normal(shape) * (std / np.sqrt(n_clients))
-    return central / n_clients + E - E.mean(axis=0)

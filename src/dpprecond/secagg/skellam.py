@@ -61,23 +61,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import dp_accounting
 import numpy as np
 from dp_accounting import dp_event
 
 from dpprecond._validation import check_int, check_positive
-from dpprecond.fl.models import clip_rows_safely
+from dpprecond.clipping import clip_rows_safely
 
 __all__ = [
     "InsufficientNoiseError",
+    "ModularSum",
     "SkellamPlan",
     "aggregate",
     "client_share",
     "colluding_variance",
     "conditional_round",
     "decode",
+    "modular_wrap_bound",
     "plan_event",
     "plan_skellam",
     "quantize_records",
@@ -98,6 +100,44 @@ MAX_ROUNDING_TRIES = 200
 
 class InsufficientNoiseError(RuntimeError):
     """A secure sum would hold fewer noise shares than its plan needs; it is not released."""
+
+
+class ModularSum(Protocol):
+    """What :func:`aggregate` and :func:`decode` read from a plan (``SkellamPlan`` or the
+    plan of a federated-PCA sum, :class:`dpprecond.secagg.sums.SumPlan`)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def scale(self) -> float: ...
+
+    @property
+    def min_clients(self) -> int: ...
+
+    @property
+    def bits(self) -> int: ...
+
+    @property
+    def modulus(self) -> int: ...
+
+
+def modular_wrap_bound(dim: int, signal: float, variance: float, modulus: int) -> float:
+    """Upper bound on the probability that a secure sum decodes wrongly (wrap-around).
+
+    Every coordinate of the integer sum is a signal part at most ``signal`` in absolute
+    value plus Skellam noise of variance ``variance``. Bernstein's inequality (a Poisson
+    difference is a limit of sums of centred terms bounded by 1) gives ``P(|noise| >= t)
+    <= 2 exp(-t^2 / (2 (V + t/3)))``; a union over the ``dim`` coordinates with ``t = m/2 -
+    1 - signal`` bounds the probability that any coordinate leaves ``[-m/2, m/2)``.
+    Returns 1 when the signal alone may not fit.
+    """
+    t = modulus / 2 - 1 - signal
+    if t <= 0:
+        return 1.0
+    if variance == 0:
+        return 0.0
+    return min(1.0, 2.0 * dim * math.exp(-t * t / (2.0 * (variance + t / 3.0))))
 
 
 @dataclass(frozen=True)
@@ -200,13 +240,9 @@ class SkellamPlan:
         """
         n_records = check_int("n_records", n_records, low=0)
         n_shares = check_int("n_shares", n_shares, low=1)
-        t = self.modulus / 2 - 1 - n_records * self.record_bound
-        if t <= 0:
-            return 1.0
-        var = n_shares / self.min_clients * self.noise_variance
-        if var == 0:
-            return 0.0
-        return min(1.0, 2.0 * self.dim * math.exp(-t * t / (2.0 * (var + t / 3.0))))
+        return modular_wrap_bound(self.dim, n_records * self.record_bound,
+                                  n_shares / self.min_clients * self.noise_variance,
+                                  self.modulus)
 
 
 def plan_skellam(clip_norm: float, dim: int, noise_multiplier: float, min_clients: int,
@@ -350,7 +386,7 @@ def client_share(G: np.ndarray, plan: SkellamPlan, rng: Any) -> np.ndarray:
 # -- the server's half ----------------------------------------------------------------------
 
 
-def aggregate(shares: list[np.ndarray] | np.ndarray, plan: SkellamPlan) -> np.ndarray:
+def aggregate(shares: list[np.ndarray] | np.ndarray, plan: ModularSum) -> np.ndarray:
     """The modular sum of the shares (what secure aggregation reveals), int64 in ``[0, m)``."""
     total = np.zeros(plan.dim, dtype=np.int64)
     for s in shares:
@@ -363,7 +399,7 @@ def aggregate(shares: list[np.ndarray] | np.ndarray, plan: SkellamPlan) -> np.nd
     return total
 
 
-def decode(total: np.ndarray, plan: SkellamPlan, n_shares: int) -> np.ndarray:
+def decode(total: np.ndarray, plan: ModularSum, n_shares: int) -> np.ndarray:
     """The noisy sum in the data's units: centre the modular sum, divide by ``gamma``.
 
     Raises :class:`InsufficientNoiseError` if the sum holds fewer than
