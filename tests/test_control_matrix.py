@@ -629,9 +629,9 @@ class FlowerAppRow(EntryPoint):
     def trust(self, c: Cell) -> None:  # local: DPFedStrategy; secure-aggregation: SecAgg+
         assert self.strategy(trust="local").config.trust == "local"
         with refused(ValueError, "trust='secure-aggregation'", "weighting='size'"):
-            self.strategy(trust="secure-aggregation")
+            self.strategy(trust="secure-aggregation", weighting="uniform")
         with refused(ValueError, "trust='secure-aggregation'", "SecAgg+"):
-            self.strategy(trust="secure-aggregation", weighting="size")
+            self.strategy(trust="secure-aggregation")  # size weights: the default
 
 
 #: Every entry point, by row name (the order of docs/privacy.md's table).

@@ -68,8 +68,10 @@ T = 3
 # engine). Noise std per coordinate of a gradient message is 2 z C / |D_i| with z >= 1.2,
 # C = 1, |D_i| ~ 359, i.e. ~7e-3: one wrong noise draw moves a parameter by far more than
 # the tolerances below.
-# A fixed clip, whatever FLConfig's default (adaptive clipping: AC_CONFIG below).
-CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, adaptive_clip=None)
+# A fixed clip and uniform weights, whatever FLConfig's defaults (adaptive clipping:
+# AC_CONFIG below).
+CONFIG = FLConfig(n_rounds=T, clip_norm=1.0, target_epsilon=4.0, adaptive_clip=None,
+                  weighting="uniform")
 # Adaptive clipping (explicitly on, whatever FLConfig's default): from C = 1 the noisy
 # median moves the clip by ~30% a round (lr 0.5), so a wrong count moves the model.
 AC = AdaptiveClip(learning_rate=0.5)

@@ -727,7 +727,9 @@ def pipeline_case(epsilon: float = 1.0, delta: float = 1e-2, *, clip_norm: float
     model = LinearSoftmax(2, 2)
     kw: dict[str, Any] = {"features": "pca:2", "target_epsilon": epsilon, "target_delta": delta,
           "row_norm": row_norm, "algorithm": "fedgd", "n_clients": 1,
-          "n_rounds": n_rounds, "clip_norm": clip_norm, "learning_rate": 1e-6}
+          "n_rounds": n_rounds, "clip_norm": clip_norm, "learning_rate": 1e-6,
+          # the statistic models the fixed clip's one message per round
+          "adaptive_clip": None, "weighting": "uniform"}
     grams = [_library_gram(X / row_norm) for X, _ in (D, D2)]
 
     def features(X: np.ndarray, components: np.ndarray) -> np.ndarray:
