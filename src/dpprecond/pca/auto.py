@@ -59,7 +59,13 @@ from dpprecond._validation import (
 from dpprecond.accounting import compose, epsilon_of, gaussian
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, coupled_symmetric_gaussian, release, symmetric_gaussian
-from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
+from dpprecond.pca.core import (
+    SQRT2,
+    _serial_blas,
+    orthonormalize,
+    spectrum_and_top_eigvecs,
+    top_eigvecs,
+)
 from dpprecond.pca.rows import RowSource, clip_unit_rows
 
 __all__ = [
@@ -813,9 +819,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     # -- release 1: M1 (coupled with the Analyze Gauss completion) -----------------------
     coupled = coupled_symmetric_gaussian(d, std_ag, std1, gen)
     M1 = release(S, std1, gen, noise=coupled.first)
-    with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
-        spectrum = np.linalg.eigvalsh(M1)[::-1]
-    w1, U1 = top_eigvecs(M1, min(k + 1, d))
+    # The whole spectrum (for the rule) and the top k + 1 eigenpairs from one reduction.
+    spectrum, w1, U1 = spectrum_and_top_eigvecs(M1, min(k + 1, d))
     X0 = U1[:, :k].copy()
     floor = opts["floor_factor"] * std1 * amp if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
     B0 = _preconditioner(X0.T @ M1 @ X0, floor)
