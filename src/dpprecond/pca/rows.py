@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from scipy.linalg import blas as _blas
 
 from dpprecond._validation import is_dask_array
 from dpprecond.clipping import (
@@ -79,6 +80,7 @@ __all__ = [
     "clip_unit_rows",
     "count_recentered_clipped",
     "finish_gram",
+    "gram_upper",
     "make_rows",
     "mean_sensitivity",
     "nonfinite_error",
@@ -280,26 +282,53 @@ def raw_gram_allowed(row_norm: float, mean: np.ndarray | None) -> bool:
     return mean is None and _RAW_RANGE[0] <= row_norm <= _RAW_RANGE[1]
 
 
+def gram_upper(B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The upper triangle (diagonal included) of ``B^T B``, the rest zero, shape (d, d).
+
+    For a C-ordered float64 block, one BLAS ``dsyrk`` that writes that triangle only (the
+    numbers numpy's ``B.T @ B`` computes there: it calls the same routine, then copies the
+    triangle to the other half); ``out``, a Fortran-ordered (d, d) float64 array whose
+    strictly lower triangle is zero, is reused as the result's storage (no allocation per
+    block). Another layout takes ``numpy.triu(B.T @ B)`` (numpy's numbers again; only for
+    a float64 view strided in both directions, which numpy multiplies without BLAS and
+    symmetric only to rounding, did the pass before average the two triangles instead).
+    The result is C-ordered.
+    """
+    d = B.shape[1]
+    if B.dtype != np.float64 or not B.flags.c_contiguous:
+        return np.triu(B.T @ B)
+    if out is None:
+        out = np.zeros((d, d), order="F")
+    # B.T is B^T in Fortran order: C = B^T B in its lower triangle (Fortran), which is the
+    # upper triangle of the C-ordered transpose returned.
+    out = _blas.dsyrk(1.0, B.T, beta=0.0, c=out, trans=0, lower=1, overwrite_c=1)
+    return out.T
+
+
 def block_gram(raw: Any, row_norm: float, mean: np.ndarray | None,
-               use_raw: bool, sq: np.ndarray | None = None) -> np.ndarray:
-    """One block's term of ``A^T A``, shape (d, d).
+               use_raw: bool, sq: np.ndarray | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """One block's term of ``A^T A``: its upper triangle (the rest zero), shape (d, d).
 
     ``use_raw`` (only for a block that :func:`scan_rows` found unclipped, and only when
     :func:`raw_gram_allowed`): ``X_b^T X_b`` of the raw rows, summed apart from the others
     and scaled once by the constant ``(SHRINK / row_norm)^2`` in :func:`finish_gram`;
-    otherwise ``A_b^T A_b`` of the clipped rows (``sq`` as in :func:`scale_rows`).
+    otherwise ``A_b^T A_b`` of the clipped rows (``sq`` as in :func:`scale_rows`). ``out``
+    as in :func:`gram_upper`.
     """
     B = np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean, sq)
-    return B.T @ B
+    return gram_upper(B, out)
 
 
 def finish_gram(S: np.ndarray, raw: np.ndarray, row_norm: float, raw_ok: bool) -> np.ndarray:
-    """``A^T A`` from the summed clipped-block terms ``S`` and raw-block terms ``raw``."""
+    """``A^T A`` from the summed upper triangles of the clipped-block terms ``S`` and of the
+    raw-block terms ``raw`` (:func:`block_gram`): the triangle, mirrored (exactly
+    symmetric)."""
     if raw_ok:
         c = SHRINK / row_norm
         with np.errstate(under="ignore"):
             S = S + raw * c * c
-    return (S + S.T) * 0.5
+    return S + np.triu(S, 1).T
 
 
 def rounding_slack_bound(n: int, d: int, block_rows: int, n_blocks: int) -> float:
@@ -581,17 +610,22 @@ class ClippedRows:
     # -- passes ---------------------------------------------------------------------------
 
     def gram(self) -> np.ndarray:
-        """``A^T A`` (symmetric, shape (d, d)), one pass over ``X``."""
+        """``A^T A`` (symmetric, shape (d, d)), one pass over ``X``.
+
+        Each block's term is the upper triangle of its Gram matrix (:func:`block_gram`,
+        one BLAS call writing into one reused buffer); the sum is mirrored at the end.
+        """
         n, d = self.shape
         S = np.zeros((d, d))
         raw = np.zeros((d, d))
+        buf = np.zeros((d, d), order="F")  # every block's term, in turn
         raw_ok = raw_gram_allowed(self.row_norm, self.mean)
         if self.mean is not None:  # centered rows: count the re-clipped ones on the way
             n_over = 0
             for lo, hi in self._ranges():
                 B, count = recenter_rows_counted(
                     scale_rows(self.X[lo:hi], self.row_norm, self._sq_of(lo, hi)), self.mean)
-                S += B.T @ B
+                S += gram_upper(B, buf)
                 n_over += count
             self._n_clipped_centered = n_over
             return finish_gram(S, raw, self.row_norm, False)
@@ -599,7 +633,7 @@ class ClippedRows:
             use_raw = raw_ok and bool(self._unclipped_blocks[j])  # no clipped/prescaled row
             hi = min(n, lo + self.block_rows)
             term = block_gram(self.X[lo:hi], self.row_norm, self.mean, use_raw,
-                              self._sq_of(lo, hi))
+                              self._sq_of(lo, hi), buf)
             if use_raw:
                 raw += term
             else:
