@@ -34,6 +34,7 @@ __all__ = [
     "clip_rows_safely",
     "clip_to_radius",
     "gamma",
+    "row_sq_norms",
     "safe_row_norms",
     "unit_scale",
 ]
@@ -66,7 +67,13 @@ def check_width(name: str, d: int) -> None:
                          "supported (the clipping's rounding bound needs fewer columns).")
 
 
-def safe_row_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def row_sq_norms(X: np.ndarray) -> np.ndarray:
+    """``sum_j x_ij^2`` per row as :func:`safe_row_norms` computes it (may overflow to inf,
+    or underflow, for rows outside its safe range: it rescales those itself)."""
+    return np.einsum("ij,ij->i", X, X)
+
+
+def safe_row_norms(X: np.ndarray, sq: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(nu, pre)`` with ``pre_i`` a power of two and ``nu_i = ||x_i pre_i||``.
 
     ``pre_i = 1`` for rows whose squared norm lies in a safe range (then ``nu_i = ||x_i||``
@@ -79,12 +86,16 @@ def safe_row_norms(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ----------
     X : ndarray of shape (n, d)
         Finite rows.
+    sq : ndarray of shape (n,), optional
+        ``row_sq_norms(X)`` if it was already computed (the same numbers: a pass that
+        kept them does not read ``X`` again, except its rows outside the safe range).
 
     Returns
     -------
     nu, pre : ndarray of shape (n,)
     """
-    sq = np.einsum("ij,ij->i", X, X)
+    if sq is None:
+        sq = row_sq_norms(X)
     nu = np.sqrt(sq)
     pre = np.ones(X.shape[0])
     bad = ~((sq > _SAFE_SQ[0]) & (sq < _SAFE_SQ[1]))

@@ -107,3 +107,41 @@ def test_scaled_rows_paths_match_reference(quantile, heavy):
     assert np.allclose(implicit[0], ref, atol=1e-9)
     if quantile < 1.0:
         assert c1[0] > 0
+
+
+def _symmetric(rng, d, scale=1.0):
+    A = rng.standard_normal((d, d)) * scale
+    return A + A.T
+
+
+@pytest.mark.parametrize(("name", "n"), [("random", 1), ("random", 5), ("random", 39),
+                                         ("split", 3), ("split", 30), ("tiny", 1),
+                                         ("wide", 11), ("huge", 4), ("small", 4),
+                                         ("full", 40)])
+def test_one_reduction_gives_the_two_eigensolvers_numbers(name, n):
+    """spectrum_and_top_eigvecs (one tridiagonal reduction, auto's M1) returns bit for bit
+    what top_eigvecs (LAPACK dsyevx) returns, and eigvalsh's spectrum; matrices that
+    dsyevx would rescale ("huge": entries 1e200, "small": 1e-200) and n = d take the two
+    solvers themselves."""
+    from scipy.linalg import block_diag
+
+    from dpprecond.pca.core import spectrum_and_top_eigvecs, top_eigvecs
+
+    rng = np.random.default_rng(5)
+    M = {"random": lambda: _symmetric(rng, 40),
+         # a tridiagonal form that splits into blocks (dstebz orders by block, then sorts)
+         "split": lambda: block_diag(_symmetric(rng, 20), np.zeros((5, 5)),
+                                     np.diag(rng.standard_normal(15))),
+         "tiny": lambda: _symmetric(rng, 2),
+         "wide": lambda: _symmetric(rng, 300),
+         "huge": lambda: _symmetric(rng, 20, 1e200),
+         "small": lambda: _symmetric(rng, 20, 1e-200),
+         "full": lambda: _symmetric(rng, 40)}[name]()
+    spectrum, w, V = spectrum_and_top_eigvecs(M, n)
+    w0, V0 = top_eigvecs(M, n)
+    assert np.array_equal(w, w0) and np.array_equal(V, V0)
+    ref = np.linalg.eigvalsh(M)[::-1]
+    # eigvalsh is numpy's LAPACK (dsyevd: the same dsytrd and dsterf); equal here to
+    # rounding, bit for bit where numpy and scipy load the same build
+    np.testing.assert_allclose(spectrum, ref, rtol=1e-13, atol=1e-13 * np.abs(ref).max())
+    assert spectrum.shape == (M.shape[0],) and np.all(np.diff(spectrum) <= 0)

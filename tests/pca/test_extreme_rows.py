@@ -102,3 +102,45 @@ def test_auto_probe_with_a_tiny_bound_and_a_zero_row_releases_finite_values() ->
         res = fit_private_pca(X, 2, method="auto", target_epsilon=1.0, target_delta=1e-5,
                               row_norm=1e-300, seed=0)
     assert np.all(np.isfinite(res.components))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_kept_row_norms_give_every_pass_the_same_numbers(dtype) -> None:
+    """The first pass keeps the raw rows' squared norms so that later passes do not read
+    the rows for them again: every pass (Gram, centered Gram, A @ M, column sum, the
+    row-scaled block sums of auto's probe and clipped step, the rows themselves) must
+    give bit for bit what the same pass gives when it recomputes them. The rows mix the
+    cases: below the bound, above it (clipped), tiny (prescaled) and zero."""
+    from dpprecond.pca.auto import HIST_EDGES, _block_clipped_step, _block_probe, _block_sum
+    from dpprecond.pca.rows import ClippedRows
+
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(3000, 7)) * 0.2
+    X[5:400] *= 1e-160     # block 0 (blocks of 400 rows): tiny rows, prescaled in float64
+    X[401] = 0.0           # block 1: a zero row
+    X[1600::7] *= 30.0     # blocks 4 to 7: rows above the bound, clipped
+    X = X.astype(dtype)
+    kept = ClippedRows.from_data(X, 2.5, block_bytes=7 * 8 * 400)
+    fresh = ClippedRows.from_data(X, 2.5, block_bytes=7 * 8 * 400, norms_bytes=0)
+    assert kept._sq is not None and fresh._sq is None
+    # float32 cannot hold 1e-160 (block 0 is zeros there, and takes the fast paths)
+    assert kept._unclipped_blocks.tolist() == [dtype == np.float32] + [True] * 3 + [False] * 4
+    M = np.linalg.qr(rng.normal(size=(7, 3)))[0]
+    B = np.diag([1.0, 2.0, 0.5])
+    mu = rng.normal(size=7) * 0.1
+    passes = {
+        "gram": lambda r: r.gram(),
+        "centered gram": lambda r: r.centered(mu).gram(),
+        "centered count": lambda r: np.array([r.centered(mu).n_clipped_centered]),
+        "times": lambda r: r.times(M),
+        "column_sum": lambda r: r.column_sum(),
+        "rows": lambda r: r.materialize(),
+        "probe": lambda r: _block_sum(r, _block_probe, M, B, 0.01, HIST_EDGES,
+                                      shape=(2 * HIST_EDGES.size + 2,), row_sq=True),
+        "clipped step": lambda r: _block_sum(r, _block_clipped_step, M @ B, 0.3,
+                                             shape=(7, 3)),
+    }
+    for name, run in passes.items():
+        assert np.array_equal(run(kept), run(fresh)), name
+    # Beyond norms_bytes (16 MiB by default) the norms are not kept.
+    assert ClippedRows.from_data(X, 2.5, norms_bytes=8 * 2999)._sq is None

@@ -156,3 +156,27 @@ def test_times_fast_path_equals_the_clipped_rows(dtype: type) -> None:
     np.testing.assert_allclose(Y, rows.materialize() @ M, rtol=1e-12, atol=1e-15)
     assert np.all(np.isfinite(Y))
     assert np.linalg.norm(Y, axis=1).max() <= 1.0 + 1e-12
+
+
+def test_gram_upper_is_numpys_gram_on_one_triangle():
+    """The Gram pass's block term (one dsyrk writing one triangle, into a reused buffer) has
+    bit for bit numpy's B.T @ B in its upper triangle and zeros below, for every layout; so
+    the mirrored sum equals the sum of numpy's terms, which are exactly symmetric for
+    BLAS-compatible layouts (a block strided both ways is not: numpy's own loop there
+    is symmetric only to rounding, and the pass keeps its upper triangle)."""
+    from dpprecond.pca.rows import finish_gram, gram_upper
+
+    rng = np.random.default_rng(9)
+    buf = np.zeros((9, 9), order="F")
+    total, ref = np.zeros((9, 9)), np.zeros((9, 9))
+    iu = np.triu_indices(9)
+    for B in (rng.normal(size=(50, 9)), rng.normal(size=(3, 9)),
+              np.asfortranarray(rng.normal(size=(40, 9))), rng.normal(size=(80, 18))[:, ::2]):
+        term = gram_upper(B, buf)
+        full = B.T @ B
+        assert np.array_equal(term[iu], full[iu]) and not np.tril(term, -1).any()
+        if B.flags.c_contiguous or B.flags.f_contiguous:
+            assert np.array_equal(full, full.T)
+            total += term
+            ref += full
+    assert np.array_equal(finish_gram(total, np.zeros((9, 9)), 1.0, False), ref)

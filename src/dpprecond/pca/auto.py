@@ -57,7 +57,7 @@ from dpprecond._validation import (
     check_random_state,
 )
 from dpprecond.accounting import compose, epsilon_of, gaussian
-from dpprecond.clipping import clip_to_radius, safe_row_norms
+from dpprecond.clipping import clip_to_radius, row_sq_norms, safe_row_norms
 from dpprecond.noise import (
     NoiseSource,
     coupled_symmetric_gaussian,
@@ -65,7 +65,13 @@ from dpprecond.noise import (
     release,
     symmetric_gaussian,
 )
-from dpprecond.pca.core import SQRT2, _serial_blas, orthonormalize, top_eigvecs
+from dpprecond.pca.core import (
+    SQRT2,
+    _serial_blas,
+    orthonormalize,
+    spectrum_and_top_eigvecs,
+    top_eigvecs,
+)
 from dpprecond.pca.rows import RowSource, clip_unit_rows, noise_inflation
 
 __all__ = [
@@ -126,12 +132,14 @@ AUTO_DEFAULTS: dict[str, Any] = {
 # --------------------------------------------------------------------------------------
 
 
-def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -> np.ndarray:
+def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...],
+               row_sq: bool = False) -> np.ndarray:
     """``sum_b func(A_b, *args)`` over row blocks: the rows' own pass when they have one
     (on a dask cluster, on the workers), else blocks read with ``rows.rows``. The block
-    functions below also take raw rows with their scale factors (``row_scaled``)."""
+    functions below also take raw rows with their scale factors (``row_scaled``); with
+    ``row_sq``, also the raw rows' squared norms (``sq``)."""
     if hasattr(rows, "block_sum"):
-        return rows.block_sum(func, *args, shape=shape, row_scaled=True)
+        return rows.block_sum(func, *args, shape=shape, row_scaled=True, row_sq=row_sq)
     out = np.zeros(shape)
     n = rows.shape[0]
     for lo in range(0, n, 8192):
@@ -140,13 +148,16 @@ def _block_sum(rows: RowSource, func: Any, *args: Any, shape: tuple[int, ...]) -
 
 
 def _block_probe(block: np.ndarray, X: np.ndarray, B: np.ndarray, unit: float,
-                 edges: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+                 edges: np.ndarray, scale: np.ndarray | None = None,
+                 sq: np.ndarray | None = None) -> np.ndarray:
     """One block's term of the probe: ``[counts; rest energies]`` per bin of ``r_i / unit``.
 
     ``r_i = ||B X^T a_i||``; the rest energy of a row is ``||a_i||^2 - ||X^T a_i||^2``
     clamped to ``[0, 1]`` as computed (``X`` orthonormal, ``||a_i|| <= 1``), so each row
     adds one indicator and one value in ``[0, 1]`` to its bin. One product with the block
-    (``X^T a_i``), then a k x k one.
+    (``X^T a_i``), then a k x k one; ``sq`` (the squared norms of the rows of ``block``,
+    :func:`dpprecond.clipping.row_sq_norms`, when the pass kept them) spares the block's
+    second read.
     """
     P = block @ X
     if scale is not None:  # the rows are scale_i * block_i (raw rows on the fast path)
@@ -155,15 +166,16 @@ def _block_probe(block: np.ndarray, X: np.ndarray, B: np.ndarray, unit: float,
     nu, pre = safe_row_norms(Y)
     with np.errstate(divide="ignore", over="ignore"):
         r = np.where(pre == 1.0, nu, nu / pre) / unit
-    sq = np.einsum("ij,ij->i", block, block)
+    raw_sq = row_sq_norms(block) if sq is None else sq
+    sq = raw_sq
     if scale is not None:
         with np.errstate(over="ignore"):
             s2 = scale * scale
         if np.all(np.isfinite(s2)):
-            sq *= s2
+            sq = raw_sq * s2
         else:  # a tiny public bound (scale > 1e154, e.g. on a zero row): scale the norm
-            nu_b, pre_b = safe_row_norms(block)  # first, then square: <= 1, never inf * 0
-            sq = (np.where(pre_b == 1.0, nu_b, nu_b / pre_b) * scale) ** 2
+            nu_b, pre_b = safe_row_norms(block, raw_sq)  # first, then square: <= 1, never
+            sq = (np.where(pre_b == 1.0, nu_b, nu_b / pre_b) * scale) ** 2  # inf * 0
     rest = np.clip(sq - np.einsum("ij,ij->i", P, P), 0.0, 1.0)
     idx = np.searchsorted(edges, r, side="right")
     nb = edges.size + 1
@@ -220,7 +232,7 @@ def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.
         The released (noisy) values.
     """
     nb = edges.size + 1
-    total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,))
+    total = _block_sum(rows, _block_probe, X, B, unit, edges, shape=(2 * nb,), row_sq=True)
     out = release(total, std, rng, sensitivity=2.0)
     return out[:nb], out[nb:]
 
@@ -825,9 +837,8 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
         M1 = release(S, std1, gen, symmetric=True, sensitivity=SQRT2)
     else:
         M1 = release(S, std1, gen, noise=coupled.first)
-    with _serial_blas():  # see core._serial_blas: a d x d eigensolver on one BLAS thread
-        spectrum = np.linalg.eigvalsh(M1)[::-1]
-    w1, U1 = top_eigvecs(M1, min(k + 1, d))
+    # The whole spectrum (for the rule) and the top k + 1 eigenpairs from one reduction.
+    spectrum, w1, U1 = spectrum_and_top_eigvecs(M1, min(k + 1, d))
     X0 = U1[:, :k].copy()
     floor = opts["floor_factor"] * std1 * amp if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
     B0 = _preconditioner(X0.T @ M1 @ X0, floor)

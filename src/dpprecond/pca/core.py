@@ -62,6 +62,7 @@ __all__ = [
     "score_matrix",
     "select",
     "selection_score",
+    "spectrum_and_top_eigvecs",
     "top_eigvecs",
 ]
 
@@ -106,6 +107,79 @@ def top_eigvecs(M: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         w, V = linalg.eigh(M, subset_by_index=[d - n, d - 1], driver="evx",
                            check_finite=False)
     return w[::-1], V[:, ::-1]
+
+
+def _evx_scale_free(M: np.ndarray) -> bool:
+    """Whether LAPACK's ``dsyevx`` works on ``M`` unscaled (its test ``RMIN <= max|M_ij| <=
+    RMAX`` over the lower triangle; ``M`` finite), so that :func:`spectrum_and_top_eigvecs`
+    can follow its steps."""
+    tiny, eps = np.finfo(np.float64).tiny, np.finfo(np.float64).eps
+    smlnum = tiny / eps  # LAPACK's SMLNUM = safe minimum / precision
+    rmin = math.sqrt(smlnum)
+    rmax = min(math.sqrt(1.0 / smlnum), 1.0 / math.sqrt(math.sqrt(tiny)))
+    anrm = float(np.max(np.abs(np.tril(M)))) if M.size else 0.0
+    return math.isfinite(anrm) and (anrm == 0.0 or rmin <= anrm <= rmax)
+
+
+def spectrum_and_top_eigvecs(M: np.ndarray,
+                             n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All eigenvalues of a symmetric matrix and its top ``n`` eigenpairs, from one reduction.
+
+    The same numbers as ``np.linalg.eigvalsh(M)[::-1]`` followed by
+    ``top_eigvecs(M, n)``, bit for bit, at the cost of one tridiagonal reduction instead of
+    two: the steps of LAPACK's ``dsyevx`` (the driver of :func:`top_eigvecs`) are made
+    here one by one with its workspace sizes (``dsytrd`` of the lower triangle; ``dstebz``
+    and ``dstein`` for the top ``n`` eigenpairs of the tridiagonal matrix; ``dormtr``'s
+    ``dormqr`` back to ``M``'s basis; ``dsyevx``'s final sort), and the whole spectrum is
+    ``dsterf`` of the same tridiagonal matrix (what ``eigvalsh`` computes). Where
+    ``dsyevx`` would take another path (``n >= d``, a matrix it would rescale, or a
+    non-finite one), the two calls are made as they are. One BLAS thread
+    (:func:`_serial_blas`).
+
+    Returns
+    -------
+    spectrum : ndarray of shape (d,)
+        All eigenvalues, decreasing.
+    w, V : ndarray of shape (n,) and (d, n)
+        The top ``n`` eigenpairs, eigenvalues decreasing.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    d = M.shape[0]
+    if not 1 <= n < d or not _evx_scale_free(M):
+        with _serial_blas():
+            spectrum = np.linalg.eigvalsh(M)[::-1]
+        w, V = top_eigvecs(M, n)
+        return spectrum, w, V
+    lapack = linalg.lapack
+    with _serial_blas():
+        lwork = int(lapack.dsyevx_lwork(d, lower=1)[0])
+        # dsyevx's work array: tau, e, d (3 d entries), then dsytrd's and dormtr's space.
+        c, diag, off, tau, info = lapack.dsytrd(M, lower=1, lwork=lwork - 3 * d)
+        if info == 0:
+            spectrum, info = lapack.dsterf(diag, off)
+        if info == 0:
+            m, w, iblock, isplit, info = lapack.dstebz(diag, off, 2, 0.0, 0.0, d - n + 1, d,
+                                                      0.0, b"B")
+        if info == 0 and m == n:
+            w = w[:n].copy()
+            Z, info = lapack.dstein(diag, off, w, iblock, isplit)
+        if info == 0 and m == n:
+            Q, _, info = lapack.dormqr(b"L", b"N", c[1:, :-1], tau, Z[1:], lwork - d)
+    if info != 0 or m != n:  # not expected; the library drivers say what went wrong
+        with _serial_blas():
+            spectrum = np.linalg.eigvalsh(M)[::-1]
+        w, V = top_eigvecs(M, n)
+        return spectrum, w, V
+    V = np.vstack([Z[:1], Q])
+    for j in range(n - 1):  # dsyevx's selection sort (eigenvalues increasing)
+        i, low = -1, w[j]
+        for jj in range(j + 1, n):
+            if w[jj] < low:
+                i, low = jj, w[jj]
+        if i >= 0:
+            w[i], w[j] = w[j], low
+            V[:, [i, j]] = V[:, [j, i]]
+    return np.asarray(spectrum)[::-1], w[::-1], V[:, ::-1]
 
 
 def noise_bound(std: float, dim: int, beta: float = 0.01) -> float:

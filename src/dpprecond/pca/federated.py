@@ -174,15 +174,17 @@ class FederatedRows:
                 yield int(start) + lo, int(start) + hi, block
 
     def block_sum(self, func: Any, *args: Any, shape: tuple[int, ...],
-                  row_scaled: bool = False) -> Any:
+                  row_scaled: bool = False, row_sq: bool = False) -> Any:
         """The sum over clients of each client's :meth:`ClippedRows.block_sum` (the parts
         when ``shared``)."""
         if self.shared:
-            return ClientParts([c.block_sum(func, *args, shape=shape, row_scaled=row_scaled)
+            return ClientParts([c.block_sum(func, *args, shape=shape, row_scaled=row_scaled,
+                                            row_sq=row_sq)
                                 for c in self.clients])
         out = np.zeros(shape)
         for c in self.clients:
-            out += c.block_sum(func, *args, shape=shape, row_scaled=row_scaled)
+            out += c.block_sum(func, *args, shape=shape, row_scaled=row_scaled,
+                               row_sq=row_sq)
         return out
 
     def times(self, M: np.ndarray) -> np.ndarray:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from scipy.linalg import blas as _blas
 
 from dpprecond._validation import is_dask_array
 from dpprecond.clipping import (
@@ -60,6 +61,7 @@ from dpprecond.clipping import (
     check_width,
     clip_to_radius,
     gamma,
+    row_sq_norms,
     safe_row_norms,
     unit_scale,
 )
@@ -78,6 +80,7 @@ __all__ = [
     "clip_unit_rows",
     "count_recentered_clipped",
     "finish_gram",
+    "gram_upper",
     "make_rows",
     "mean_sensitivity",
     "noise_inflation",
@@ -89,6 +92,7 @@ __all__ = [
     "rounding_slack_bound",
     "scale_rows",
     "scan_rows",
+    "scan_rows_sq",
 ]
 
 #: Target size of one materialized block of rows (bytes).
@@ -151,13 +155,15 @@ class DenseRows:
         return self.A[idx]
 
     def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
-                  shape: tuple[int, ...], row_scaled: bool = False,
+                  shape: tuple[int, ...], row_scaled: bool = False, row_sq: bool = False,
                   block_rows: int = 8192) -> np.ndarray:
         """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
 
         ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
         ``shape``; it must be a module-level function (a cluster pickles it by reference).
-        A release built on it has the sensitivity of one row's term.
+        A release built on it has the sensitivity of one row's term. ``row_scaled`` and
+        ``row_sq`` (see :meth:`ClippedRows.block_sum`) are accepted and not used: the rows
+        are already in memory.
         """
         out = np.zeros(shape)
         for lo in range(0, self.shape[0], block_rows):
@@ -195,20 +201,32 @@ def nonfinite_error(row: int, col: int) -> ValueError:
 
 def scan_rows(raw: Any, row_norm: float) -> BlockScan:
     """The first pass over one raw block: NaN/infinity check and step-1 clipping count."""
+    return scan_rows_sq(raw, row_norm)[0]
+
+
+def scan_rows_sq(raw: Any, row_norm: float) -> tuple[BlockScan, np.ndarray]:
+    """:func:`scan_rows`, and the block's squared row norms it computed on the way
+    (:func:`dpprecond.clipping.row_sq_norms` of the block read as float64), which the later
+    passes may take instead of reading the block for them again."""
     block = np.asarray(raw, dtype=np.float64)
-    nu, p = safe_row_norms(block)
+    sq = row_sq_norms(block)
+    nu, p = safe_row_norms(block, sq)
     if not np.all(np.isfinite(nu)):  # a NaN or an infinity (this is the read of X)
         bad = np.argwhere(~np.isfinite(block))
-        return BlockScan(0, False, (int(bad[0][0]), int(bad[0][1])))
+        return BlockScan(0, False, (int(bad[0][0]), int(bad[0][1]))), sq
     _, clipped = unit_scale(nu, p, row_norm)
     count = int(np.count_nonzero(clipped))
-    return BlockScan(count, count == 0 and bool(np.all(p == 1.0)), None)
+    return BlockScan(count, count == 0 and bool(np.all(p == 1.0)), None), sq
 
 
-def scale_rows(raw: Any, row_norm: float) -> np.ndarray:
-    """Step 1 on one raw block: ``u_i = clip_1(x_i / row_norm)`` (a new float64 array)."""
+def scale_rows(raw: Any, row_norm: float, sq: np.ndarray | None = None) -> np.ndarray:
+    """Step 1 on one raw block: ``u_i = clip_1(x_i / row_norm)`` (a new float64 array).
+
+    ``sq``: the block's squared row norms if a pass kept them (:func:`scan_rows_sq`; the
+    same numbers, so the same rows).
+    """
     U = np.array(raw, dtype=np.float64)  # a copy of the block
-    nu, pre = safe_row_norms(U)
+    nu, pre = safe_row_norms(U, sq)
     post, _ = unit_scale(nu, pre, row_norm)
     if not np.all(pre == 1.0):
         U *= pre[:, None]
@@ -240,15 +258,18 @@ def recenter_rows_counted(U: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, 
     return clip_unit_rows(U)
 
 
-def clip_rows(raw: Any, row_norm: float, mean: np.ndarray | None) -> np.ndarray:
-    """The rows of ``A`` for one raw block: step 1, then step 2 if ``mean`` is given."""
-    U = scale_rows(raw, row_norm)
+def clip_rows(raw: Any, row_norm: float, mean: np.ndarray | None,
+              sq: np.ndarray | None = None) -> np.ndarray:
+    """The rows of ``A`` for one raw block: step 1, then step 2 if ``mean`` is given
+    (``sq`` as in :func:`scale_rows`)."""
+    U = scale_rows(raw, row_norm, sq)
     return U if mean is None else recenter_rows(U, mean)
 
 
-def count_recentered_clipped(raw: Any, row_norm: float, mean: np.ndarray) -> int:
+def count_recentered_clipped(raw: Any, row_norm: float, mean: np.ndarray,
+                             sq: np.ndarray | None = None) -> int:
     """Rows of one raw block scaled down again by step 2 (a diagnostic)."""
-    nu, p = safe_row_norms(scale_rows(raw, row_norm) - mean)
+    nu, p = safe_row_norms(scale_rows(raw, row_norm, sq) - mean)
     return int(np.count_nonzero(nu > p))  # true norm nu / p above 1
 
 
@@ -262,26 +283,53 @@ def raw_gram_allowed(row_norm: float, mean: np.ndarray | None) -> bool:
     return mean is None and _RAW_RANGE[0] <= row_norm <= _RAW_RANGE[1]
 
 
+def gram_upper(B: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The upper triangle (diagonal included) of ``B^T B``, the rest zero, shape (d, d).
+
+    For a C-ordered float64 block, one BLAS ``dsyrk`` that writes that triangle only (the
+    numbers numpy's ``B.T @ B`` computes there: it calls the same routine, then copies the
+    triangle to the other half); ``out``, a Fortran-ordered (d, d) float64 array whose
+    strictly lower triangle is zero, is reused as the result's storage (no allocation per
+    block). Another layout takes ``numpy.triu(B.T @ B)`` (numpy's numbers again; only for
+    a float64 view strided in both directions, which numpy multiplies without BLAS and
+    symmetric only to rounding, did the pass before average the two triangles instead).
+    The result is C-ordered.
+    """
+    d = B.shape[1]
+    if B.dtype != np.float64 or not B.flags.c_contiguous:
+        return np.triu(B.T @ B)
+    if out is None:
+        out = np.zeros((d, d), order="F")
+    # B.T is B^T in Fortran order: C = B^T B in its lower triangle (Fortran), which is the
+    # upper triangle of the C-ordered transpose returned.
+    out = _blas.dsyrk(1.0, B.T, beta=0.0, c=out, trans=0, lower=1, overwrite_c=1)
+    return out.T
+
+
 def block_gram(raw: Any, row_norm: float, mean: np.ndarray | None,
-               use_raw: bool) -> np.ndarray:
-    """One block's term of ``A^T A``, shape (d, d).
+               use_raw: bool, sq: np.ndarray | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """One block's term of ``A^T A``: its upper triangle (the rest zero), shape (d, d).
 
     ``use_raw`` (only for a block that :func:`scan_rows` found unclipped, and only when
     :func:`raw_gram_allowed`): ``X_b^T X_b`` of the raw rows, summed apart from the others
     and scaled once by the constant ``(SHRINK / row_norm)^2`` in :func:`finish_gram`;
-    otherwise ``A_b^T A_b`` of the clipped rows.
+    otherwise ``A_b^T A_b`` of the clipped rows (``sq`` as in :func:`scale_rows`). ``out``
+    as in :func:`gram_upper`.
     """
-    B = np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean)
-    return B.T @ B
+    B = np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean, sq)
+    return gram_upper(B, out)
 
 
 def finish_gram(S: np.ndarray, raw: np.ndarray, row_norm: float, raw_ok: bool) -> np.ndarray:
-    """``A^T A`` from the summed clipped-block terms ``S`` and raw-block terms ``raw``."""
+    """``A^T A`` from the summed upper triangles of the clipped-block terms ``S`` and of the
+    raw-block terms ``raw`` (:func:`block_gram`): the triangle, mirrored (exactly
+    symmetric)."""
     if raw_ok:
         c = SHRINK / row_norm
         with np.errstate(under="ignore"):
             S = S + raw * c * c
-    return (S + S.T) * 0.5
+    return S + np.triu(S, 1).T
 
 
 def rounding_slack_bound(n: int, d: int, block_rows: int, n_blocks: int) -> float:
@@ -414,9 +462,12 @@ class ClippedRows:
     """The rows of ``A`` as a view of the raw data ``X`` (see the module docstring).
 
     Build with :meth:`from_data`; center with :meth:`centered`. ``X`` is never copied or
-    modified, and no per-row vector is kept: the scale factors of a block are recomputed
-    from the block whenever it is read (an exact, deterministic function of the row), so
-    memory beyond ``X`` is one block of rows (plus ``norms`` when a method asks for them).
+    modified. The scale factors of a block are recomputed whenever it is read (an exact,
+    deterministic function of the row) from the squared norms of its raw rows, which the
+    first pass keeps (one float per row) when they take at most one default block's memory
+    (16 MiB: ``n`` up to two million rows), so that later passes need not read the rows for
+    them again; otherwise each pass recomputes them. Memory beyond ``X`` is one block of
+    rows and those norms (plus ``norms`` when a method asks for them).
 
     Attributes
     ----------
@@ -444,6 +495,8 @@ class ClippedRows:
     _n_clipped_centered: int | None = 0
     _unclipped_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     _norms: np.ndarray | None = None
+    #: squared norms of the raw rows as the first pass computed them, or None (not kept)
+    _sq: np.ndarray | None = None
 
     @property
     def n_clipped_centered(self) -> int:
@@ -455,9 +508,14 @@ class ClippedRows:
         if self._n_clipped_centered is None:
             assert self.mean is not None
             self._n_clipped_centered = sum(
-                count_recentered_clipped(self.X[lo:hi], self.row_norm, self.mean)
+                count_recentered_clipped(self.X[lo:hi], self.row_norm, self.mean,
+                                         self._sq_of(lo, hi))
                 for lo, hi in self._ranges())
         return self._n_clipped_centered
+
+    def _sq_of(self, lo: int, hi: int) -> np.ndarray | None:
+        """The kept squared norms of the raw rows ``lo:hi`` (None when not kept)."""
+        return None if self._sq is None else self._sq[lo:hi]
 
     def _ranges(self) -> Iterator[tuple[int, int]]:
         n = self.shape[0]
@@ -466,25 +524,32 @@ class ClippedRows:
 
     @classmethod
     def from_data(cls, X: np.ndarray, row_norm: float, *,
-                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> ClippedRows:
+                  block_bytes: int = DEFAULT_BLOCK_BYTES,
+                  norms_bytes: int = DEFAULT_BLOCK_BYTES) -> ClippedRows:
         """Step 1 for a real 2-D array ``X`` and a public ``row_norm > 0``.
 
         This first pass also checks the values: ``ValueError`` at the first NaN or
-        infinity, naming its position.
+        infinity, naming its position. It keeps the squared norms of the raw rows when
+        they take at most ``norms_bytes`` (see the class docstring; 0 keeps none).
         """
         n, d = X.shape
         check_width("X", d)
         block_rows = block_rows_for(d, block_bytes)
         unclipped = []
         n_clipped = 0
+        keep = 0 < 8 * n <= norms_bytes
+        sq = np.empty(n) if keep else None
         for lo in range(0, n, block_rows):
-            scan = scan_rows(X[lo:min(n, lo + block_rows)], row_norm)
+            hi = min(n, lo + block_rows)
+            scan, block_sq = scan_rows_sq(X[lo:hi], row_norm)
             if scan.first_bad is not None:
                 raise nonfinite_error(scan.first_bad[0] + lo, scan.first_bad[1])
             n_clipped += scan.n_clipped
             unclipped.append(scan.unclipped)
+            if sq is not None:
+                sq[lo:hi] = block_sq
         return cls(X, float(row_norm), block_rows, n_clipped,
-                   _unclipped_blocks=np.array(unclipped, dtype=bool))
+                   _unclipped_blocks=np.array(unclipped, dtype=bool), _sq=sq)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -493,7 +558,7 @@ class ClippedRows:
 
     def block(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``lo:hi`` of ``A`` (a new array)."""
-        return clip_rows(self.X[lo:hi], self.row_norm, self.mean)
+        return clip_rows(self.X[lo:hi], self.row_norm, self.mean, self._sq_of(lo, hi))
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(lo, hi, A[lo:hi])`` for consecutive blocks of rows."""
@@ -522,12 +587,13 @@ class ClippedRows:
         out = np.zeros(self.shape[1])
         for lo, hi in self._ranges():
             raw = np.asarray(self.X[lo:hi], dtype=np.float64)  # float32 widens exactly
-            nu, pre = safe_row_norms(raw)
+            sq = self._sq_of(lo, hi)
+            nu, pre = safe_row_norms(raw, sq)
             if np.all(pre == 1.0):
                 post, _ = unit_scale(nu, pre, self.row_norm)
                 out += post @ raw
             else:
-                out += scale_rows(raw, self.row_norm).sum(axis=0)
+                out += scale_rows(raw, self.row_norm, sq).sum(axis=0)
         return out
 
     def centered(self, mean: np.ndarray) -> ClippedRows:
@@ -538,7 +604,8 @@ class ClippedRows:
         """
         mean = np.asarray(mean, dtype=np.float64)
         return ClippedRows(self.X, self.row_norm, self.block_rows, self.n_clipped, mean,
-                           None, _unclipped_blocks=np.zeros_like(self._unclipped_blocks))
+                           None, _unclipped_blocks=np.zeros_like(self._unclipped_blocks),
+                           _sq=self._sq)
 
     def rounding_slack(self, n_terms: int | None = None) -> float:
         """Relative excess of a computed block-sum release over its exact sensitivity.
@@ -556,24 +623,30 @@ class ClippedRows:
     # -- passes ---------------------------------------------------------------------------
 
     def gram(self) -> np.ndarray:
-        """``A^T A`` (symmetric, shape (d, d)), one pass over ``X``."""
+        """``A^T A`` (symmetric, shape (d, d)), one pass over ``X``.
+
+        Each block's term is the upper triangle of its Gram matrix (:func:`block_gram`,
+        one BLAS call writing into one reused buffer); the sum is mirrored at the end.
+        """
         n, d = self.shape
         S = np.zeros((d, d))
         raw = np.zeros((d, d))
+        buf = np.zeros((d, d), order="F")  # every block's term, in turn
         raw_ok = raw_gram_allowed(self.row_norm, self.mean)
         if self.mean is not None:  # centered rows: count the re-clipped ones on the way
             n_over = 0
             for lo, hi in self._ranges():
-                B, count = recenter_rows_counted(scale_rows(self.X[lo:hi], self.row_norm),
-                                                 self.mean)
-                S += B.T @ B
+                B, count = recenter_rows_counted(
+                    scale_rows(self.X[lo:hi], self.row_norm, self._sq_of(lo, hi)), self.mean)
+                S += gram_upper(B, buf)
                 n_over += count
             self._n_clipped_centered = n_over
             return finish_gram(S, raw, self.row_norm, False)
         for j, lo in enumerate(range(0, n, self.block_rows)):
             use_raw = raw_ok and bool(self._unclipped_blocks[j])  # no clipped/prescaled row
-            term = block_gram(self.X[lo:min(n, lo + self.block_rows)], self.row_norm,
-                              self.mean, use_raw)
+            hi = min(n, lo + self.block_rows)
+            term = block_gram(self.X[lo:hi], self.row_norm, self.mean, use_raw,
+                              self._sq_of(lo, hi), buf)
             if use_raw:
                 raw += term
             else:
@@ -591,15 +664,16 @@ class ClippedRows:
         out = np.empty((n, M.shape[1]))
         for lo, hi in self._ranges():
             raw = self.X[lo:hi]
+            sq = self._sq_of(lo, hi)
             if self.mean is None:
                 raw = np.asarray(raw, dtype=np.float64)  # float32 widens exactly
-                nu, pre = safe_row_norms(raw)
+                nu, pre = safe_row_norms(raw, sq)
                 if np.all(pre == 1.0):
                     post, _ = unit_scale(nu, pre, self.row_norm)
                     np.matmul(raw, M, out=out[lo:hi])
                     out[lo:hi] *= post[:, None]
                     continue
-            np.matmul(clip_rows(raw, self.row_norm, self.mean), M, out=out[lo:hi])
+            np.matmul(clip_rows(raw, self.row_norm, self.mean, sq), M, out=out[lo:hi])
         return out
 
     def t_times(self, D: np.ndarray) -> np.ndarray:
@@ -610,7 +684,8 @@ class ClippedRows:
         return out
 
     def block_sum(self, func: Callable[..., np.ndarray], *args: Any,
-                  shape: tuple[int, ...], row_scaled: bool = False) -> np.ndarray:
+                  shape: tuple[int, ...], row_scaled: bool = False,
+                  row_sq: bool = False) -> np.ndarray:
         """``sum_b func(A_b, *args)`` over the row blocks ``A_b`` of ``A`` (one pass).
 
         ``func`` maps a block of rows (each of norm <= 1) and public ``args`` to an array of
@@ -621,7 +696,10 @@ class ClippedRows:
         scale=s)`` meaning the rows ``s_i r_i``: then a block of uncentered rows that needs
         no prescaling is passed raw (widened to float64) with its step-1 factors ``s``
         (exactly the ``post`` that :func:`scale_rows` multiplies by), which spares the copy
-        of a float64 block. Other blocks are materialized as usual.
+        of a float64 block. Other blocks are materialized as usual. ``row_sq=True`` (with
+        ``row_scaled``) declares that it also accepts ``sq=q`` there, the squared norms
+        :func:`dpprecond.clipping.row_sq_norms` of the raw rows ``R`` (the numbers it would
+        compute from ``R``; kept by the first pass, so the block is not read for them).
         """
         out = np.zeros(shape)
         n = self.shape[0]
@@ -629,14 +707,18 @@ class ClippedRows:
         for lo in range(0, n, self.block_rows):
             hi = min(n, lo + self.block_rows)
             raw = self.X[lo:hi]
+            sq = self._sq_of(lo, hi)
             if fast:
                 raw = np.asarray(raw, dtype=np.float64)  # float32 widens exactly
-                nu, pre = safe_row_norms(raw)
+                if sq is None and row_sq:
+                    sq = row_sq_norms(raw)
+                nu, pre = safe_row_norms(raw, sq)
                 if np.all(pre == 1.0):
                     post, _ = unit_scale(nu, pre, self.row_norm)
-                    out += func(raw, *args, scale=post)
+                    out += (func(raw, *args, scale=post, sq=sq) if row_sq
+                            else func(raw, *args, scale=post))
                     continue
-            out += func(clip_rows(raw, self.row_norm, self.mean), *args)
+            out += func(clip_rows(raw, self.row_norm, self.mean, sq), *args)
         return out
 
     def rows(self, idx: np.ndarray) -> np.ndarray:

@@ -248,14 +248,14 @@ class DaskRows:
         return finish_gram(parts[0], parts[1], self.row_norm, raw_ok)
 
     def block_sum(self, func: Any, *args: Any, shape: tuple[int, ...],
-                  row_scaled: bool = False) -> np.ndarray:
+                  row_scaled: bool = False, row_sq: bool = False) -> np.ndarray:
         """``sum_b func(A_b, *args)`` over the row chunks, each term computed on a worker.
 
         ``func`` must be a module-level function (workers unpickle it by reference).
-        ``row_scaled`` is accepted for the interface and not used (every chunk's rows are
-        materialized on its worker).
+        ``row_scaled`` and ``row_sq`` are accepted for the interface and not used (every
+        chunk's rows are materialized on its worker).
         """
-        del row_scaled
+        del row_scaled, row_sq
         return self._per_block(_block_sum_task, func, self.row_norm, self.mean, *args,
                                width=tuple(shape)).sum(axis=0).compute()
 
