@@ -45,6 +45,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ def floor_functions(X: np.ndarray, n_classes: int, precision: str,
 
 def timed_run(data: tuple[Any, ...], K: int, algorithm: str, precision: str, rounds: int,
               torch_floors: bool, seed: int, backend: str = "numpy",
-              device: str | None = None) -> dict[str, Any]:
+              device: str | None = None, fixed_clip: bool = False) -> dict[str, Any]:
     """One run of ``rounds + 1`` rounds with the floors timed after every round."""
     X, y, Xte, yte, n_classes = data
     fns = floor_functions(X, n_classes, precision, torch_floors)
@@ -123,6 +124,8 @@ def timed_run(data: tuple[Any, ...], K: int, algorithm: str, precision: str, rou
 
     cfg = FLConfig(n_rounds=rounds + 1, target_epsilon=1.0, precision=precision,
                    backend=backend, device=device)  # type: ignore[arg-type]
+    if fixed_clip:  # the paper's fixed clip: no adaptive clipping's count pass
+        cfg = replace(cfg, adaptive_clip=None)
     res = run_federated(X, y, Xte, yte, n_classes, algorithm=algorithm, n_clients=K,
                         config=cfg, seed=seed, callback=after_round)
     round_s = [h["seconds"] for h in res.history[1:]]  # round 1 is the warm-up
@@ -194,6 +197,9 @@ def main() -> None:
     p.add_argument("--backends", nargs="+", default=["numpy"], choices=["numpy", "torch"],
                    help="array backends of the kernel (FLConfig.backend); torch on the CPU")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fixed-clip", action="store_true",
+                   help="time the fixed clip (adaptive_clip=None) instead of the defaults "
+                        "(adaptive clipping's count makes one more forward product a round)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 3000 rows, K = 20, 3 rounds (numbers meaningless)")
     p.add_argument("--md", type=Path, help="also write the markdown report here")
@@ -221,7 +227,8 @@ def main() -> None:
             for precision in args.precisions:
                 for backend in args.backends:
                     r = timed_run(data, K, algorithm, precision, args.rounds, args.torch,
-                                  args.seed, backend, "cpu" if backend == "torch" else None)
+                                  args.seed, backend, "cpu" if backend == "torch" else None,
+                                  args.fixed_clip)
                     runs.append(r)
                     print(f"# K={K} {algorithm} {precision} {r['backend']}: round "
                           f"{r['round']['median']:.4f} s, "
