@@ -345,6 +345,27 @@ def _sensitivity_direction(model: Any, x: np.ndarray, clip_norm: float) -> np.nd
     return _unit(G[0] - G[1])
 
 
+def _client_copies(release: Any, data: tuple[np.ndarray, np.ndarray],
+                   rng: np.random.Generator, n_runs: int, chunk: int) -> np.ndarray:
+    """``n_runs`` releases of one client's records, batched as copies of the client.
+
+    ``release(X, y, bounds, rngs)`` runs the library's client half on ``c`` stacked copies
+    (client ``i`` the ``i``-th copy, drawing from stream ``(0, i)`` of a fresh root) and
+    returns one statistic per copy; ``chunk`` copies at a time.
+    """
+    from dpprecond.fl.client import round_generators
+
+    Xd, yd = data
+    n = Xd.shape[0]
+    out = np.empty(n_runs)
+    for lo in range(0, n_runs, chunk):
+        c = min(chunk, n_runs - lo)
+        root = np.random.SeedSequence(int(rng.integers(0, 2**63)))
+        out[lo:lo + c] = release(np.tile(Xd, (c, 1)), np.tile(yd, c),
+                                 np.arange(0, c * n + 1, n), round_generators(root, 0, c))
+    return out
+
+
 def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: float = 1.0,
                     chunk: int = 20000) -> AuditCase:
     """One client message of full-batch DP-FedGD (record-level, replace-one).
@@ -360,7 +381,7 @@ def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: flo
     ``(0, i)``). Statistic: the message projected on the sensitivity direction.
     """
     from dpprecond.fl.accounting import Schedule, calibrate, training_event
-    from dpprecond.fl.client import full_batch_messages, round_generators
+    from dpprecond.fl.client import full_batch_messages
     from dpprecond.fl.models import LinearSoftmax
 
     X, y, y2 = _fl_records()
@@ -368,20 +389,14 @@ def fl_message_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: flo
     z = calibrate(Schedule("rounds", 1), epsilon, delta)
     u = _sensitivity_direction(model, X[0], clip_norm)
     params = model.init_params(np.random.default_rng(0))
-    n = X.shape[0]
+
+    def copies(Xc: np.ndarray, yc: np.ndarray, bounds: np.ndarray,
+               rngs: list[Any]) -> np.ndarray:
+        return full_batch_messages(model, params, Xc, yc, bounds, clip_norm, z, rngs) @ u
 
     def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
                   n_runs: int) -> np.ndarray:
-        Xd, yd = data
-        out = np.empty(n_runs)
-        for lo in range(0, n_runs, chunk):
-            c = min(chunk, n_runs - lo)
-            root = np.random.SeedSequence(int(rng.integers(0, 2**63)))
-            U = full_batch_messages(model, params, np.tile(Xd, (c, 1)), np.tile(yd, c),
-                                    np.arange(0, c * n + 1, n), clip_norm, z,
-                                    round_generators(root, 0, c))
-            out[lo:lo + c] = U @ u
-        return out
+        return _client_copies(copies, data, rng, n_runs, chunk)
 
     return AuditCase("FL client message (full-batch DP-FedGD, one round)", mechanism, True,
                      ((X, y), (X, y2)), epsilon_of(training_event(z, 1), delta, "pld"),
@@ -405,7 +420,6 @@ def fl_count_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: float
     """
     from dpprecond.fl.accounting import resolve_scale
     from dpprecond.fl.adaptive_clip import AdaptiveClip, AdaptiveClipMethod
-    from dpprecond.fl.client import round_generators
     from dpprecond.fl.config import FLConfig
     from dpprecond.fl.methods import RunSpec, make_method
     from dpprecond.fl.models import LinearSoftmax
@@ -425,19 +439,14 @@ def fl_count_case(epsilon: float = 1.0, delta: float = 1e-5, *, clip_norm: float
     _, task, _ = method.begin_round(spec, None)
     event = method.count_releases(spec)[0][0]
     z_b = float(task.noise_multiplier)
-    n = X.shape[0]
+
+    def copies(Xc: np.ndarray, yc: np.ndarray, bounds: np.ndarray,
+               rngs: list[Any]) -> np.ndarray:
+        return task.release(model, params, Xc, yc, bounds, rngs).arrays["count"][:, 0]
 
     def mechanism(data: tuple[np.ndarray, np.ndarray], rng: np.random.Generator,
                   n_runs: int) -> np.ndarray:
-        Xd, yd = data
-        out = np.empty(n_runs)
-        for lo in range(0, n_runs, chunk):
-            c = min(chunk, n_runs - lo)
-            root = np.random.SeedSequence(int(rng.integers(0, 2**63)))
-            counts = task.release(model, params, np.tile(Xd, (c, 1)), np.tile(yd, c),
-                                  np.arange(0, c * n + 1, n), round_generators(root, 0, c))
-            out[lo:lo + c] = counts.arrays["count"][:, 0]
-        return out
+        return _client_copies(copies, data, rng, n_runs, chunk)
 
     assert isinstance(task, RecordCountTask) and event == gaussian(z_b)
     return AuditCase("FL adaptive-clipping count (one client, one round)", mechanism, True,
