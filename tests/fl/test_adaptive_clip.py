@@ -308,3 +308,90 @@ def test_per_example_norms_are_exact_and_overflow_safe() -> None:
     assert not np.isnan(norms).any()
     assert norms[3] > 1e300 and np.isfinite(norms[4]) and norms[5] > 1e199
     np.testing.assert_allclose(norms[6:], expected[6:], rtol=1e-12)
+
+
+def _count_data(seed: int = 5) -> tuple[LinearSoftmax, np.ndarray, ClientData]:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((400, 6))
+    y = rng.integers(0, 3, 400)
+    X[[7, 150, 399]] = [[1e300] * 6, [-1e200] + [0.0] * 5, [1e155] * 6]  # the safe path
+    data = ClientData.from_partition(X, y, iid_partition(400, 5, 1), 3)
+    model = LinearSoftmax(6, 3)
+    return model, rng.standard_normal(model.n_params), data
+
+
+@pytest.mark.parametrize("clip", [0.3, 1.3, 4.0, 1e-200, 1e250])
+def test_the_pass_counts_exactly_the_count_task(clip: float) -> None:
+    """The counts of the gradient pass equal record_counts (the per-example norms of the
+    overflow-safe path) at every clip, hard records included, and the sums are the
+    plain pass's, bit for bit."""
+    model, params, data = _count_data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sums, counts = model.clipped_grad_sums_and_counts(params, data.X, data.y,
+                                                          data.bounds, clip)
+    expected = record_counts(model, params, data.X, data.y, data.bounds, clip)
+    np.testing.assert_array_equal(counts, expected)
+    assert 0 < expected.sum() < 400 or clip in (1e-200, 1e250)
+    np.testing.assert_array_equal(
+        sums, model.clipped_grad_sums(params, data.X, data.y, data.bounds, clip))
+
+
+def test_the_pass_counts_with_per_client_parameters_and_float32() -> None:
+    model, params, data = _count_data(6)
+    K = data.n_clients
+    P = params + 0.3 * np.random.default_rng(1).standard_normal((K, model.n_params))
+    _, counts = model.clipped_grad_sums_and_counts(P, data.X, data.y, data.bounds, 1.1)
+    for i in range(K):
+        lo, hi = data.bounds[i], data.bounds[i + 1]
+        want = record_counts(model, P[i], data.X[lo:hi], data.y[lo:hi],
+                             np.array([0, hi - lo]), 1.1)
+        assert counts[i] == want[0]
+    X32 = data.X.astype(np.float32)
+    _, c32 = model.clipped_grad_sums_and_counts(params, X32, data.y, data.bounds, 1.1)
+    want = record_counts(model, params, X32.astype(np.float64), data.y, data.bounds, 1.1)
+    # float32 rows: the norms of the float32 values; an indicator can flip only for a
+    # norm within float32 rounding of the clip (none here)
+    np.testing.assert_array_equal(c32, want)
+
+
+def test_the_engine_counts_inside_the_gradient_pass(problem: tuple, monkeypatch) -> None:
+    """With adaptive clipping a linear head's round reads its rows once: the separate
+    count (per_example_grad_norms) is never called, and the run equals a run whose
+    counts come from the count task itself (bit for bit: same statistic, same streams)."""
+    fused = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0)
+    monkeypatch.setattr(LinearSoftmax, "counts_in_pass", False)
+    separate = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(fused.params, separate.params)  # type: ignore[attr-defined]
+    assert fused.config["clip_norms"] == separate.config["clip_norms"]  # type: ignore[attr-defined]
+
+    def no_second_pass(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the count read the rows a second time")
+
+    monkeypatch.setattr(LinearSoftmax, "per_example_grad_norms", no_second_pass)
+    again = _run(problem, adaptive=AdaptiveClip(), target_epsilon=1.0)
+    np.testing.assert_array_equal(again.params, fused.params)  # type: ignore[attr-defined]
+
+
+def test_release_round_runs_a_local_step_task_and_its_count_apart(problem: tuple) -> None:
+    from dpprecond.fl.tasks import LocalStepsTask, release_round
+
+    X, y, _, _ = problem
+    data = ClientData.from_partition(X, y, iid_partition(len(y), 4, 2), 3)
+    model = LinearSoftmax(6, 3)
+    params = np.random.default_rng(0).standard_normal(model.n_params)
+    task = LocalStepsTask(1.3, 0.8, local_steps=2).validated()
+    count = RecordCountTask(1.3, 2.5).validated()
+    root = np.random.SeedSequence(4)
+    out = release_round(task, count, model, params, data.X, data.y, data.bounds,
+                        round_generators(root, 0, 4), round_generators(count_root(root), 0, 4))
+    alone = task.release(model, params, data.X, data.y, data.bounds,
+                         round_generators(root, 0, 4)).arrays
+    counted = count.release(model, params, data.X, data.y, data.bounds,
+                            round_generators(count_root(root), 0, 4)).arrays
+    np.testing.assert_array_equal(out.arrays["delta-y"], alone["delta-y"])
+    np.testing.assert_array_equal(out.arrays["count"], counted["count"])
+    with pytest.raises(ValueError, match="count_rngs"):
+        release_round(task, count, model, params, data.X, data.y, data.bounds,
+                      round_generators(root, 0, 4))

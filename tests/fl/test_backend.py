@@ -123,3 +123,21 @@ def test_cuda_kernel_equals_numpy(setup, dtype) -> None:  # pragma: no cover - G
     b = _kernel(data, params, "cuda", dtype, 0.5)
     n = int(np.diff(data.bounds).max())
     assert np.abs(a - b).max() <= 2 * rounding_slack(n, dtype) * n * 0.5
+
+
+@pytest.mark.parametrize("C", [0.3, 5.0, np.inf])
+def test_torch_counts_equal_numpy_counts(setup, C: float) -> None:
+    """Adaptive clipping's counts from the torch pass are the numpy pass's (the norms
+    agree to rounding; no norm of this data lies within rounding of the clip)."""
+    data, _, params, _, _ = setup
+    x_sq = np.einsum("ij,ij->i", data.X, data.X)
+    W = params.reshape(13, 4)
+    be = get_backend("torch", "cpu")
+    _, _, a = clipped_sums(data.X, data.y, W, data.bounds, C, x_sq, return_counts=True)
+    _, _, b = clipped_sums(be.asarray(data.X), data.y, W, data.bounds, C, be.asarray(x_sq),
+                           return_counts=True)
+    np.testing.assert_array_equal(a, b)
+    if np.isinf(C):
+        assert a.sum() == 1500  # every norm is within an infinite clip
+    elif C == 0.3:
+        assert 0 < a.sum() < 1500  # the clip splits the records

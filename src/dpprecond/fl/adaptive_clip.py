@@ -48,8 +48,10 @@ the calibration and the ledger's plan, is the method's; its server state carries
 round's clip ``C_t`` and the client half, a :class:`~dpprecond.fl.tasks.RecordCountTask`),
 :meth:`~AdaptiveClipMethod.count_releases` (its event, recorded before the release) and
 :meth:`~AdaptiveClipMethod.update_clip` (the server half). Both drivers run them:
-:func:`dpprecond.fl.engine.simulate` calls :meth:`~AdaptiveClipMethod.count_round` (the
-halves on all clients at once) before each round; the Flower adapter
+:func:`dpprecond.fl.engine.simulate` on all clients at once in each round, the count
+released with the round's task by :func:`dpprecond.fl.tasks.release_round` (inside the
+gradient pass for the linear head's full-batch gradient: the norms it clips with are the
+norms it counts, so the count costs no second read of the data); the Flower adapter
 (:mod:`dpprecond.adapters.flower.server_side`) sends the count task with each round's
 request, every client releases its count with its own noise (the same count streams,
 :func:`count_root`) beside its message, and the server updates the clip from the
@@ -61,12 +63,11 @@ part of the secure sum), in both drivers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from dp_accounting import dp_event
 
 from dpprecond.accounting import gaussian, gaussian_precision
 from dpprecond.fl.accounting import Releases, Schedule
@@ -75,10 +76,8 @@ from dpprecond.fl.client import (
     count_sensitivity,
     noisy_counts,
     record_counts,
-    round_generators,
 )
 from dpprecond.fl.config import MAX_CLIP_NORM, MAX_NOISE_STD, AdaptiveClip, FLConfig
-from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.tasks import ClientTask, RecordCountTask
@@ -167,7 +166,7 @@ class AdaptiveClipMethod(Method):
     Its schedule (hence the calibration and the ledger's plan) is the method's. Every
     :class:`~dpprecond.fl.methods.RunSpec` it is given carries the calibrated multipliers;
     the halves of the wrapped method see them raised (:meth:`inner_spec`), at the clip of
-    the spec (:meth:`count_round` gives each round's). Its server state is ``(method
+    the spec (:meth:`begin_round` gives each round's). Its server state is ``(method
     state, C_t, (C_0, ..., C_{t-1}))``, so checkpoints resume with the clip and its
     history.
     """
@@ -314,29 +313,6 @@ class AdaptiveClipMethod(Method):
         new_clip = geometric_update(float(clip), fraction, self.settings.target_quantile,
                                     self.settings.learning_rate, upper)
         return (inner_state, new_clip, history)
-
-    # -- the engine's hook before each round ------------------------------------------
-
-    def count_round(self, run: RunSpec, t: int, params: np.ndarray, state: Any,
-                    data: ClientData, noise_root: Any,
-                    spend: Callable[[list[tuple[dp_event.DpEvent, int]]], None]
-                    ) -> tuple[RunSpec, Any]:
-        """Round ``t``'s private count and clip, all clients at once: ``(the round's spec,
-        the new state)``.
-
-        The halves every driver runs (:meth:`begin_round`, the count task on every
-        client from its count stream, spawn key ``(t, client)`` under
-        :data:`COUNT_STREAM`, recorded through ``spend`` before it is made, and
-        :meth:`update_clip`); the Flower adapter runs the same halves, one client per node.
-        """
-        round_spec, task, state = self.begin_round(run, state)
-        spend(self.count_releases(run))
-        # the host float64 records (the round's X may be a float32 copy or on a torch
-        # device); the count's sensitivity is 1 for any per-record norm
-        out = task.release(run.model, params, data.X, data.y, data.bounds,
-                           round_generators(count_root(noise_root), t, data.n_clients))
-        state = self.update_clip(round_spec, out.arrays, np.diff(data.bounds), state)
-        return round_spec, state
 
 
 def resolve_adaptive_clip(method: Method, config: FLConfig) -> AdaptiveClip | None:

@@ -56,6 +56,7 @@ __all__ = [
     "count_sensitivity",
     "covariance_sensitivity",
     "full_batch_messages",
+    "full_batch_messages_and_counts",
     "gram_inflation",
     "noise_inflation",
     "noisy_counts",
@@ -145,8 +146,37 @@ def full_batch_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y: np
     ``noise_multiplier * 2 * clip_norm``; event per round ``GaussianDpEvent(z)``.
     ``clip_norm=inf`` with ``noise_multiplier=0`` is the non-private full-batch gradient.
     """
-    sizes = np.diff(bounds).astype(np.float64)
     S = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+    return _noisy_means(model, S, X, bounds, clip_norm, noise_multiplier, rngs)
+
+
+def full_batch_messages_and_counts(model: FLModel, params: np.ndarray, X: np.ndarray,
+                                   y: np.ndarray, bounds: np.ndarray, clip_norm: float,
+                                   noise_multiplier: float, rngs: Sequence[NoiseSource], *,
+                                   x_sq_norms: np.ndarray | None = None
+                                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`full_batch_messages` and :func:`record_counts` at ``clip_norm``, one pass.
+
+    For a model that counts inside its gradient pass (``counts_in_pass``, the linear
+    head: :meth:`~dpprecond.fl.models.LinearSoftmax.clipped_grad_sums_and_counts`). The
+    messages are exactly :func:`full_batch_messages`'s; the counts are the exact
+    statistic (not yet noised: :func:`noisy_counts` releases them).
+    """
+    fused = getattr(model, "clipped_grad_sums_and_counts", None)
+    if fused is None:
+        raise TypeError(f"{type(model).__name__} does not count inside its gradient pass "
+                        "(no clipped_grad_sums_and_counts): use full_batch_messages and "
+                        "record_counts.")
+    S, counts = fused(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+    return _noisy_means(model, S, X, bounds, clip_norm, noise_multiplier, rngs), counts
+
+
+def _noisy_means(model: FLModel, S: np.ndarray, X: np.ndarray, bounds: np.ndarray,
+                 clip_norm: float, noise_multiplier: float,
+                 rngs: Sequence[NoiseSource]) -> np.ndarray:
+    """The clipped sums ``S`` noised (std ``z 2 C`` times the rounding inflation), per
+    record of each client."""
+    sizes = np.diff(bounds).astype(np.float64)
     std = noise_multiplier * 2.0 * clip_norm * noise_inflation(model, X, bounds) \
         if noise_multiplier else 0.0
     S = add_client_noise(S, std, rngs)

@@ -12,9 +12,11 @@ clients in one process (vectorized over clients):
    noise from its own stream, spawn key ``(round, client)``, so a run is
    engine-independent), the server half on the replies, and the schedule's releases
    (:meth:`~dpprecond.fl.accounting.Schedule.releases`) recorded in the run's ledger (and
-   the caller's); with ``config.adaptive_clip``, the one hook beside the halves: before
-   the round, every client's noisy count sets the round's clip (recorded as it is made,
-   :meth:`dpprecond.fl.adaptive_clip.AdaptiveClipMethod.count_round`);
+   the caller's); with adaptive clipping, the one hook beside the halves: every client
+   also releases its noisy count at the round's clip ``C_t`` (recorded before it is made;
+   computed in the round's gradient pass where the model can,
+   :func:`dpprecond.fl.tasks.release_round`), and the counts set ``C_{t+1}``
+   (:class:`dpprecond.fl.adaptive_clip.AdaptiveClipMethod`);
 4. the history: test accuracy and loss, the epsilon spent so far, the update norm;
 5. optionally a crash-safe checkpoint every few rounds (:mod:`dpprecond.fl.checkpoint`):
    a run killed at any point and started again with the same arguments resumes and ends
@@ -55,6 +57,7 @@ from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl.accounting import resolve_scale
 from dpprecond.fl.adaptive_clip import (
     AdaptiveClipMethod,
+    count_root,
     resolve_adaptive_clip,
     with_adaptive_clip,
 )
@@ -68,6 +71,7 @@ from dpprecond.fl.methods import Method, RunSpec
 from dpprecond.fl.models import FLModel, LinearSoftmax
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
+from dpprecond.fl.tasks import release_round
 from dpprecond.secure import SECURE_ROOT
 
 __all__ = ["FLResult", "as_method", "plan_event", "simulate"]
@@ -326,16 +330,23 @@ def simulate(model: FLModel, data: ClientData,
                       unit="round", initial=first, total=config.n_rounds):
             start = time.perf_counter()
             server_state, client_state = state
-            round_spec, round_task = spec, task
-            if clipping is not None:  # this round's count, recorded, and its clip
-                round_spec, server_state = clipping.count_round(spec, t, params, server_state,
-                                                                data, noise_root, release)
+            round_spec, round_task, count_task, count_rngs = spec, task, None, None
+            if clipping is not None:  # this round's clip C_t and its count, recorded
+                round_spec, count_task, server_state = clipping.begin_round(spec,
+                                                                            server_state)
+                release(clipping.count_releases(spec))
                 round_task = clipping.round_task(round_spec)
-            out = round_task.release(model, params, X_run, data.y, data.bounds,
-                                     round_generators(noise_root, t, K + task.server_streams),
-                                     broadcast=method.broadcast(server_state),
-                                     client_state=client_state, x_sq_norms=x_sq_norms)
+                count_rngs = round_generators(count_root(noise_root), t, K)
+            out = release_round(round_task, count_task, model, params, X_run, data.y,
+                                data.bounds,
+                                round_generators(noise_root, t, K + task.server_streams),
+                                count_rngs, broadcast=method.broadcast(server_state),
+                                client_state=client_state, x_sq_norms=x_sq_norms,
+                                count_X=data.X)
             release(round_releases)
+            if clipping is not None:  # the clip of the next round, from the counts
+                server_state = clipping.update_clip(round_spec, out.arrays, sizes,
+                                                    server_state)
             updates, server_state = method.server_update(round_spec, out.arrays, clients,
                                                          sizes, server_state, params)
             state = (server_state, out.client_state)

@@ -76,7 +76,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -195,10 +195,25 @@ def _dtype_of(X: Any) -> np.dtype:
     return _as_np_dtype(X.dtype)
 
 
+@overload
+def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
+                 clip_norm: float, x_sq_norms: Any, *, block_rows: int | None = ...,
+                 n_threads: int | None = ..., return_counts: Literal[False] = ...
+                 ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@overload
+def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
+                 clip_norm: float, x_sq_norms: Any, *, block_rows: int | None = ...,
+                 n_threads: int | None = ..., return_counts: Literal[True]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
 def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
                  clip_norm: float, x_sq_norms: Any, *,
                  block_rows: int | None = None,
-                 n_threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 n_threads: int | None = None,
+                 return_counts: bool = False) -> Any:
     """Per-client clipped gradient sums of a linear softmax head, and the hard rows.
 
     Parameters
@@ -220,6 +235,11 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     block_rows, n_threads
         Block size (``None``: 2,048 rows with numpy, 16,384 with torch) and pool size
         (``None``: :func:`set_kernel_threads`'s setting, else ``os.cpu_count()``).
+    return_counts : bool
+        Also count, per client, the rows whose per-example gradient norm is at most
+        ``clip_norm`` (adaptive clipping's statistic,
+        :class:`~dpprecond.fl.tasks.RecordCountTask`), from the norms ``||x~_j|| ||r_j||``
+        the clip factors are computed from: no second pass over ``X``.
 
     Returns
     -------
@@ -227,6 +247,11 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
         Without the hard rows (host numpy array whatever the backend).
     hard : ndarray of int
         Indices of the rows left out (to be handled by the overflow-safe path).
+    counts : ndarray of shape (K,), float64
+        Only with ``return_counts``: each client's rows, hard rows left out, with computed
+        norm ``<= clip_norm`` (every row when ``clip_norm`` is infinite). A row's
+        indicator is a function of that row and the public parameters alone, so the
+        count's replace-one sensitivity is 1 whatever the rounding of the norm.
     """
     be = backend_of(X)
     numpy = isinstance(be, NumpyBackend)
@@ -252,6 +277,7 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     units = _units(bounds, block_rows)
     partial = be.zeros((len(units), k, d + 1), np.float64)  # transposed contributions
     hard_parts: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(units)
+    inside = np.zeros(len(units), dtype=np.int64)  # per block: rows within the clip
     labels = be.label_index(y)
     columns = be.label_index(np.arange(max((hi - lo for _, lo, hi in units), default=0)))
 
@@ -275,9 +301,13 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
         if clip:
             r = be.sqrt(be.col_sq_norms(L))
             with be.errstate():  # min(1, C / n_j) 2^e, never subnormal (docstring, 1.)
-                factor = be.minimum(scaled_clip / (be.sqrt(sq + 1.0) * r), top)
+                norms = be.sqrt(sq + 1.0) * r
+                factor = be.minimum(scaled_clip / norms, top)
             L *= be.where(be.isfinite(factor), factor, top) * shrink
         hard_np = be.to_numpy(hard)
+        if return_counts:  # a hard row is counted by the caller, from the safe path
+            within = ~hard_np if not clip else be.to_numpy(norms <= clip_norm) & ~hard_np
+            inside[u] = int(np.count_nonzero(within))
         if hard_np.any():
             L[:, hard] = 0.0
             hard_parts[u] = np.flatnonzero(hard_np) + lo
@@ -307,4 +337,10 @@ def clipped_sums(X: Any, y: np.ndarray, W: np.ndarray, bounds: np.ndarray,
     if e:
         out *= 2.0**-e
     hard_rows = np.concatenate(hard_parts) if units else np.zeros(0, dtype=np.int64)
-    return np.ascontiguousarray(be.to_numpy(out).transpose(0, 2, 1)), hard_rows
+    sums = np.ascontiguousarray(be.to_numpy(out).transpose(0, 2, 1))
+    if not return_counts:
+        return sums, hard_rows
+    counts = np.zeros(K, dtype=np.float64)
+    for u, (i, _, _) in enumerate(units):
+        counts[i] += inside[u]
+    return sums, hard_rows, counts

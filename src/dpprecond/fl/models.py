@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -232,6 +232,9 @@ class LinearSoftmax:
             L[idx] = shifted
         return L, _HardRows(idx, Y, pre, nu, shifted, failed)
 
+    #: :meth:`clipped_grad_sums_and_counts` counts inside the gradient pass.
+    counts_in_pass: ClassVar[bool] = True
+
     def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                           bounds: np.ndarray, clip_norm: float, *,
                           x_sq_norms: np.ndarray | None = None) -> np.ndarray:
@@ -246,22 +249,61 @@ class LinearSoftmax:
         (huge entries, overflowing logits) go through the overflow-safe path
         (:meth:`clipped_grad_sums_safe`).
         """
+        return self._sums(params, X, y, bounds, clip_norm, x_sq_norms, counted=False)[0]
+
+    def clipped_grad_sums_and_counts(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                                     bounds: np.ndarray, clip_norm: float, *,
+                                     x_sq_norms: np.ndarray | None = None
+                                     ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`clipped_grad_sums` and adaptive clipping's counts, in the same pass.
+
+        The counts, shape (K,), are each client's records whose per-example gradient norm
+        is at most ``clip_norm`` (:func:`dpprecond.fl.client.record_counts`), from the
+        norms the kernel computes its clip factors from (a hard record's from
+        :meth:`per_example_grad_norms`, the overflow-safe path); each record's indicator
+        depends on that record and ``params`` only (sensitivity 1, as for
+        :func:`~dpprecond.fl.client.record_counts`). With float32 or torch rows the norms
+        are those of the rows the pass reads.
+        """
+        sums, counts = self._sums(params, X, y, bounds, clip_norm, x_sq_norms, counted=True)
+        assert counts is not None
+        return sums, counts
+
+    def _sums(self, params: np.ndarray, X: Any, y: np.ndarray, bounds: np.ndarray,
+              clip_norm: float, x_sq_norms: Any, *, counted: bool
+              ) -> tuple[np.ndarray, np.ndarray | None]:
         be = backend_of(X)
         if x_sq_norms is None:
             x_sq_norms = be.asarray(np.einsum("ij,ij->i", *(2 * [be.to_numpy(X)]),
                                               dtype=np.float64))
         W = params.reshape(-1, self.n_features + 1, self.n_classes)
-        out, hard = clipped_sums(X, y, W[0] if params.ndim == 1 else W, bounds, clip_norm,
-                                 x_sq_norms)
+        W = W[0] if params.ndim == 1 else W
+        counts = None
+        if counted:
+            out, hard, counts = clipped_sums(X, y, W, bounds, clip_norm, x_sq_norms,
+                                             return_counts=True)
+        else:
+            out, hard = clipped_sums(X, y, W, bounds, clip_norm, x_sq_norms)
         if hard.size:  # rare: a hostile or extreme record
             owner = np.searchsorted(bounds, hard, side="right") - 1
             K = len(bounds) - 1
-            counts = np.bincount(owner, minlength=K)
-            sub_bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
+            sub_bounds = np.r_[0, np.cumsum(np.bincount(owner, minlength=K))].astype(np.int64)
             Xh = np.asarray(be.to_numpy(X[be.label_index(hard)]), dtype=np.float64)
             sub = self.clipped_grad_sums_safe(params, Xh, y[hard], sub_bounds, clip_norm)
             out += sub.reshape(out.shape)
-        return out.reshape(len(bounds) - 1, self.n_params)
+            if counts is not None:
+                Wh = params if params.ndim == 1 else params[owner]
+                norms = self._hard_norms(Wh, Xh, y[hard])
+                counts += np.bincount(owner, weights=(norms <= clip_norm).astype(np.float64),
+                                      minlength=K)
+        return out.reshape(len(bounds) - 1, self.n_params), counts
+
+    def _hard_norms(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per-example gradient norms of rows at shared (1-D) or per-row (2-D) params."""
+        if params.ndim == 1:
+            return self.per_example_grad_norms(params, X, y)
+        return np.array([self.per_example_grad_norms(p, X[j:j + 1], y[j:j + 1])[0]
+                         for j, p in enumerate(params)])
 
     def rounding_slack(self, max_client_rows: int, dtype: Any = np.float64) -> float:
         """Relative excess of a computed clipped sum over ``2C`` (see the kernel)."""

@@ -58,6 +58,7 @@ __all__ = [
     "RecordCountTask",
     "SecondMomentTask",
     "TaskOutput",
+    "release_round",
     "task_field_names",
     "task_from_config",
 ]
@@ -307,6 +308,47 @@ class RecordCountTask(ClientTask):
         counts = client_mod.record_counts(model, params, X, y, bounds, self.clip_norm)
         return TaskOutput({"count": client_mod.noisy_counts(
             counts, self.noise_multiplier, rngs[:K])[:, None]})
+
+
+def release_round(task: ClientTask, count: ClientTask | None, model: FLModel,
+                  params: np.ndarray | None, X: Any, y: np.ndarray, bounds: np.ndarray,
+                  rngs: Sequence[Stream], count_rngs: Sequence[Stream] | None = None, *,
+                  broadcast: Mapping[str, np.ndarray] | None = None,
+                  client_state: np.ndarray | None = None,
+                  x_sq_norms: Any = None, count_X: np.ndarray | None = None) -> TaskOutput:
+    """A round's release and, with adaptive clipping, its count: one :class:`TaskOutput`.
+
+    What every driver runs in a round (the engine on all clients, a Flower client on its
+    own rows), so the two compute the same statistics. ``count`` (a
+    :class:`RecordCountTask`, or ``None``) is released from ``count_rngs`` and its reply
+    ``"count"`` joins the task's arrays. When the task is the full-batch gradient at the
+    count's clip and the model counts inside its gradient pass (the linear head,
+    ``counts_in_pass``), the count comes from the norms the pass clips with
+    (:func:`dpprecond.fl.client.full_batch_messages_and_counts`): one read of ``X``
+    instead of two. Otherwise the count task runs on its own, on ``count_X`` (default
+    ``X``: the host float64 records where the round's rows are a float32 or device copy).
+    The two draw from separate streams, so neither changes the other's noise.
+    """
+    kwargs = {"broadcast": broadcast, "client_state": client_state, "x_sq_norms": x_sq_norms}
+    if count is None:
+        return task.release(model, params, X, y, bounds, rngs, **kwargs)
+    if count_rngs is None:
+        raise ValueError("A round with a count needs its noise sources count_rngs.")
+    K = len(bounds) - 1
+    fused = (isinstance(task, GradientTask) and task.mechanism == "full-batch"
+             and isinstance(count, RecordCountTask) and count.clip_norm == task.clip_norm
+             and getattr(model, "counts_in_pass", False))
+    if fused:
+        assert params is not None
+        U, counts = client_mod.full_batch_messages_and_counts(
+            model, params, X, y, bounds, task.clip_norm, task.noise_multiplier, rngs[:K],
+            x_sq_norms=x_sq_norms)
+        noisy = client_mod.noisy_counts(counts, count.noise_multiplier, count_rngs[:K])
+        return TaskOutput({"message": U, "count": noisy[:, None]})
+    out = task.release(model, params, X, y, bounds, rngs, **kwargs)
+    counted = count.release(model, params, X if count_X is None else count_X, y, bounds,
+                            count_rngs)
+    return TaskOutput({**out.arrays, **counted.arrays}, out.client_state)
 
 
 #: kind -> task class (what a Flower client may be asked to run).

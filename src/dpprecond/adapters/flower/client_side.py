@@ -5,8 +5,10 @@ client half the engine runs too); :func:`client_reply` runs it on this one clien
 client's examples are the single block ``bounds = [0, n]`` of the engine's
 client-contiguous layout and its generator is the one-element list of generators, so the
 result is row ``i`` of what :func:`dpprecond.fl.engine.simulate` computes for all clients
-at once. A request with a count (adaptive clipping) runs its count task the same way, at
-the same parameters, with the client's count stream. Privacy unit, sensitivity and event
+at once. A request with a count (adaptive clipping) releases it with the task, at the
+same parameters, with the client's count stream, through the engine's own
+:func:`dpprecond.fl.tasks.release_round` (so the count comes from the same computation:
+inside the linear head's gradient pass). Privacy unit, sensitivity and event
 of every release: see the task's module.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 from dpprecond.adapters.flower.protocol import RoundRequest
 from dpprecond.fl.client import Stream
 from dpprecond.fl.models import FLModel
+from dpprecond.fl.tasks import release_round
 
 __all__ = ["ClientState", "client_reply", "settle_state"]
 
@@ -84,12 +87,9 @@ def client_reply(model: FLModel, params: np.ndarray | None, X: np.ndarray, y: np
     if request.count_task is not None and count_rng is None:
         raise ValueError("The request asks for a count: pass its noise source count_rng "
                          "(client_rng(..., count=True)).")
-    out = request.task.release(model, params, X, y, bounds, [rng], broadcast=broadcast,
-                               client_state=None if client_state is None
-                               else client_state[None, :])
+    out = release_round(request.task, request.count_task, model, params, X, y, bounds,
+                        [rng], None if count_rng is None else [count_rng],
+                        broadcast=broadcast,
+                        client_state=None if client_state is None else client_state[None, :])
     arrays = {name: rows[0] for name, rows in out.arrays.items()}
-    if request.count_task is not None:
-        assert count_rng is not None
-        counted = request.count_task.release(model, params, X, y, bounds, [count_rng])
-        arrays.update({name: rows[0] for name, rows in counted.arrays.items()})
     return arrays, None if out.client_state is None else out.client_state[0]
