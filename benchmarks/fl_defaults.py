@@ -2,7 +2,9 @@
 
 Cells: ``digits-K10`` and ``digits-K20`` (fixed pixel features in [-1, 1], IID split),
 ``fmnist-K20`` (Fashion-MNIST pixels in [-1, 1], 60,000 training records, IID over 20
-clients) and ``synthetic-K100``
+clients), ``fmnist-pca64-K20`` (the same, through ``run_pipeline``: 64 private federated
+PCA features, the epsilon the total of both stages; rows ``fedgd``, ``lagged`` and
+``default`` only) and ``synthetic-K100``
 (:func:`dpprecond.data.synthetic_fl.multinomial_logistic`, seed 0: 8,000 training and
 2,000 test records, d = 20, 10 classes, Bayes accuracy 0.85; Dirichlet(0.1)
 label split over 100 clients). T = 70 rounds, delta = 1e-5, the full-batch mechanism, PLD
@@ -67,7 +69,15 @@ FREE_GRID = (search_space(_STEPS, clip_norms=(1.0, 10.0))
              + search_space(_STEPS, clip_norms=(1.0,), adaptive=(AdaptiveClip(),)))
 CELLS = {"digits-K10": ("digits", 10, "iid"), "digits-K20": ("digits", 20, "iid"),
          "synthetic-K100": ("synthetic", 100, "dirichlet"),
-         "fmnist-K20": ("fashion-mnist", 20, "iid")}
+         "fmnist-K20": ("fashion-mnist", 20, "iid"),
+         "fmnist-pca64-K20": ("fashion-mnist", 20, "iid")}
+#: Cells run through :func:`dpprecond.pipeline.run_pipeline`: private federated PCA to 64
+#: features (its default share of the budget, public row bound sqrt(784) = 28 for pixels
+#: in [-1, 1]), then the training; the epsilon is the total of both stages. Only the
+#: configurations of :data:`PIPELINE_CONFIGS` run there.
+PIPELINE_CELLS = {"fmnist-pca64-K20": "pca:64"}
+PIPELINE_ROW_NORM = 28.0
+PIPELINE_CONFIGS = ("fedgd", "lagged", "default")
 
 
 def load(name: str) -> Dataset:
@@ -88,6 +98,25 @@ def _run(ds: Dataset, K: int, partition: str, eps: float, seed: int, algorithm: 
                         algorithm=algorithm, n_clients=K, partition=partition,  # type: ignore[arg-type]
                         alpha=0.1, config=config, seed=seed, **kw)
     return float(res.final_accuracy)
+
+
+def measure_pipeline(ds: Dataset, K: int, partition: str, eps: float, seed: int,
+                     name: str, features: str) -> dict[str, Any]:
+    """One (configuration, eps, seed) of a pipeline cell: the same rows as
+    :func:`measure` (``fedgd`` and ``lagged`` with the paper's uniform weights and fixed
+    clip 10, ``default`` with ``run_pipeline``'s defaults), the PCA included."""
+    from dpprecond.pipeline import run_pipeline
+
+    paper = {"weighting": "uniform", "adaptive_clip": None}
+    settings: dict[str, dict[str, Any]] = {
+        "fedgd": {"algorithm": "fedgd", **paper},
+        "lagged": {"algorithm": "sofim-lagged", **paper},
+        "default": {"algorithm": DEFAULT_ALGORITHM}}
+    res = run_pipeline(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
+                       features=features, target_epsilon=eps, row_norm=PIPELINE_ROW_NORM,
+                       n_clients=K, partition=partition, n_rounds=ROUNDS, seed=seed,  # type: ignore[arg-type]
+                       **settings[name])
+    return {"accuracy": float(res.fl.final_accuracy), "epsilon": float(res.epsilon)}
 
 
 def measure(ds: Dataset, K: int, partition: str, eps: float, seed: int,
@@ -151,12 +180,17 @@ def run_grid(cells: list[str], eps_list: list[float], configs: list[str], path: 
         for eps in eps_list:
             for seed in SEEDS:
                 for name in configs:
-                    if (cell, eps, seed, name) in done:
+                    features = PIPELINE_CELLS.get(cell)
+                    if (cell, eps, seed, name) in done or \
+                            (features is not None and name not in PIPELINE_CONFIGS):
                         continue
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
+                        got = (measure(ds, K, partition, eps, seed, name) if features is None
+                               else measure_pipeline(ds, K, partition, eps, seed, name,
+                                                     features))
                         row = {"cell": cell, "eps": eps, "seed": seed, "config": name,
-                               **measure(ds, K, partition, eps, seed, name)}
+                               **got}
                     with path.open("a") as f:
                         f.write(json.dumps(row) + "\n")
                     print(json.dumps(row), flush=True)
