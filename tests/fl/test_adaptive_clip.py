@@ -395,3 +395,27 @@ def test_release_round_runs_a_local_step_task_and_its_count_apart(problem: tuple
     with pytest.raises(ValueError, match="count_rngs"):
         release_round(task, count, model, params, data.X, data.y, data.bounds,
                       round_generators(root, 0, 4))
+
+
+def test_a_subclass_that_overrides_the_sums_is_not_bypassed(problem: tuple) -> None:
+    """The one-pass count is taken only from the class's own sums: a subclass with its own
+    clipped_grad_sums (a reference path, a user's variant) gets it called every round."""
+    from dpprecond.fl.tasks import GradientTask, release_round
+
+    calls = []
+
+    class Mine(LinearSoftmax):
+        def clipped_grad_sums(self, *args: object, **kwargs: object) -> np.ndarray:
+            calls.append(1)
+            return self.clipped_grad_sums_safe(*args, **kwargs)  # type: ignore[arg-type]
+
+    X, y, _, _ = problem
+    data = ClientData.from_partition(X, y, iid_partition(len(y), 4, 2), 3)
+    model = Mine(6, 3)
+    assert not model.counts_in_pass and LinearSoftmax(6, 3).counts_in_pass
+    params = np.zeros(model.n_params)
+    root = np.random.SeedSequence(4)
+    release_round(GradientTask(1.3, 0.8).validated(), RecordCountTask(1.3, 2.5).validated(),
+                  model, params, data.X, data.y, data.bounds, round_generators(root, 0, 4),
+                  round_generators(count_root(root), 0, 4))
+    assert calls == [1]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -232,8 +232,13 @@ class LinearSoftmax:
             L[idx] = shifted
         return L, _HardRows(idx, Y, pre, nu, shifted, failed)
 
-    #: :meth:`clipped_grad_sums_and_counts` counts inside the gradient pass.
-    counts_in_pass: ClassVar[bool] = True
+    @property
+    def counts_in_pass(self) -> bool:
+        """Whether a round may take its sums and counts from
+        :meth:`clipped_grad_sums_and_counts` (one pass): only while
+        :meth:`clipped_grad_sums` is this class's own (a subclass that overrides it, e.g.
+        a reference path, gets its own method called)."""
+        return type(self).clipped_grad_sums is LinearSoftmax.clipped_grad_sums
 
     def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                           bounds: np.ndarray, clip_norm: float, *,
