@@ -19,15 +19,16 @@ import numpy as np
 from dpprecond.data import load_dataset
 from dpprecond.features import featurize
 from dpprecond.fl import FLConfig, run_federated
-from dpprecond.secagg import aggregate, client_share, decode, plan_skellam
+from dpprecond.secagg import plan_sum, secure_sum
 
 
 def measured_noise_std(k: int, dim: int, reps: int = 200) -> tuple[float, float]:
-    plan = plan_skellam(1.0, dim, 2.0, k, 10_000, max_clients=k)
+    """The decoded sum's noise std (zero parts, ``z = 2``, sensitivity ``2C = 2``) and the
+    plan's claim, both in gradient-sum units."""
+    plan = plan_sum(dim, 2.0, 2.0, n_rows=10_000, n_clients=k, min_clients=k)
     rng = np.random.default_rng(0)
-    noise = np.concatenate([
-        decode(aggregate([client_share(np.zeros((0, dim)), plan, rng) for _ in range(k)],
-                         plan), plan, k) for _ in range(reps)])
+    noise = np.concatenate([secure_sum(np.zeros((k, dim)), plan, rng.spawn(k))
+                            for _ in range(reps)])
     return float(noise.std()), plan.noise_std()
 
 
