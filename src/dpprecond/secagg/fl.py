@@ -260,9 +260,7 @@ def simulate_secure(model: FLModel, data: ClientData,
     release = sum_event(z)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
-    from dpprecond.fl.engine import _kernel_rows  # the engine's rows (precision, backend)
-
-    X_run, x_sq_norms = _kernel_rows(data.X, config, model)
+    X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     root = check_seed("seed", seed)
     init_seq, noise_root, _ = root.spawn(3)
     n_records = int(data.X.shape[0])
