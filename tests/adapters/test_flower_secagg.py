@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flwr.simulation import run_simulation
 
+from dpprecond._validation import check_seed
 from dpprecond.adapters.flower import PartitionedDataset
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
@@ -79,6 +80,36 @@ def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
         SecAggDPStrategy(model, "fedgd", config, K, ds.X_train.shape[0])
     assert str(flower.value) == str(engine.value)
     assert "trust='secure-aggregation'" in str(flower.value)
+
+
+def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
+    """Each SecAgg+ client's message (its own clipped gradient sum, one kernel call on its
+    rows, rounded and noised from its stream ``(t, i)``) is the one the engine forms from
+    its all-clients kernel call: their modular sum decodes to the engine's round sum
+    exactly (no Ray: the messages are summed here)."""
+    from dpprecond.fl.client import round_generators
+    from dpprecond.secagg.fl import secure_gradient_sum
+    from dpprecond.secagg.skellam import aggregate, decode
+
+    data = _engine_data()
+    model = LinearSoftmax(data.X.shape[1], 10)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+                                max_client_rows=int(np.diff(data.bounds).max()))
+    plan = strategy.plan_
+    params = np.random.default_rng(0).standard_normal(model.n_params) * 0.05
+    for t in (1, 2):
+        config = {"round": t, **plan_to_config(plan, CONFIG.clip_norm)}
+        messages = []
+        for i in range(K):
+            lo, hi = data.bounds[i], data.bounds[i + 1]
+            vector = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+                [params], config)[0][0]
+            assert vector[-1] == hi - lo
+            messages.append(np.mod(vector[:-1].astype(np.int64), plan.modulus))
+        root = check_seed("seed", SEED).spawn(3)[1]
+        engine = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
+                                     CONFIG.clip_norm, plan, round_generators(root, t - 1, K))
+        assert np.array_equal(decode(aggregate(messages, plan), plan, K), engine)
 
 
 @pytest.mark.slow
