@@ -71,7 +71,7 @@ from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
 __all__ = ["check_secure_aggregation", "client_part", "part_sensitivity",
-           "secure_gradient_sum", "secure_message", "secure_noise_multiplier",
+           "secure_gradient_sum", "secure_info", "secure_message", "secure_noise_multiplier",
            "secure_plan", "secure_plan_event", "simulate_secure"]
 
 logger = logging.getLogger(__name__)
@@ -199,7 +199,10 @@ def check_secure_aggregation(method: Method, config: FLConfig, secure: bool) -> 
 
 
 def secure_info(plan: SumPlan, n_shares: int) -> dict[str, Any]:
-    """The public facts of a run's round plan, for ``FLResult.config``."""
+    """The public facts of a run's round plan, for ``FLResult.config``: ``min_clients``,
+    ``sensitivity`` (``Delta``), ``scale`` (``gamma``), ``resolution`` (``gamma Delta``),
+    ``rounding_inflation``, ``modulus_bits``, and with ``n_shares`` shares the
+    ``wrap_probability`` bound and the decoded sum's ``noise_std`` (gradient-sum units)."""
     return {"min_clients": plan.min_clients, "sensitivity": plan.sensitivity,
             "scale": plan.scale, "resolution": plan.scale * plan.sensitivity,
             "rounding_inflation": plan.inflation, "modulus_bits": plan.bits,
