@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flwr.simulation import run_simulation
 
+from dpprecond._validation import check_seed
 from dpprecond.adapters.flower import PartitionedDataset
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
@@ -20,7 +21,7 @@ from dpprecond.adapters.flower.secagg import (
 from dpprecond.fl import FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.models import LinearSoftmax
-from dpprecond.secagg.fl import simulate_secure
+from dpprecond.secagg.fl import secure_plan, simulate_secure
 
 K, SEED, PART = 3, 11, 5
 CONFIG = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=4.0, weighting="size",
@@ -40,13 +41,23 @@ def _engine_data() -> ClientData:
 
 def test_plan_round_trips_and_a_foreign_request_is_refused():
     ds = featurized_dataset("digits")
-    strategy = SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes), "fedgd", CONFIG,
-                                K, ds.X_train.shape[0])
-    assert plan_from_config(plan_to_config(strategy.plan_)) == strategy.plan_
-    client = SecAggDPClient(LinearSoftmax(ds.n_features, ds.n_classes), ds.X_train[:10],
-                            ds.y_train[:10], 0)
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, ds.X_train.shape[0],
+                                max_client_rows=10)
+    sent = plan_to_config(strategy.plan_, CONFIG.clip_norm)
+    assert plan_from_config(sent) == (strategy.plan_, CONFIG.clip_norm)
+    client = SecAggDPClient(model, ds.X_train[:10], ds.y_train[:10], 0)
     with pytest.raises(ValueError, match="SecAggDPStrategy"):
         client.fit([strategy._params], {"round": 1})
+    # a plan whose scale or modulus is not the one its inputs give is refused
+    with pytest.raises(ValueError, match="plan-bits"):
+        client.fit([strategy._params], {**sent, "round": 1, "plan-bits": sent["plan-bits"] - 1})
+    # a client with more rows than the plan's sensitivity covers refuses to answer
+    big = SecAggDPClient(model, ds.X_train[:11], ds.y_train[:11], 0)
+    with pytest.raises(ValueError, match="max_client_rows"):
+        big.fit([strategy._params], {**sent, "round": 1})
+    assert client.fit([strategy._params], {**sent, "round": 1})[0][0].shape == (
+        model.n_params + 1,)
     with pytest.raises(ValueError, match="trust='secure-aggregation'"):
         SecAggDPStrategy(LinearSoftmax(64, 10), "fedgd", FLConfig(n_rounds=2, clip_norm=1.0,
                          target_epsilon=1.0), K, 100)
@@ -71,6 +82,36 @@ def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
     assert "trust='secure-aggregation'" in str(flower.value)
 
 
+def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
+    """Each SecAgg+ client's message (its own clipped gradient sum, one kernel call on its
+    rows, rounded and noised from its stream ``(t, i)``) is the one the engine forms from
+    its all-clients kernel call: their modular sum decodes to the engine's round sum
+    exactly (no Ray: the messages are summed here)."""
+    from dpprecond.fl.client import round_generators
+    from dpprecond.secagg.fl import secure_gradient_sum
+    from dpprecond.secagg.skellam import aggregate, decode
+
+    data = _engine_data()
+    model = LinearSoftmax(data.X.shape[1], 10)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+                                max_client_rows=int(np.diff(data.bounds).max()))
+    plan = strategy.plan_
+    params = np.random.default_rng(0).standard_normal(model.n_params) * 0.05
+    for t in (1, 2):
+        config = {"round": t, **plan_to_config(plan, CONFIG.clip_norm)}
+        messages = []
+        for i in range(K):
+            lo, hi = data.bounds[i], data.bounds[i + 1]
+            vector = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+                [params], config)[0][0]
+            assert vector[-1] == hi - lo
+            messages.append(np.mod(vector[:-1].astype(np.int64), plan.modulus))
+        root = check_seed("seed", SEED).spawn(3)[1]
+        engine = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
+                                     CONFIG.clip_norm, plan, round_generators(root, t - 1, K))
+        assert np.array_equal(decode(aggregate(messages, plan), plan, K), engine)
+
+
 @pytest.mark.slow
 def test_secagg_plus_simulation_releases_the_engines_sums():
     ds = featurized_dataset("digits")
@@ -80,9 +121,12 @@ def test_secagg_plus_simulation_releases_the_engines_sums():
                           seed=SEED)
     holder: dict[str, SecAggDPStrategy] = {}
 
+    largest = int(np.diff(data.bounds).max())  # the simulation's sensitivity uses it
+
     def strategy_fn(context):
         holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
-                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
+                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED,
+                                       max_client_rows=largest)
         return holder["s"]
 
     run_simulation(make_secagg_server_app(strategy_fn, timeout=600.0),
@@ -95,6 +139,9 @@ def test_secagg_plus_simulation_releases_the_engines_sums():
     np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
     assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
     assert got.noise_multiplier == ref.noise_multiplier
+    assert holder["s"].plan_ == secure_plan(model, CONFIG, data, ref.noise_multiplier, K)
+    for key in ("sensitivity", "scale", "modulus_bits", "noise_std", "wrap_probability"):
+        assert got.config[key] == ref.config[key], key
 
 
 class _DropsInRound2(SecAggDPClient):
@@ -151,7 +198,8 @@ def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
         rounds = [[0, 1, 2], [0, 1]] if min_clients == 2 else [[0, 1, 2]]
         for t, clients in enumerate(rounds):
             total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
-                                        replay.plan_, round_generators(root, t, K), clients)
+                                        CONFIG.clip_norm, replay.plan_,
+                                        round_generators(root, t, K), clients)
             upd, state = replay.transform.update(total / sizes[clients].sum(), state, params)
             params = params + upd
         if min_clients == 2:  # SecAgg+ recovered the survivors' sum: 2 shares >= 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
@@ -13,8 +11,9 @@ from dpprecond.fl import FLConfig, run_federated
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.engine import simulate
 from dpprecond.fl.models import LinearSoftmax, clip_rows_safely
-from dpprecond.secagg import InsufficientNoiseError, SkellamPlan, quantize_records
+from dpprecond.secagg import InsufficientNoiseError
 from dpprecond.secagg.fl import secure_gradient_sum, secure_plan
+from dpprecond.secagg.sums import round_shared
 
 K = 6
 
@@ -54,23 +53,25 @@ def test_same_seed_same_releases_and_the_budget_is_met(digits):
 
 
 def test_the_decoded_sum_is_the_clipped_gradient_sum_up_to_rounding(digits):
+    from dataclasses import replace
+
     X, y, _, _ = digits
     model = LinearSoftmax(64, 10)
     params = model.init_params(np.random.default_rng(0)) + 0.1
     bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
     data = ClientData(X, y, bounds, 10)
-    plan0 = secure_plan(_config(), data, model.n_params, 1.0, K)
-    plan = SkellamPlan(plan0.clip_norm, plan0.dim, plan0.scale, 0.0, K, plan0.bits)
+    plan = secure_plan(model, _config(), data, 1.0, K)
+    quiet = replace(plan, noise_multiplier=1e-300)  # shares of Poisson(~0): no noise
+    assert quiet.share_parameter == 0.0
     rngs = [np.random.default_rng(i) for i in range(K)]
-    got = secure_gradient_sum(model, params, X, y, bounds, plan, rngs)
+    got = secure_gradient_sum(model, params, X, y, bounds, 1.0, quiet, rngs)
     exact = clip_rows_safely(model.per_example_grads(params, X, y), 1.0).sum(axis=0)
-    # each record's rounding moves a coordinate by < 1/gamma; unbiased, so the error of the
-    # sum is ~ sqrt(N)/(2 gamma) per coordinate: 6 standard deviations
-    assert np.abs(got - exact).max() <= 6 * math.sqrt(X.shape[0]) / (2 * plan.scale)
-    # and it is exactly the rounded records' sum
-    again = sum(quantize_records(model.per_example_grads(
-        params, X[bounds[i]:bounds[i + 1]], y[bounds[i]:bounds[i + 1]]), plan,
-        np.random.default_rng(i)).sum(axis=0) for i in range(K))
+    # each client's rounding moves a coordinate by < 1/gamma: K levels in all
+    assert np.abs(got - exact).max() <= K / plan.scale + 1e-9
+    # and it is exactly the rounded parts' sum (the parts: each client's clipped sum)
+    parts = model.clipped_grad_sums(params, X, y, bounds, 1.0)
+    again = sum(round_shared(parts[i] * plan.scale,
+                             np.random.default_rng(i).random(plan.dim)) for i in range(K))
     np.testing.assert_array_equal(got * plan.scale, again)
 
 
@@ -78,11 +79,11 @@ def test_a_sum_missing_shares_is_not_released(digits):
     X, y, _, _ = digits
     model = LinearSoftmax(64, 10)
     bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
-    plan = secure_plan(_config(), ClientData(X, y, bounds, 10), model.n_params, 1.0, K)
+    plan = secure_plan(model, _config(), ClientData(X, y, bounds, 10), 1.0, K)
     rngs = [np.random.default_rng(i) for i in range(K)]
-    with pytest.raises(InsufficientNoiseError):
+    with pytest.raises(InsufficientNoiseError, match=f"min_clients={K}"):
         secure_gradient_sum(model, model.init_params(np.random.default_rng(0)), X, y, bounds,
-                            plan, rngs, clients=list(range(K - 1)))
+                            1.0, plan, rngs, clients=list(range(K - 1)))
 
 
 def test_the_callers_ledger_is_checked_first_and_records_every_sum(digits):
@@ -187,10 +188,8 @@ def test_pipeline_composes_the_pca_and_the_skellam_rounds_in_rdp(digits) -> None
     # the training alone gets less than the whole budget: more noise than a lone run's
     alone = _config(n_rounds=3, target_epsilon=1.0)
     from dpprecond.secagg.fl import secure_noise_multiplier
-    from dpprecond.secagg.skellam import plan_skellam
 
-    probe = plan_skellam(1.0, LinearSoftmax(8, 10).n_params, 1.0, 1, 0)
-    assert z > secure_noise_multiplier(alone, probe)
+    assert z > secure_noise_multiplier(alone)
 
 
 def test_pipeline_secure_aggregation_refusals(digits) -> None:

@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from dpprecond import noise
 from dpprecond.clipping import gamma
-from dpprecond.fl.models import FLModel, clip_rows_safely
+from dpprecond.fl.backend import get_backend
+from dpprecond.fl.config import FLConfig
+from dpprecond.fl.models import FLModel, LinearSoftmax, clip_rows_safely
 from dpprecond.noise import NoiseSource
 from dpprecond.secure import SecureGenerator, SecureRoot
 
@@ -58,6 +60,7 @@ __all__ = [
     "full_batch_messages",
     "full_batch_messages_and_counts",
     "gram_inflation",
+    "kernel_rows",
     "noise_inflation",
     "noisy_counts",
     "poisson_local_messages",
@@ -80,6 +83,22 @@ def stream(root: np.random.SeedSequence | SecureRoot, round_index: int,
     seq = np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, round_index, client),
                                  pool_size=root.pool_size)
     return np.random.default_rng(seq)
+
+
+def kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, Any]:
+    """The rows the gradient passes read and their squared norms (float64), on the
+    config's backend: ``X`` itself (numpy, float64), or its float32 rounding, or a copy on
+    a torch device (:mod:`dpprecond.fl.backend`). Done once per run."""
+    X_run = X if config.precision == "float64" else X.astype(np.float32)
+    x_sq = np.einsum("ij,ij->i", X_run, X_run, dtype=np.float64)  # constant over rounds
+    if config.backend == "numpy":
+        return X_run, x_sq
+    if not isinstance(model, LinearSoftmax):
+        raise ValueError(f"backend={config.backend!r} runs the linear head's kernel; "
+                         f"{type(model).__name__} computes its own gradients (a TorchModel "
+                         "runs in torch already): use backend='numpy' with it.")
+    be = get_backend(config.backend, config.device)
+    return be.asarray(X_run), be.asarray(x_sq)
 
 
 def round_generators(root: np.random.SeedSequence | SecureRoot, round_index: int,

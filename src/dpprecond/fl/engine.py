@@ -61,9 +61,8 @@ from dpprecond.fl.adaptive_clip import (
     resolve_adaptive_clip,
     with_adaptive_clip,
 )
-from dpprecond.fl.backend import get_backend
 from dpprecond.fl.checkpoint import load_checkpoint, save_checkpoint
-from dpprecond.fl.client import round_generators
+from dpprecond.fl.client import kernel_rows, round_generators
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.divergence import check_history
@@ -92,22 +91,6 @@ def _fingerprint(method: Method, config: FLConfig, data: ClientData, model: FLMo
     for arr in (data.X, data.y, data.bounds, X_test, y_test):
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
-
-
-def _kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, Any]:
-    """The rows the gradient passes read and their squared norms (float64), on the
-    config's backend: ``X`` itself (numpy, float64), or its float32 rounding, or a copy on
-    a torch device (:mod:`dpprecond.fl.backend`). Done once per run."""
-    X_run = X if config.precision == "float64" else X.astype(np.float32)
-    x_sq = np.einsum("ij,ij->i", X_run, X_run, dtype=np.float64)  # constant over rounds
-    if config.backend == "numpy":
-        return X_run, x_sq
-    if not isinstance(model, LinearSoftmax):
-        raise ValueError(f"backend={config.backend!r} runs the linear head's kernel; "
-                         f"{type(model).__name__} computes its own gradients (a TorchModel "
-                         "runs in torch already): use backend='numpy' with it.")
-    be = get_backend(config.backend, config.device)
-    return be.asarray(X_run), be.asarray(x_sq)
 
 
 def _check_resume(path: Path, state: dict[str, Any], n_rounds: int, model: FLModel) -> None:
@@ -300,7 +283,7 @@ def simulate(model: FLModel, data: ClientData,
     task = method.round_task(spec)
     clients = list(range(K))
     sizes = np.diff(data.bounds)
-    X_run, x_sq_norms = _kernel_rows(data.X, config, model)
+    X_run, x_sq_norms = kernel_rows(data.X, config, model)
     history: list[dict[str, float]] = []
     if resume is None:
         params = model.init_params(np.random.default_rng(init_seq))

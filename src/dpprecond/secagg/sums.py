@@ -1,8 +1,11 @@
-"""Distributed Skellam noise for sums of client parts: the releases of federated PCA.
+"""Distributed Skellam noise for sums of client parts: federated PCA and federated rounds.
 
 Federated PCA (:mod:`dpprecond.pca.federated`) releases sums over clients: the Gram matrix
 (its upper triangle), products with a broadcast iterate, clipped sums, ``auto``'s probe
-histogram, the private mean. Under ``trust="secure-aggregation"`` each such release is
+histogram, the private mean; a federated gradient round (:mod:`dpprecond.secagg.fl`)
+releases the sum of the clients' clipped gradient sums (privacy unit one record, part
+sensitivity ``2C`` times the kernel's rounding slack; that module's docstring). Under
+``trust="secure-aggregation"`` each such release is
 a secure sum: every client computes its *part* (from its own rows and public values),
 scales it by ``gamma``, rounds it to integers at random, adds its Skellam share and sends
 the result modulo ``2^bits``; the server learns only the modular sum, centres it and

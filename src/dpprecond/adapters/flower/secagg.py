@@ -1,27 +1,29 @@
 """Secure aggregation on Flower: distributed Skellam noise through Flower's SecAgg+.
 
-Each client computes its share of a round's secure sum
-(:func:`dpprecond.secagg.skellam.client_share`: its records' clipped, scaled, rounded
-gradients plus its share of the Skellam noise, modulo ``m = 2^bits``) and hands it, as a
-vector of integers, to Flower's ``secaggplus_mod``; Flower's ``SecAggPlusWorkflow`` masks
-the vectors pairwise and reveals only their sum to the server, which decodes it and runs
-the method's server transform. The same plan, seeds and streams as
-:func:`dpprecond.secagg.fl.simulate_secure`, so a seeded simulation releases the same sums
-and ends at the same model (tested).
+Each client computes its message of a round's secure sum
+(:func:`dpprecond.secagg.fl.secure_message`: its records' clipped gradient sum, from the
+model's fused kernel, scaled by ``gamma``, rounded with shared-uniform stochastic rounding,
+plus its share of the Skellam noise, modulo ``m = 2^bits``; :mod:`dpprecond.secagg.sums`)
+and hands it, as a vector of integers, to Flower's ``secaggplus_mod``; Flower's
+``SecAggPlusWorkflow`` masks the vectors pairwise and reveals only their sum to the
+server, which decodes it and runs the method's server transform. The same plan, seeds and
+streams as :func:`dpprecond.secagg.fl.simulate_secure`, so a seeded simulation releases
+the same sums and ends at the same model (tested; the strategy's ``max_client_rows`` set
+to the largest client's size, which the simulation's sensitivity uses).
 
 SecAgg+ is Flower's legacy fit/evaluate workflow: :class:`SecAggDPStrategy` is a
 ``flwr.server.strategy.Strategy`` run by ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow
 (...))`` (:func:`make_secagg_server_app`), and the client a ``NumPyClient`` wrapped by
 ``secaggplus_mod`` (:func:`make_secagg_client_app`).
 
-Making SecAgg+'s own arithmetic exact on the shares: every client reports
-``num_examples = 1`` with ``max_weight = 1`` (no weighting), sends the centred share
-``x_i`` in ``[-m/2, m/2)`` (congruent to its share modulo ``m``) followed by its record
+Making SecAgg+'s own arithmetic exact on the messages: every client reports
+``num_examples = 1`` with ``max_weight = 1`` (no weighting), sends the centred message
+``x_i`` in ``[-m/2, m/2)`` (congruent to its message modulo ``m``) followed by its record
 count ``n_i``, and the workflow runs with ``clipping_range = m/2`` and
 ``quantization_range = m``, so its stochastic quantization maps each ``x_i`` to the integer
 ``x_i + m/2`` exactly; with ``modulus_range >= K m`` its modular sum does not wrap, and its
 average times the number of survivors is ``sum_i x_i`` exactly (rounded to the nearest
-integer). The server reduces that modulo ``m`` (the secure sum of the shares), decodes it
+integer). The server reduces that modulo ``m`` (the secure sum of the messages), decodes it
 (refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size weighting).
 """
 
@@ -79,8 +81,15 @@ from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import Method
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
-from dpprecond.secagg.fl import check_secure_aggregation, secure_noise_multiplier
-from dpprecond.secagg.skellam import SkellamPlan, decode, plan_event, plan_skellam
+from dpprecond.secagg.fl import (
+    check_secure_aggregation,
+    part_sensitivity,
+    secure_info,
+    secure_message,
+    secure_noise_multiplier,
+)
+from dpprecond.secagg.skellam import decode
+from dpprecond.secagg.sums import SumPlan, plan_sum, sum_event
 
 __all__ = ["SecAggDPClient", "SecAggDPStrategy", "make_dual_client_app",
            "make_secagg_client_app",
@@ -92,23 +101,40 @@ logger = logging.getLogger(__name__)
 SECAGG_MODULUS = 1 << 31
 
 
-def plan_to_config(plan: SkellamPlan) -> dict[str, Scalar]:
-    """The plan as FitIns config entries (every field is public)."""
-    return {"plan-clip-norm": plan.clip_norm, "plan-dim": plan.dim, "plan-scale": plan.scale,
-            "plan-noise-variance": plan.noise_variance, "plan-min-clients": plan.min_clients,
-            "plan-bits": plan.bits, "plan-beta": plan.beta}
+def plan_to_config(plan: SumPlan, clip_norm: float) -> dict[str, Scalar]:
+    """A round's plan (the clip norm and the sum's plan) as FitIns config entries (every
+    field is public)."""
+    return {"plan-clip-norm": float(clip_norm), "plan-dim": plan.dim,
+            "plan-sensitivity": plan.sensitivity, "plan-noise-multiplier": plan.noise_multiplier,
+            "plan-n-rows": plan.n_rows, "plan-n-clients": plan.n_clients,
+            "plan-min-clients": plan.min_clients, "plan-scale": plan.scale,
+            "plan-bits": plan.bits}
 
 
-def plan_from_config(config: dict[str, Scalar]) -> SkellamPlan:
-    """Read (and validate) a plan written by :func:`plan_to_config`."""
+def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
+    """Read a plan written by :func:`plan_to_config`: ``(plan, clip_norm)``.
+
+    The plan is re-derived from its inputs with :func:`~dpprecond.secagg.sums.plan_sum`
+    (which validates them), and a sent scale or modulus that differs from the derived one
+    is refused.
+    """
     try:
-        return SkellamPlan(float(config["plan-clip-norm"]), int(config["plan-dim"]),
-                           float(config["plan-scale"]), float(config["plan-noise-variance"]),
-                           int(config["plan-min-clients"]), int(config["plan-bits"]),
-                           float(config["plan-beta"]))
+        clip_norm = check_positive("plan-clip-norm", float(config["plan-clip-norm"]))
+        plan = plan_sum(int(config["plan-dim"]), float(config["plan-sensitivity"]),
+                        float(config["plan-noise-multiplier"]),
+                        n_rows=int(config["plan-n-rows"]),
+                        n_clients=int(config["plan-n-clients"]),
+                        min_clients=int(config["plan-min-clients"]))
+        sent = {"plan-scale": float(config["plan-scale"]), "plan-bits": int(config["plan-bits"])}
     except KeyError as exc:
         raise ValueError(f"The fit request has no {exc.args[0]!r}: the server does not run "
                          "dpprecond's SecAggDPStrategy.") from None
+    for key, derived in (("plan-scale", plan.scale), ("plan-bits", plan.bits)):
+        if sent[key] != derived:
+            raise ValueError(f"The fit request's {key}={sent[key]!r} is not the plan's "
+                             f"{derived!r} (derived from its dim, sensitivity, noise "
+                             "multiplier, rows and clients); refusing to answer.")
+    return plan, clip_norm
 
 
 def _centred(share: np.ndarray, m: int) -> np.ndarray:
@@ -144,21 +170,25 @@ class SecAggDPClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
             ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-        plan = plan_from_config(config)
-        if plan.noise_variance <= 0 or plan.noise_multiplier < self.min_noise_multiplier:
+        plan, clip_norm = plan_from_config(config)
+        if plan.noise_multiplier < self.min_noise_multiplier:
             raise ValueError(f"The plan's noise multiplier {plan.noise_multiplier:g} is below "
-                             f"this client's floor {self.min_noise_multiplier:g} (or zero); "
-                             "refusing to answer.")
+                             f"this client's floor {self.min_noise_multiplier:g}; refusing to "
+                             "answer.")
+        own = part_sensitivity(self.model, clip_norm, self.X.shape[0], self.X.dtype)
+        if own > plan.sensitivity:
+            raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} does not cover this "
+                             f"client's computed clipped sum of {self.X.shape[0]} rows "
+                             f"({own!r}, the clip norm times its rounding bound): the server's "
+                             "max_client_rows is below this client's size; refusing to "
+                             "answer.")
         t = check_int("round", config.get("round"), low=1)
         rng = (np.random.default_rng() if self.noise_root is None
                else client_mod.stream(self.noise_root, t - 1, self.client_id))
         params = np.asarray(parameters[0], dtype=np.float64)
-        grads = self.model.per_example_grads(params, self.X, self.y)
-        from dpprecond.secagg.skellam import client_share
-
-        share = _centred(client_share(grads, plan, rng), plan.modulus)
-        vector = np.concatenate([share, [self.X.shape[0]]]).astype(np.float64)
-        return [vector], 1, {}
+        message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng)
+        vector = np.concatenate([_centred(message, plan.modulus), [self.X.shape[0]]])
+        return [vector.astype(np.float64)], 1, {}
 
 
 def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
@@ -233,6 +263,12 @@ class SecAggDPStrategy(Strategy):
         Model initialization from :func:`simulate_secure`'s seed tree.
     min_clients : int, optional
         Fewest shares a released sum holds (default K).
+    max_client_rows : int, optional
+        Most records a client holds (public; default ``n_records``, a bound for every
+        client): it sizes the sensitivity's floating-point slack
+        (:func:`~dpprecond.secagg.fl.part_sensitivity`), and a client with more rows
+        refuses the plan. :func:`~dpprecond.secagg.fl.simulate_secure` uses the largest
+        client's size.
     ledger : PrivacyLedger, optional
         A caller's ledger: the whole plan is checked against its ``max_epsilon`` here,
         before any message, and every round's sum is recorded in it.
@@ -241,7 +277,8 @@ class SecAggDPStrategy(Strategy):
     def __init__(self, model: FLModel, method: Method | str, config: FLConfig, n_clients: int,
                  n_records: int, *, X_test: np.ndarray | None = None,
                  y_test: np.ndarray | None = None, seed: int | None = None,
-                 min_clients: int | None = None, ledger: PrivacyLedger | None = None) -> None:
+                 min_clients: int | None = None, max_client_rows: int | None = None,
+                 ledger: PrivacyLedger | None = None) -> None:
         config = config.validated()
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
@@ -252,15 +289,20 @@ class SecAggDPStrategy(Strategy):
         self.n_records = check_int("n_records", n_records, low=1)
         self.min_clients = self.n_clients if min_clients is None else check_int(
             "min_clients", min_clients, low=1, high=self.n_clients)
-        probe = plan_skellam(config.clip_norm, model.n_params + 0, 1.0, self.min_clients,
-                             self.n_records, max_clients=self.n_clients)
-        self.noise_multiplier_ = secure_noise_multiplier(config, probe)
-        self.plan_ = plan_skellam(config.clip_norm, model.n_params, self.noise_multiplier_,
-                                  self.min_clients, self.n_records,
-                                  max_clients=self.n_clients)
+        rows = self.n_records if max_client_rows is None else check_int(
+            "max_client_rows", max_client_rows, low=1, high=self.n_records)
+        self.noise_multiplier_ = secure_noise_multiplier(config)
+        dtype = np.float32 if config.precision == "float32" else np.float64
+        self.plan_ = plan_sum(model.n_params,
+                              part_sensitivity(model, config.clip_norm, rows, dtype),
+                              self.noise_multiplier_, n_rows=self.n_records,
+                              n_clients=self.n_clients, min_clients=self.min_clients)
+        self.release_ = sum_event(self.noise_multiplier_)
         if self.n_clients * self.plan_.modulus > SECAGG_MODULUS:
             raise ValueError(f"K * 2^{self.plan_.bits} exceeds SecAgg+'s modulus 2^31: too "
-                             "many records or clients for one secure sum.")
+                             f"many records (n_records={self.n_records}) or clients "
+                             f"(n_clients={self.n_clients}) for one secure sum of "
+                             f"{model.n_params} coordinates at scale {self.plan_.scale:g}.")
         self.X_test = None if X_test is None else check_array("X_test", X_test)
         self.y_test = None if y_test is None else check_labels(
             "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
@@ -268,13 +310,12 @@ class SecAggDPStrategy(Strategy):
         init_seq = check_seed("seed", seed).spawn(3)[0]
         self._params = np.asarray(model.init_params(np.random.default_rng(init_seq)),
                                   dtype=np.float64)
-        noise_var = (self.n_clients / self.min_clients * self.plan_.noise_variance
-                     / (self.plan_.scale * self.n_records) ** 2)
+        noise_var = (self.plan_.noise_std(self.n_clients) / self.n_records) ** 2
         self.transform = self.method.transform_for(noise_var)
         self._state = self.transform.init(self._params)
         self.caller_ledger = ledger
         if ledger is not None:  # refuse the whole plan before any message
-            ledger.check(dp_event.SelfComposedDpEvent(plan_event(self.plan_), config.n_rounds))
+            ledger.check(dp_event.SelfComposedDpEvent(self.release_, config.n_rounds))
         self.ledger = PrivacyLedger(config.target_delta, accountant="rdp")
         self.events: list[dp_event.DpEvent] = []
         self.history_: list[dict[str, Any]] = []
@@ -298,12 +339,13 @@ class SecAggDPStrategy(Strategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         clients = client_manager.sample(num_clients=self.n_clients,
                                         min_num_clients=self.n_clients)
-        self.ledger.spend(plan_event(self.plan_))  # before the shares: charged regardless
-        self.events.append(plan_event(self.plan_))
+        self.ledger.spend(self.release_)  # before the shares: charged regardless
+        self.events.append(self.release_)
         if self.caller_ledger is not None:
-            self.caller_ledger.spend(plan_event(self.plan_))
+            self.caller_ledger.spend(self.release_)
         self._round_start = time.perf_counter()
-        config: dict[str, Scalar] = {"round": server_round, **plan_to_config(self.plan_)}
+        config: dict[str, Scalar] = {"round": server_round,
+                                     **plan_to_config(self.plan_, self.config.clip_norm)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
         return [(c, fit) for c in clients]
 
@@ -352,7 +394,7 @@ class SecAggDPStrategy(Strategy):
         return FLResult(self._params, self.history_, self.noise_multiplier_,
                         float(self.ledger.epsilon), self.config.target_delta,
                         {"trust": "secure-aggregation", "engine": "flower-secagg+",
-                         "modulus_bits": self.plan_.bits, "min_clients": self.min_clients},
+                         **secure_info(self.plan_, self.n_clients)},
                         list(self.events))
 
 
