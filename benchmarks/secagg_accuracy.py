@@ -8,6 +8,9 @@ of the final test accuracy (mean over seeds) and each run's noise multiplier, pl
 measured std of the decoded aggregate's noise against the plan's claim.
 
     PYTHONPATH=src python benchmarks/secagg_accuracy.py --data digits --seeds 3
+    # private PCA features first (run_pipeline: the PCA's releases are secure sums too
+    # under secure aggregation; the epsilon is the total of both stages)
+    PYTHONPATH=src python benchmarks/secagg_accuracy.py --data fashion-mnist --features pca:64
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 from dpprecond.data import load_dataset
 from dpprecond.features import featurize
 from dpprecond.fl import FLConfig, run_federated
+from dpprecond.pipeline import run_pipeline
 from dpprecond.secagg import plan_sum, secure_sum
 
 
@@ -44,7 +48,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--clip", type=float, default=1.0)
     args = p.parse_args()
-    ds = featurize(load_dataset(args.data), kind=args.features)
+    pipeline = args.features.startswith("pca:")
+    ds = featurize(load_dataset(args.data), kind="pixels" if pipeline else args.features)
+    row_norm = math.sqrt(ds.X_train.shape[1])  # pixels in [-1, 1]: the public row bound
     print(f"{args.data} ({args.features}), {args.algorithm}, T={args.rounds}, C={args.clip}, "
           f"weighting=size, delta=1e-5, {args.seeds} seeds, IID")
     print("| K | epsilon | local acc | secagg acc | local z | secagg z | secagg eps |")
@@ -60,11 +66,21 @@ def main() -> None:
                     cfg = FLConfig(n_rounds=args.rounds, clip_norm=args.clip,
                                    target_epsilon=eps, weighting="size", accountant="rdp",
                                    trust=trust, adaptive_clip=None)  # type: ignore[arg-type]
-                    res = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test,
-                                        ds.n_classes, algorithm=args.algorithm,
-                                        n_clients=k, seed=seed, config=cfg)
+                    if pipeline:  # private federated PCA, then the rounds, one ledger
+                        out = run_pipeline(
+                            ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
+                            features=args.features, target_epsilon=eps, row_norm=row_norm,
+                            trust=trust, algorithm=args.algorithm, n_clients=k,  # type: ignore[arg-type]
+                            n_rounds=args.rounds, clip_norm=args.clip, weighting="size",
+                            adaptive_clip=None, accountant="rdp", seed=seed)
+                        res, total = out.fl, out.epsilon
+                    else:
+                        res = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test,
+                                            ds.n_classes, algorithm=args.algorithm,
+                                            n_clients=k, seed=seed, config=cfg)
+                        total = res.epsilon
                     accs.append(res.history[-1]["test_accuracy"])
-                    z, spent = res.noise_multiplier, res.epsilon
+                    z, spent = res.noise_multiplier, total
                 row[trust] = (float(np.mean(accs)), z, spent)
             lo, sa = row["local"], row["secure-aggregation"]
             print(f"| {k} | {eps:g} | {lo[0]:.4f} | {sa[0]:.4f} | {lo[1]:.3f} | {sa[1]:.3f} "
