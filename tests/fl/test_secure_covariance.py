@@ -129,11 +129,17 @@ def test_local_step_methods_and_flower_secagg_are_refused_by_name(digits) -> Non
         simulate_secure(LinearSoftmax(64, 10), data, make_method("fedfc", row_clip=math.inf),
                         _config(), X_test=Xt, y_test=yt, seed=0)
     pytest.importorskip("flwr")
+    from dpprecond.adapters.flower.app import RunConfigError, check_run_config
     from dpprecond.adapters.flower.secagg import SecAggDPStrategy
 
+    rc = {"target-epsilon": 1.0, "noise-multiplier": "", "trust": "secure-aggregation",
+          "weighting": "size"}
+    check_run_config({**rc, "algorithm": "fedgd"})
     for name in ("fedfc", "fednew"):
         with pytest.raises(ValueError, match=f"SecAgg\\+ workflow.*'{name}'"):
             SecAggDPStrategy(LinearSoftmax(64, 10), name, _config(), K, X.shape[0])
+        with pytest.raises(RunConfigError, match=f"SecAgg\\+ workflow.*'{name}'"):
+            check_run_config({**rc, "algorithm": name})
 
 
 # -- the setup sum -----------------------------------------------------------------------
