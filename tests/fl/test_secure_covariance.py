@@ -281,3 +281,27 @@ def test_fednew_on_the_aggregate_is_one_member_admm() -> None:
         y_prev = S @ (G.reshape(d1, k) + 1.3 * y_prev)
         np.testing.assert_allclose(update, -0.7 * y_prev.ravel(), rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(state[1].duals, 0.0)
+
+
+def test_pipeline_composes_the_pca_and_the_covariance_methods_sums(digits) -> None:
+    """``run_pipeline(pca:8, fedfc, trust="secure-aggregation")``: the ledger's total is
+    the RDP composition of the PCA's planned releases and the training's ``1 + T`` sums,
+    and it meets the target."""
+    from dpprecond.accounting import compose
+    from dpprecond.pca.api import planned_event
+    from dpprecond.pipeline import run_pipeline, split_noise
+
+    X, y, Xt, yt = digits
+    res = run_pipeline(X, y, Xt, yt, 10, features="pca:8", target_epsilon=2.0, row_norm=8.0,
+                       trust="secure-aggregation", algorithm="fedfc", n_clients=K,
+                       n_rounds=3, clip_norm=1.0, seed=2)
+    assert res.fl.n_releases == 4 and res.fl.config["method"] == "fedfc"
+    z_pca, _ = split_noise(2.0, 1e-5, 0.2)
+    c = res.fl.config["noise_multiplier"]  # the training's scale, calibrated
+    config = FLConfig(n_rounds=3, clip_norm=1.0, noise_multiplier=c, weighting="size",
+                      trust="secure-aggregation")
+    planned = compose([planned_event("auto", target_epsilon=None, noise_multiplier=z_pca,
+                                     target_delta=1e-5, trust="secure-aggregation"),
+                       plan_event(LinearSoftmax(8, 10), "fedfc", config)])
+    assert res.epsilon == pytest.approx(epsilon_of(planned, 1e-5, "rdp"), rel=1e-9)
+    assert 2.0 * (1 - 1e-3) <= res.epsilon <= 2.0
