@@ -264,8 +264,9 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
         The trust model of the whole run (both stages). ``"local"``: every client adds its
         own noise to every message. ``"secure-aggregation"``: the server sees only sums;
         the PCA's releases (planned by ``planned_event(..., trust=trust)``) and the
-        training's rounds (:mod:`dpprecond.secagg.fl`: one-message gradient methods, size
-        weighting, a private run) are secure sums with distributed Skellam noise; with
+        training's rounds (:mod:`dpprecond.secagg.fl`: one-message gradient methods and
+        fedfc / fednew, size weighting, a private run) are secure sums with distributed
+        Skellam noise; with
         ``pca:K`` the training's Skellam noise is calibrated so that the composition of
         the PCA's releases and the ``T`` Skellam sums, in dp_accounting's RDP accountant,
         meets ``target_epsilon`` (see the module docstring).

@@ -384,7 +384,7 @@ def _round_line(rec: dict[str, float]) -> str:
 def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None:
     """``--trust secure-aggregation``: refuse, naming the flag, what its rounds cannot run
     (before any data is loaded)."""
-    from dpprecond.fl.methods import GradientMethod, make_method
+    from dpprecond.fl.methods import CovarianceMethod, GradientMethod, make_method
 
     why = "--trust secure-aggregation"
     if args.mechanism != "full-batch":
@@ -408,10 +408,12 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
         raise ValueError(f"{why} is a private mechanism; a non-private run (--epsilon inf "
                          "or --noise-multiplier 0) uses --trust local.")
     method = make_method(args.algorithm, args.lr, **dict(args.option))
-    if not isinstance(method, GradientMethod):
+    if not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"{why} runs the one-message gradient methods (fedgd, sofim*, adam, "
-                         f"yogi); --algorithm {args.algorithm} sends other releases. Choose "
-                         "one of them or use --trust local.")
+                         f"yogi) and the covariance methods (fedfc, fednew); --algorithm "
+                         f"{args.algorithm} sends other releases (local steps, each on the "
+                         "client's own noisy gradient before any sum). Choose one of them or "
+                         "use --trust local.")
 
 
 def _print_trust(trust: str, weighting: str | None) -> None:

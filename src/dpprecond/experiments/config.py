@@ -158,15 +158,16 @@ def _check_secure_sweep(source: str, methods: list[MethodSpec],
                         epsilons: list[Any]) -> None:
     """``[data] trust = "secure-aggregation"`` (both stages of ``pca:K`` runs): refuse at
     load time, naming the key, what the training's Skellam rounds cannot run."""
-    from dpprecond.fl.methods import GradientMethod, make_method
+    from dpprecond.fl.methods import CovarianceMethod, GradientMethod, make_method
 
     why = f"{source}: [data] trust = 'secure-aggregation' runs the training's Skellam rounds"
     for m in methods:
-        if not isinstance(make_method(m.algorithm, **m.params), GradientMethod):
+        if not isinstance(make_method(m.algorithm, **m.params),
+                          (GradientMethod, CovarianceMethod)):
             raise ValueError(f"{why}, which take the one-message gradient methods (fedgd, "
-                             f"sofim*, adam, yogi); methods.{m.label}.algorithm = "
-                             f"{m.algorithm!r} sends other releases. Remove it or use "
-                             "trust = 'local'.")
+                             f"sofim*, adam, yogi) and the covariance methods (fedfc, "
+                             f"fednew); methods.{m.label}.algorithm = {m.algorithm!r} sends "
+                             "other releases (local steps). Remove it or use trust = 'local'.")
     if "inf" in epsilons:
         raise ValueError(f"{why}, a private mechanism; privacy.epsilons holds 'inf' (a "
                          "non-private run uses trust = 'local').")

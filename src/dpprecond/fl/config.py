@@ -161,8 +161,8 @@ class FLConfig:
         by its client, private against everyone. ``"secure-aggregation"``: the server sees
         only the sum of the clients' messages (secure aggregation), and each client adds a
         share of the distributed Skellam noise that the sum carries once
-        (:mod:`dpprecond.secagg`; one-message gradient methods, full-batch,
-        ``weighting="size"``; RDP accounting).
+        (:mod:`dpprecond.secagg`; the one-message gradient methods and DP-FedFC /
+        DP-FedNew, full-batch, ``weighting="size"``; RDP accounting).
     adaptive_clip : AdaptiveClip, None or "auto"
         Adaptive clipping (:mod:`dpprecond.fl.adaptive_clip`): the clip follows a private
         geometric update towards a quantile of the per-example gradient norms, starting

@@ -140,11 +140,11 @@ def plan_event(model: FLModel, method: Method | GradientTransformation | str,
     charges the run: callers that compose a run with other releases check their whole
     plan against a ledger with it before touching any data.
     """
-    if config.trust == "secure-aggregation":  # T Skellam sums (dpprecond.secagg)
+    if config.trust == "secure-aggregation":  # (1 +) T Skellam sums (dpprecond.secagg)
         from dpprecond.secagg.fl import check_secure_aggregation, secure_plan_event
 
-        check_secure_aggregation(as_method(method), config.validated(), secure=False)
-        return secure_plan_event(model, config)
+        checked = check_secure_aggregation(as_method(method), config.validated(), secure=False)
+        return secure_plan_event(model, config, checked)
     config = config.validated()
     schedule, scale, _ = _plan(model, with_adaptive_clip(as_method(method), config), config)
     return schedule.event(scale)

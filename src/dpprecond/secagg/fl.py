@@ -37,9 +37,46 @@ secure sum (docs/secure_aggregation.md); against the server and ``c`` colluding 
 is that of the sum with ``(min_clients - c) / min_clients`` of its variance
 (:func:`~dpprecond.secagg.skellam.colluding_variance`).
 
+DP-FedFC and DP-FedNew (:class:`~dpprecond.fl.methods.CovarianceMethod`) add one setup
+sum before the rounds: client ``i``'s part is the upper triangle (diagonal included, ``m =
+(d + 1)(d + 2) / 2`` coordinates) of its clipped feature second moment ``S_i = sum_{x in
+D_i} x^ x^^T``, ``x^ = clip_{C_x}([x, 1])``, computed as the local mechanism computes it
+(:func:`moment_parts`); the server decodes the sum, mirrors it and divides by ``N``: the
+size-weighted second moment ``M = (sum_i S_i + Sk) / N`` (:func:`secure_moment_sum`).
+Sensitivity (:func:`moment_sensitivity`): replacing one record ``x`` by ``x'`` changes
+``S_i`` by ``x^ x^^T - x'^ x'^^T``, whose Frobenius norm is ``(||x^||^4 + ||x'^||^4 - 2
+(x^ . x'^)^2)^(1/2) <= sqrt(2) C_x^2``; the upper triangle's L2 norm is at most the
+Frobenius norm, and the bound is approached (two huge rows along orthogonal axes, clipped
+to ``C_x``: the constant coordinate vanishes and the difference is diagonal), so ``sqrt(2)
+C_x^2`` (:func:`~dpprecond.fl.client.covariance_sensitivity`) is the tight upper-triangle
+bound, not a looser one. The float64 Gram sum of a client of at most ``n`` rows adds the
+factor :func:`~dpprecond.fl.client.gram_inflation` ``(n)``, the local mechanism's own
+(there per client; here at the largest client, one plan for all), so ``Delta_cov =
+sqrt(2) C_x^2 gram_inflation(max_i |D_i|)``. The coupled rounded parts then differ by at
+most ``gamma Delta_cov + sqrt(m)`` in L2, as for every secure sum.
+
+The server halves then run on the aggregate: the secure sum is the one row of the setup
+(``{"moment": M[None]}``, client list ``[0]``) and each round's decoded mean gradient
+``G`` the one row of its replies, so DP-FedFC's ``P = (PSD(M) + gamma I)^{-1}`` steps
+``W <- W - lr P G`` and DP-FedNew runs its ADMM with a single member (the aggregate): its
+dual stays 0 and the step is ``y_t = (hessian_scale PSD(M) + (alpha + rho) I)^{-1} (G_t
++ rho y_{t-1})``, ``W <- W - lr y_t`` (the server holds no per-client statistic under
+secure aggregation, so the per-client solvers of the local form do not exist). Both are
+post-processing of the sums.
+
+Accounting of the covariance methods: the run is one setup sum at ``z_cov`` and ``T``
+round sums at ``z_grad``, each dominated by :func:`~dpprecond.secagg.sums.sum_event` at
+its multiplier; the multipliers keep the local schedule's ratio
+(:meth:`~dpprecond.fl.accounting.Schedule.multipliers`: ``z_cov = c / sqrt(s)``, ``z_grad
+= c sqrt(T / (1 - s))``, ``s = covariance_share``), and the one scale ``c`` is calibrated
+with :func:`~dpprecond.accounting.calibrate_noise` (RDP) on the composition of the ``1 +
+T`` events (:func:`secure_multipliers`); an explicit ``noise_multiplier`` is ``c``, as
+under local trust. Every event is recorded before its sum is formed.
+
 Supported: the one-message gradient methods (``fedgd``, the SOFIM forms, ``adam``,
-``yogi``) with the full-batch mechanism and size weighting; everything else is refused
-with an error naming the setting.
+``yogi``) and the covariance methods (``fedfc``, ``fednew``) with the full-batch
+mechanism and size weighting; the local-step methods (``fedavg``, ``scaffold``,
+``fedprox``) and every other setting are refused with an error naming it.
 """
 
 from __future__ import annotations
@@ -62,17 +99,19 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import PrivacyLedger, calibrate_noise
 from dpprecond.fl import client as client_mod
+from dpprecond.fl.accounting import Schedule
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
-from dpprecond.fl.methods import GradientMethod, Method
+from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
-__all__ = ["check_secure_aggregation", "client_part", "part_sensitivity",
-           "secure_gradient_sum", "secure_info", "secure_message", "secure_noise_multiplier",
-           "secure_plan", "secure_plan_event", "simulate_secure"]
+__all__ = ["check_secure_aggregation", "client_part", "moment_parts", "moment_plan",
+           "moment_sensitivity", "part_sensitivity", "secure_gradient_sum", "secure_info",
+           "secure_message", "secure_moment_sum", "secure_multipliers",
+           "secure_noise_multiplier", "secure_plan", "secure_plan_event", "simulate_secure"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,16 +161,21 @@ def secure_noise_multiplier(config: FLConfig) -> float:
     return calibrate_noise(event, config.target_epsilon, config.target_delta, "rdp")
 
 
-def secure_plan_event(model: FLModel, config: FLConfig) -> dp_event.DpEvent:
-    """The whole run's event under secure aggregation: ``T`` compositions of
-    :func:`~dpprecond.secagg.sums.sum_event` at the run's ``z``.
+def secure_plan_event(model: FLModel, config: FLConfig,
+                      method: Method | None = None) -> dp_event.DpEvent:
+    """The whole run's event under secure aggregation, from the settings alone.
 
-    It depends only on the settings (not on the data or the model), so a caller can check
-    a plan against a ledger before touching any data; it is the composition of the
-    events :func:`simulate_secure` records.
+    A gradient method (the default when ``method`` is ``None``): ``T`` compositions of
+    :func:`~dpprecond.secagg.sums.sum_event` at the run's ``z``. A covariance method
+    (``fedfc``, ``fednew``): the setup sum's event at ``z_cov`` composed with ``T`` at
+    ``z_grad`` (:func:`secure_multipliers`). It depends only on the settings (not on the
+    data or the model), so a caller can check a plan against a ledger before touching any
+    data; it is the composition of the events :func:`simulate_secure` records.
     """
     del model  # the event does not depend on the model's size
     config = config.validated()
+    if isinstance(method, CovarianceMethod):
+        return _covariance_event(method.schedule(config), _covariance_scale(method, config))
     z = secure_noise_multiplier(config)
     return dp_event.SelfComposedDpEvent(sum_event(z), config.n_rounds)
 
@@ -172,12 +216,128 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarra
     return secure_sum(parts, plan, rngs, ids)
 
 
-def check_secure_aggregation(method: Method, config: FLConfig, secure: bool) -> GradientMethod:
-    """Refuse, naming the setting, what secure aggregation does not run; return the method."""
-    if not isinstance(method, GradientMethod):
+# -- DP-FedFC / DP-FedNew: the setup sum of the clipped feature second moments ---------------
+
+
+def moment_sensitivity(row_clip: float, max_client_rows: int) -> float:
+    """``Delta_cov``: replace-one L2 bound on the change of one client's moment part.
+
+    ``sqrt(2) C_x^2`` (:func:`~dpprecond.fl.client.covariance_sensitivity`, tight for the
+    upper triangle, module docstring) times :func:`~dpprecond.fl.client.gram_inflation`
+    ``(max_client_rows)``, the bound on the float64 Gram sum's rounding that the local
+    mechanism's noise carries too (there per client; the factor grows with the rows, so
+    the largest client's covers every client).
+    """
+    row_clip = check_positive("row_clip", row_clip)
+    n = check_int("max_client_rows", max_client_rows, low=1)
+    return client_mod.covariance_sensitivity(row_clip) * client_mod.gram_inflation(n)
+
+
+def moment_parts(X: np.ndarray, bounds: np.ndarray, row_clip: float) -> np.ndarray:
+    """Every client's part of the setup sum, ``(K, m)``: the upper triangle (diagonal
+    included, row-major, ``np.triu_indices``) of ``sum_{x in D_i} x^ x^^T``,
+    ``x^ = clip_{C_x}([x, 1])``, computed as :func:`~dpprecond.fl.client.
+    second_moment_releases` computes it (float64, overflow-safe clipping)."""
+    Xt = client_mod.clip_feature_rows(X, row_clip)
+    d1 = Xt.shape[1]
+    iu = np.triu_indices(d1)
+    K = len(bounds) - 1
+    parts = np.empty((K, iu[0].size))
+    for i in range(K):
+        rows = Xt[bounds[i]:bounds[i + 1]].astype(np.float64, copy=False)
+        parts[i] = (rows.T @ rows)[iu]
+    return parts
+
+
+def moment_plan(method: CovarianceMethod, data: ClientData, noise_multiplier: float,
+                min_clients: int) -> SumPlan:
+    """The plan of the setup sum (:func:`~dpprecond.secagg.sums.plan_sum`): ``m = (d + 1)
+    (d + 2) / 2`` coordinates, sensitivity :func:`moment_sensitivity` at the method's row
+    clip and the data's largest client, ``z_cov``, the modulus sized for ``N`` records (a
+    record adds at most ``C_x^2 <= Delta_cov`` to a coordinate) and ``K`` shares."""
+    d1 = int(data.X.shape[1]) + 1
+    sizes = np.diff(data.bounds)
+    delta = moment_sensitivity(method.feature_clip(d1 - 1), int(sizes.max(initial=1)))
+    return plan_sum(d1 * (d1 + 1) // 2, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
+                    n_clients=data.n_clients, min_clients=min_clients)
+
+
+def secure_moment_sum(X: np.ndarray, bounds: np.ndarray, row_clip: float, plan: SumPlan,
+                      rngs: list[Any], clients: list[int] | None = None) -> np.ndarray:
+    """The decoded, mirrored setup sum ``sum_i S_i + Sk``, shape ``(d + 1, d + 1)``.
+
+    Client ``i``'s part is its row of :func:`moment_parts`, its message formed with
+    ``rngs[i]`` (:func:`~dpprecond.secagg.sums.secure_sum`); ``clients`` lists whose
+    messages reach the sum (default all; fewer than ``plan.min_clients`` raises
+    :class:`~dpprecond.secagg.skellam.InsufficientNoiseError` before any part is
+    computed). The lower triangle is the upper one's copy (post-processing).
+    """
+    K = len(bounds) - 1
+    ids = list(range(K)) if clients is None else [int(i) for i in clients]
+    d1 = int(X.shape[1]) + 1
+    if plan.dim != d1 * (d1 + 1) // 2:
+        raise ValueError(f"The plan has dim={plan.dim}, but the upper triangle of a "
+                         f"({d1}, {d1}) moment has {d1 * (d1 + 1) // 2} coordinates; plan it "
+                         "with moment_plan for these features.")
+    if len(ids) < plan.min_clients:  # raises InsufficientNoiseError, before the data
+        secure_sum(np.zeros((K, plan.dim)), plan, rngs, ids)
+    flat = secure_sum(moment_parts(X, bounds, row_clip), plan, rngs, ids)
+    M = np.zeros((d1, d1))
+    M[np.triu_indices(d1)] = flat
+    return M + np.triu(M, 1).T
+
+
+def _covariance_event(schedule: Schedule, scale: float) -> dp_event.DpEvent:
+    """The setup sum and ``T`` round sums at ``schedule.multipliers(scale)``, composed."""
+    z = schedule.multipliers(scale)
+    rounds = sum_event(z["z_grad"])
+    return dp_event.ComposedDpEvent([
+        sum_event(z["z_cov"]),
+        rounds if schedule.n_rounds == 1 else dp_event.SelfComposedDpEvent(rounds,
+                                                                           schedule.n_rounds)])
+
+
+def _covariance_scale(method: CovarianceMethod, config: FLConfig) -> float:
+    """The scale ``c`` of a covariance method's run (:func:`secure_multipliers`)."""
+    if config.target_epsilon is None:
+        return float(config.noise_multiplier or 0.0)
+    schedule = method.schedule(config)
+    return calibrate_noise(lambda c: _covariance_event(schedule, c), config.target_epsilon,
+                           config.target_delta, "rdp")
+
+
+def secure_multipliers(method: Method, config: FLConfig) -> dict[str, float]:
+    """The run's noise multipliers under secure aggregation (settings only, no data).
+
+    A gradient method: ``{"z": secure_noise_multiplier(config)}``. A covariance method:
+    ``{"z_cov", "z_grad"}`` at the local schedule's ratio
+    (:meth:`~dpprecond.fl.accounting.Schedule.multipliers` of ``method.schedule``), the
+    scale ``c`` the explicit ``noise_multiplier`` or calibrated with dp_accounting's RDP
+    accountant so that the setup's :func:`~dpprecond.secagg.sums.sum_event` at ``z_cov``
+    composed with ``T`` of them at ``z_grad`` meets the target.
+    """
+    if not isinstance(method, CovarianceMethod):
+        return {"z": secure_noise_multiplier(config)}
+    return method.schedule(config).multipliers(_covariance_scale(method, config))
+
+
+def check_secure_aggregation(method: Method, config: FLConfig,
+                             secure: bool) -> GradientMethod | CovarianceMethod:
+    """Refuse, naming the setting, what secure aggregation does not run; return the method.
+
+    It runs the gradient methods and the covariance methods (``fedfc``, ``fednew``). The
+    local-step methods (``fedavg``, ``scaffold``, ``fedprox``) are refused: each local step
+    of a client uses that client's own noisy gradient before anything is summed, so a
+    share of the noise (``1 / min_clients`` of its variance) would leave those releases
+    under-noised, and the update a client sends is not a sum of per-record terms with one
+    bounded sensitivity.
+    """
+    if not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
-                         f"(fedgd, sofim*, adam, yogi); {method.name!r} sends other releases. "
-                         "Use trust='local' for it.")
+                         f"(fedgd, sofim*, adam, yogi) and the covariance methods (fedfc, "
+                         f"fednew); {method.name!r} sends other releases (local steps: each "
+                         "step uses the client's own noisy gradient before any sum, which a "
+                         "share of the noise does not protect). Use trust='local' for it.")
     if getattr(config, "adaptive_clip", None) not in (None, "auto"):  # "auto": fixed here
         raise ValueError("adaptive_clip is not available with trust='secure-aggregation' (its "
                          "private counts are not part of the secure sum).")
@@ -240,7 +400,11 @@ def simulate_secure(model: FLModel, data: ClientData,
         ``resolution`` (``gamma Delta``: integer levels per sensitivity),
         ``rounding_inflation`` (``sqrt(p) / (gamma Delta)``), ``modulus_bits`` and
         ``wrap_probability`` (bound per round, all ``K`` shares), ``noise_std`` (the
-        decoded sum's, gradient-sum units, all ``K`` shares).
+        decoded sum's, gradient-sum units, all ``K`` shares). A covariance method's run
+        reports ``z_grad`` as ``noise_multiplier`` (as under local trust), its
+        ``noise_multipliers`` (``z_cov``, ``z_grad``), and the setup sum's facts under
+        ``setup`` (the same keys, second-moment units); its ``events`` are the setup
+        sum's then the ``T`` rounds'.
     """
     config = config.validated()
     gm = check_secure_aggregation(as_method(method), config, secure)
@@ -258,13 +422,16 @@ def simulate_secure(model: FLModel, data: ClientData,
     K = data.n_clients
     k_min = K if min_clients is None else check_int("min_clients", min_clients, low=1,
                                                     high=K)
+    root = check_seed("seed", seed)
+    if isinstance(gm, CovarianceMethod):
+        return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
+                                    ledger)
     z = secure_noise_multiplier(config)
     plan = secure_plan(model, config, data, z, k_min)
     release = sum_event(z)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
-    root = check_seed("seed", seed)
     init_seq, noise_root, _ = root.spawn(3)
     n_records = int(data.X.shape[0])
     # noise of G per coordinate: K / k_min shares of variance v / k_min each ... / (gamma N)^2
@@ -299,3 +466,67 @@ def simulate_secure(model: FLModel, data: ClientData,
             "trust": "secure-aggregation", **secure_info(plan, K)}
     return FLResult(params, history, z, history[-1]["epsilon"], config.target_delta, info,
                     events)
+
+
+def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMethod,
+                         config: FLConfig, X_test: np.ndarray, y_test: np.ndarray,
+                         root: np.random.SeedSequence, k_min: int,
+                         ledger: PrivacyLedger | None) -> FLResult:
+    """DP-FedFC / DP-FedNew under secure aggregation (module docstring): the setup sum of
+    the clipped second moments, then ``T`` secure gradient sums, the server half on the
+    aggregate (one row). Streams: the model's init, the rounds' ``(t, i)`` and the setup's
+    ``(0, i)`` from ``root.spawn(3)``, as in :func:`~dpprecond.fl.engine.simulate`."""
+    method.check(config, model)
+    multipliers = secure_multipliers(method, config)
+    z_cov, z_grad = multipliers["z_cov"], multipliers["z_grad"]
+    setup_plan = moment_plan(method, data, z_cov, k_min)
+    plan = secure_plan(model, config, data, z_grad, k_min)
+    setup_release, release = sum_event(z_cov), sum_event(z_grad)
+    T = config.n_rounds
+    if ledger is not None:  # the whole plan, before any data is touched
+        ledger.check(_covariance_event(method.schedule(config),
+                                       _covariance_scale(method, config)))
+    K = data.n_clients
+    n_records = int(data.X.shape[0])
+    X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
+    init_seq, noise_root, setup_root = root.spawn(3)
+    run_ledger = PrivacyLedger(config.target_delta, accountant="rdp")
+    events: list[dp_event.DpEvent] = []
+
+    def spend(event: dp_event.DpEvent) -> None:  # before the shares: charged regardless
+        run_ledger.spend(event)
+        events.append(event)
+        if ledger is not None:
+            ledger.spend(event)
+
+    spec = RunSpec(config, multipliers, model, K)
+    params = model.init_params(np.random.default_rng(init_seq))
+    n_features = int(data.X.shape[1])
+    spend(setup_release)
+    S = secure_moment_sum(data.X, data.bounds, method.feature_clip(n_features), setup_plan,
+                          client_mod.round_generators(setup_root, 0, K))
+    # the aggregate is the server half's one client: its setup row and its reply rows
+    one, sizes = [0], np.array([n_records])
+    state = method.server_init(spec, params, {"moment": (S / n_records)[None]}, one)
+    history: list[dict[str, float]] = []
+    logger.info("secure-aggregation run %s: K=%d, T=%d, z_cov=%.4g, z_grad=%.4g, 2^%d and "
+                "2^%d moduli", method.name, K, T, z_cov, z_grad, setup_plan.bits, plan.bits)
+    for t in range(T):
+        start = time.perf_counter()
+        rngs = client_mod.round_generators(noise_root, t, K)
+        spend(release)
+        G = secure_gradient_sum(model, params, X_run, data.y, data.bounds,
+                                config.clip_norm, plan, rngs, x_sq_norms=x_sq_norms)
+        updates, state = method.server_update(spec, {"message": (G / n_records)[None]}, one,
+                                              sizes, state, params)
+        params = params + updates
+        seconds = time.perf_counter() - start
+        loss, acc = model.evaluate(params, X_test, y_test)
+        history.append({"round": t + 1, "test_accuracy": acc, "test_loss": loss,
+                        "epsilon": run_ledger.epsilon,
+                        "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
+    info = {**asdict(config), **method.describe(), "accountant": "rdp",
+            "trust": "secure-aggregation", **secure_info(plan, K),
+            "noise_multipliers": dict(multipliers), "setup": secure_info(setup_plan, K)}
+    return FLResult(params, history, z_grad, history[-1]["epsilon"], config.target_delta,
+                    info, events)

@@ -64,7 +64,11 @@ from dpprecond.adapters.flower.client_app import ClientInfo, LocalData
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset
 from dpprecond.adapters.flower.protocol import KEYS
 from dpprecond.adapters.flower.records import read_int
-from dpprecond.adapters.flower.secagg import SecAggDPStrategy, make_dual_client_app
+from dpprecond.adapters.flower.secagg import (
+    SecAggDPStrategy,
+    check_secagg_plus_method,
+    make_dual_client_app,
+)
 from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.adaptive_clip import with_adaptive_clip
 from dpprecond.fl.config import AdaptiveClip, FLConfig
@@ -155,6 +159,7 @@ def check_run_config(run_config: dict[str, Any]) -> None:
         if config.trust == "secure-aggregation":
             check_secure_aggregation(method_from_run_config(rc), config,
                                      _bool(rc, "secure", False))
+            check_secagg_plus_method(method_from_run_config(rc), config)
             if rc.get("data", "digits") == "node-file":
                 raise ValueError("Run config trust='secure-aggregation' needs a named dataset "
                                  "(the modulus is sized for its number of records), not "

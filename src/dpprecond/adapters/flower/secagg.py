@@ -25,6 +25,11 @@ count ``n_i``, and the workflow runs with ``clipping_range = m/2`` and
 average times the number of survivors is ``sum_i x_i`` exactly (rounded to the nearest
 integer). The server reduces that modulo ``m`` (the secure sum of the messages), decodes it
 (refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size weighting).
+
+Methods: the one-message gradient methods only (:func:`check_secagg_plus_method`). The
+covariance methods (``fedfc``, ``fednew``), which the simulation runs under secure
+aggregation (a setup sum of the second moments before the rounds), are refused by name:
+their setup sum is not wired into this workflow.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ from dpprecond.adapters.flower.client_app import (
 )
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
-from dpprecond.fl.methods import Method
+from dpprecond.fl.methods import GradientMethod, Method
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.secagg.fl import (
@@ -91,7 +96,8 @@ from dpprecond.secagg.fl import (
 from dpprecond.secagg.skellam import decode
 from dpprecond.secagg.sums import SumPlan, plan_sum, sum_event
 
-__all__ = ["SecAggDPClient", "SecAggDPStrategy", "make_dual_client_app",
+__all__ = ["SecAggDPClient", "SecAggDPStrategy", "check_secagg_plus_method",
+           "make_dual_client_app",
            "make_secagg_client_app",
            "make_secagg_server_app", "plan_from_config", "plan_to_config"]
 
@@ -245,6 +251,21 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
 
+def check_secagg_plus_method(method: Method, config: FLConfig) -> GradientMethod:
+    """The method, if SecAgg+ runs it here: what
+    :func:`~dpprecond.secagg.fl.check_secure_aggregation` accepts, less the covariance
+    methods (``ValueError`` naming the method: their setup sum of second moments has no
+    SecAgg+ round here; :func:`~dpprecond.secagg.fl.simulate_secure` runs them)."""
+    checked = check_secure_aggregation(method, config, secure=False)
+    if not isinstance(checked, GradientMethod):
+        raise ValueError(f"Flower's SecAgg+ workflow runs the one-message gradient methods "
+                         f"(fedgd, sofim*, adam, yogi); {checked.name!r} releases a second "
+                         "moment in a setup sum first, which this workflow does not run. "
+                         "Simulate it with trust='secure-aggregation' (dpprecond.fl.simulate) "
+                         "or run it on Flower with trust='local'.")
+    return checked
+
+
 class SecAggDPStrategy(Strategy):
     """The server of a secure-aggregation run (legacy strategy for ``SecAggPlusWorkflow``).
 
@@ -283,7 +304,7 @@ class SecAggDPStrategy(Strategy):
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
                              f"trust={config.trust!r}.")
-        self.method = check_secure_aggregation(as_method(method), config, secure=False)
+        self.method = check_secagg_plus_method(as_method(method), config)
         self.model, self.config = model, config
         self.n_clients = check_int("n_clients", n_clients, low=2)
         self.n_records = check_int("n_records", n_records, low=1)

@@ -14,6 +14,11 @@ of fixed-standardized pixel features in ``[-1, 1]^d``); ``covariance_share`` 0.2
 client weights. Noise streams: the covariance of client ``i`` from ``stream(setup_root, 0,
 i)``, the gradients of round ``t`` from ``stream(noise_root, t, i)``. The server halves are
 :mod:`~dpprecond.fl.methods.fedfc` and :mod:`~dpprecond.fl.methods.fednew`.
+
+Under ``trust="secure-aggregation"`` (:mod:`dpprecond.secagg.fl`) the clients' moments
+are one secure sum and the gradients one per round; the server halves then receive the
+aggregate as a single client: one ``"moment"`` row (the size-weighted second moment) and
+one ``"message"`` row per round, client list ``[0]``.
 """
 
 from __future__ import annotations
