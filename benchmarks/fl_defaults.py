@@ -28,6 +28,9 @@ for every configuration of a seed). Configurations:
                       training records): the epsilon is the total
 ``best-free``         the best of ``FREE_GRID`` (27 candidates, size weights) by *test*
                       accuracy at each (cell, eps, seed): tuned for free, **not private**
+``default-start1``    the defaults with adaptive clipping started at C = 1
+                      (``AdaptiveClip(initial_clip=1.0)``), a candidate default
+``default-start1-lr0.5``  the same with the clip's learning rate 0.5
 ====================  ==========================================================================
 
 Every run is one JSON line in ``--out`` (default ``benchmarks/out/fl_defaults.jsonl``);
@@ -59,7 +62,8 @@ OUT = Path(__file__).resolve().parent / "out" / "fl_defaults.jsonl"
 SEEDS = (0, 1, 2)
 ROUNDS = 70
 CONFIGS = ("fedgd", "lagged", "default", "fedgd-size", "fedgd-ac", "fedgd-ac-size",
-           "lagged-ac-size", "adam-ac-size", "tuned-private", "best-free")
+           "lagged-ac-size", "adam-ac-size", "tuned-private", "best-free",
+           "default-start1", "default-start1-lr0.5")
 #: The grid that ``best-free`` searches with the test set (not private): DP-FedGD,
 #: sofim-lagged and server Adam at three server steps each, with fixed clips 1 and 10 and
 #: adaptive clipping (median) from 1.
@@ -135,7 +139,13 @@ def measure(ds: Dataset, K: int, partition: str, eps: float, seed: int,
               "fedgd-ac": ("fedgd", replace(base, adaptive_clip=ac)),
               "fedgd-ac-size": ("fedgd", replace(size, adaptive_clip=ac)),
               "lagged-ac-size": ("sofim-lagged", replace(size, adaptive_clip=ac)),
-              "adam-ac-size": ("adam", replace(size, adaptive_clip=ac))}
+              "adam-ac-size": ("adam", replace(size, adaptive_clip=ac)),
+              "default-start1": (DEFAULT_ALGORITHM, FLConfig(
+                  n_rounds=ROUNDS, target_epsilon=eps,
+                  adaptive_clip=AdaptiveClip(initial_clip=1.0))),
+              "default-start1-lr0.5": (DEFAULT_ALGORITHM, FLConfig(
+                  n_rounds=ROUNDS, target_epsilon=eps,
+                  adaptive_clip=AdaptiveClip(initial_clip=1.0, learning_rate=0.5)))}
     if name in single:
         algorithm, config = single[name]
         out["accuracy"] = _run(ds, K, partition, eps, seed, algorithm, config)
