@@ -219,8 +219,8 @@ def _init_worker(cache: DataCache, parent: int) -> None:
 
     # the processes are the parallelism for BLAS; the linear head's kernel keeps its pool
     # of threads: with 2 workers on 2 cores one worker's serial parts (evaluation, noise,
-    # server step) leave a core to the other's pool (measured, issue 22: one kernel thread
-    # per worker made a Fashion-MNIST sweep 1.6x slower)
+    # server step) leave a core to the other's pool (issue 22: one kernel thread per
+    # worker was 1.6x slower on a busy machine, within 5% on a quiet one; docs/performance.md)
     threadpool_limits(limits=1)
 
 
