@@ -347,7 +347,11 @@ def test_the_pass_counts_with_per_client_parameters_and_float32() -> None:
         want = record_counts(model, P[i], data.X[lo:hi], data.y[lo:hi],
                              np.array([0, hi - lo]), 1.1)
         assert counts[i] == want[0]
-    X32 = data.X.astype(np.float32)
+    # float32-representable extremes (the float64 ones scaled down): rows of 1e30 take the
+    # float32 kernel's safe path (norm beyond 2^100 / sqrt(k)), rows of 1e19 do not
+    X32 = np.where(np.abs(data.X) > 1e190, np.sign(data.X) * 1e30,
+                   np.where(np.abs(data.X) > 1e100, np.sign(data.X) * 1e19, data.X))
+    X32 = X32.astype(np.float32)
     _, c32 = model.clipped_grad_sums_and_counts(params, X32, data.y, data.bounds, 1.1)
     want = record_counts(model, params, X32.astype(np.float64), data.y, data.bounds, 1.1)
     # float32 rows: the norms of the float32 values; an indicator can flip only for a
