@@ -18,7 +18,7 @@ scripts on PATH. The Ray simulation tests cover the same ServerApp/ClientApp cod
 Usage::
 
     PYTHONPATH=src python benchmarks/flower_deployment.py [--rounds 3] [--algorithm sofim]
-        [--keep-logs DIR]
+        [--trust secure-aggregation] [--keep-logs DIR]
 
 ``--algorithm scaffold`` checks that each SuperNode keeps its control variate in its
 Flower context across the per-message ``flwr-clientapp`` processes; ``fedfc``/``fednew``
@@ -91,6 +91,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algorithm", default="sofim")
     parser.add_argument("--keep-logs", default=None, help="copy the daemons' logs here")
+    parser.add_argument("--trust", default="local", choices=["local", "secure-aggregation"],
+                        help="secure-aggregation: the rounds run through SecAgg+ (size "
+                             "weights), checked against the simulator's secure run")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="dpprecond-flower-"))
@@ -130,7 +133,9 @@ def main() -> int:
         run_config = (f"algorithm='{args.algorithm}' n-clients=2 n-rounds={args.rounds} "
                       "noise-multiplier=1.3 "
                       f"target-epsilon='' clip-norm=1.0 noise-seed={SEED} "
-                      f"partition-seed={SEED} round-timeout=300.0 output-dir='{out}'")
+                      f"partition-seed={SEED} round-timeout=300.0 output-dir='{out}'"
+                      + ("" if args.trust == "local"
+                         else " trust='secure-aggregation' weighting='size'"))
         t1 = time.perf_counter()
         run = subprocess.run([str(bindir / "flwr"), "run", str(APP), "loopback", "--stream",
                               "--run-config", run_config], env=env, capture_output=True,
@@ -159,13 +164,16 @@ def main() -> int:
     ref = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
                         algorithm=args.algorithm, n_clients=2, seed=SEED,
                         config=FLConfig(n_rounds=args.rounds, clip_norm=1.0,
-                                        target_epsilon=None, noise_multiplier=1.3))
+                                        target_epsilon=None, noise_multiplier=1.3,
+                                        trust=args.trust,  # type: ignore[arg-type]
+                                        weighting=None if args.trust == "local"
+                                        else "size"))
     diff = float(np.abs(params - ref.params).max())
     print(f"deployment: 1 SuperLink + 2 SuperNodes on loopback, {args.rounds} rounds of "
-          f"{args.algorithm} on digits (noise scale 1.3, C=1)")
+          f"{args.algorithm} on digits (noise scale 1.3, C=1, trust={args.trust})")
     print(f"start-up {t1 - t0:.1f} s, flwr run until result {t2 - t1:.1f} s")
     for r in history:
-        print(f"  round {r['round']}: replied {r['clients_replied']}, epsilon "
+        print(f"  round {r['round']}: replied {r.get('clients_replied', '-')}, epsilon "
               f"{float(r['epsilon']):.4f}, test accuracy {r['test_accuracy']:.4f}")
     print(f"max |params - engine params| = {diff:.3g} (max |params| = "
           f"{np.abs(ref.params).max():.3g})")

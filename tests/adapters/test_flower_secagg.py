@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flwr.simulation import run_simulation
 
-from dpprecond._validation import check_seed
 from dpprecond.adapters.flower import PartitionedDataset
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import featurized_dataset
+from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.adapters.flower.secagg import (
     SecAggDPClient,
     SecAggDPStrategy,
@@ -106,7 +106,7 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
                 [params], config)[0][0]
             assert vector[-1] == hi - lo
             messages.append(np.mod(vector[:-1].astype(np.int64), plan.modulus))
-        root = check_seed("seed", SEED).spawn(3)[1]
+        root = simulator_seeds(SEED).noise  # run_federated(seed=SEED)'s noise root
         engine = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
                                      CONFIG.clip_norm, plan, round_generators(root, t - 1, K))
         assert np.array_equal(decode(aggregate(messages, plan), plan, K), engine)
@@ -118,15 +118,12 @@ def test_secagg_plus_simulation_releases_the_engines_sums():
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     data = _engine_data()
     ref = simulate_secure(model, data, "fedgd", CONFIG, X_test=ds.X_test, y_test=ds.y_test,
-                          seed=SEED)
+                          seed=simulator_seeds(SEED).simulation)  # run_federated(seed=SEED)'s
     holder: dict[str, SecAggDPStrategy] = {}
 
-    largest = int(np.diff(data.bounds).max())  # the simulation's sensitivity uses it
-
-    def strategy_fn(context):
+    def strategy_fn(context):  # the defaults: both plan for clients of at most N rows
         holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
-                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED,
-                                       max_client_rows=largest)
+                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
         return holder["s"]
 
     run_simulation(make_secagg_server_app(strategy_fn, timeout=600.0),
@@ -170,7 +167,6 @@ def _dropping_app():
 
 @pytest.mark.slow
 def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
-    from dpprecond._validation import check_seed
     from dpprecond.fl.client import round_generators
     from dpprecond.secagg.fl import secure_gradient_sum
 
@@ -194,7 +190,7 @@ def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
         replay = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0], seed=SEED,
                                   min_clients=min_clients)
         params, state = replay._params, replay._state
-        root = check_seed("seed", SEED).spawn(3)[1]
+        root = simulator_seeds(SEED).noise  # run_federated(seed=SEED)'s noise root
         rounds = [[0, 1, 2], [0, 1]] if min_clients == 2 else [[0, 1, 2]]
         for t, clients in enumerate(rounds):
             total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,

@@ -87,7 +87,8 @@ def test_worst_case_neighbours_round_within_the_sums_sensitivity(magnitude: floa
         assert delta == 2.0 * noise_inflation(model, X, BOUNDS)  # the local noise's factor
         moved = np.linalg.norm(P[1] - P2[1])
         assert 2.0 * (1 - 1e-6) <= moved <= delta
-        plan = secure_plan(model, _config(), ClientData(X, y, BOUNDS, N_CLASSES), 1.0, 4)
+        plan = secure_plan(model, _config(), ClientData(X, y, BOUNDS, N_CLASSES), 1.0, 4,
+                           int(np.diff(BOUNDS).max()))
         assert plan.sensitivity == delta and plan.inflation <= ROUNDING_INFLATION
         y1, y2 = P[1] * plan.scale, P2[1] * plan.scale  # exact: gamma is a power of two
         levels = np.ceil(np.abs(y2 - y1))
@@ -220,10 +221,11 @@ def test_float32_rows_get_the_float32_slack() -> None:
     model = LinearSoftmax(D_FEAT, N_CLASSES)
     X, _, y = _neighbours(1.0, 0)
     data = ClientData(X, y, BOUNDS, N_CLASSES)
+    n = int(BOUNDS[-1])  # the default bound on a client's rows: all N records
     p64 = secure_plan(model, _config(), data, 1.0, 4)
     p32 = secure_plan(model, _config(precision="float32"), data, 1.0, 4)
-    assert p64.sensitivity == 2.0 * (1 + rounding_slack(20, np.float64))
-    assert p32.sensitivity == 2.0 * (1 + rounding_slack(20, np.float32))
+    assert p64.sensitivity == 2.0 * (1 + rounding_slack(n, np.float64))
+    assert p32.sensitivity == 2.0 * (1 + rounding_slack(n, np.float32))
     assert p32.sensitivity > p64.sensitivity
     res = simulate_secure(model, data, "fedgd", _config(precision="float32", n_rounds=2),
                           X_test=X, y_test=y, seed=1)
@@ -243,9 +245,9 @@ def test_a_torch_model_runs_through_its_generic_clipped_sums() -> None:
     y = rng.integers(0, 3, 60)
     bounds = np.array([0, 20, 45, 60])
     data = ClientData(X, y, bounds, 3)
-    plan = secure_plan(model, _config(), data, 1.0, 3)
+    plan = secure_plan(model, _config(), data, 1.0, 3, max_client_rows=25)
     assert plan.dim == model.n_params
-    assert plan.sensitivity == 2.0 * noise_inflation(model, X, bounds)
+    assert plan.sensitivity == 2.0 * noise_inflation(model, X, bounds)  # the largest: 25
     params = model.init_params(rng)
     parts = model.clipped_grad_sums(params, X, y, bounds, 1.0)
     seqs = np.random.SeedSequence(3).spawn(3)
@@ -260,3 +262,22 @@ def test_a_torch_model_runs_through_its_generic_clipped_sums() -> None:
     res = simulate_secure(model, data, "fedgd", _config(n_rounds=2), X_test=X, y_test=y,
                           seed=0)
     assert len(res.history) == 2 and np.isfinite(res.params).all()
+
+
+def test_the_plans_client_bound_defaults_to_n_and_must_cover_the_largest_client() -> None:
+    """``max_client_rows``: ``N`` by default (what a deployment's server knows, the
+    SecAgg+ strategy's default), the largest client's size when given, and a bound below
+    the largest client is refused by name (its slack would not cover that client)."""
+    model = LinearSoftmax(D_FEAT, N_CLASSES)
+    X, _, y = _neighbours(1.0, 0)
+    data = ClientData(X, y, BOUNDS, N_CLASSES)
+    largest = int(np.diff(BOUNDS).max())
+    assert secure_plan(model, _config(), data, 1.0, 4).sensitivity == \
+        part_sensitivity(model, 1.0, int(BOUNDS[-1]))
+    tight = secure_plan(model, _config(), data, 1.0, 4, largest)
+    assert tight.sensitivity == part_sensitivity(model, 1.0, largest)
+    with pytest.raises(ValueError, match="max_client_rows"):
+        secure_plan(model, _config(), data, 1.0, 4, largest - 1)
+    res = simulate_secure(model, data, "fedgd", _config(n_rounds=1), X_test=X, y_test=y,
+                          seed=1, max_client_rows=largest)
+    assert res.config["sensitivity"] == tight.sensitivity

@@ -132,14 +132,25 @@ def part_sensitivity(model: FLModel, clip_norm: float, max_client_rows: int,
 
 
 def secure_plan(model: FLModel, config: FLConfig, data: ClientData, noise_multiplier: float,
-                min_clients: int) -> SumPlan:
+                min_clients: int, max_client_rows: int | None = None) -> SumPlan:
     """The plan of a run's round sums (:func:`~dpprecond.secagg.sums.plan_sum`):
-    ``p = n_params`` coordinates, sensitivity :func:`part_sensitivity` for the data's
-    largest client in ``config.precision``, the noise multiplier, and the modulus sized for
-    all ``N`` records and ``K`` shares."""
+    ``p = n_params`` coordinates, sensitivity :func:`part_sensitivity` for clients of at
+    most ``max_client_rows`` rows in ``config.precision``, the noise multiplier, and the
+    modulus sized for all ``N`` records and ``K`` shares.
+
+    ``max_client_rows`` defaults to ``N``: the public bound a deployment's server has
+    (:class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy`'s default too), so that a
+    seeded simulation and a deployment plan the same sums; the slack it adds over the
+    largest client's is below ``N^2 2^-52`` relative (``4e-7`` at ``N = 60,000``). A
+    smaller value must cover the largest client (``ValueError`` otherwise).
+    """
     sizes = np.diff(data.bounds)
+    largest = int(sizes.max(initial=1))
+    n_records = int(data.X.shape[0])
+    rows = max(n_records, 1) if max_client_rows is None else check_int(
+        "max_client_rows", max_client_rows, low=max(largest, 1))
     dtype = np.float32 if config.precision == "float32" else np.float64
-    delta = part_sensitivity(model, config.clip_norm, int(sizes.max(initial=1)), dtype)
+    delta = part_sensitivity(model, config.clip_norm, rows, dtype)
     return plan_sum(model.n_params, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
                     n_clients=data.n_clients, min_clients=min_clients)
 
@@ -374,7 +385,7 @@ def simulate_secure(model: FLModel, data: ClientData,
                     method: Method | GradientTransformation | str, config: FLConfig, *,
                     X_test: Any, y_test: Any, seed: Any = None,
                     min_clients: int | None = None, ledger: PrivacyLedger | None = None,
-                    secure: bool = False) -> FLResult:
+                    secure: bool = False, max_client_rows: int | None = None) -> FLResult:
     """:func:`~dpprecond.fl.engine.simulate` under secure aggregation (module docstring).
 
     Parameters
@@ -386,6 +397,10 @@ def simulate_secure(model: FLModel, data: ClientData,
         Fewest clients whose shares a released sum holds (default: all ``K``; the noise of
         each share is ``1 / min_clients`` of the sum's). Smaller values tolerate dropouts
         at the price of more noise when everyone replies.
+    max_client_rows : int, optional
+        The bound on a client's records that sizes the round sums' floating-point slack
+        (:func:`secure_plan`; default ``N``, as a deployment's server plans it, so that
+        the same seed gives a Flower SecAgg+ deployment's releases).
     secure : bool
         Refused (the secure noise source has no Poisson sampler).
 
@@ -425,9 +440,9 @@ def simulate_secure(model: FLModel, data: ClientData,
     root = check_seed("seed", seed)
     if isinstance(gm, CovarianceMethod):
         return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
-                                    ledger)
+                                    ledger, max_client_rows)
     z = secure_noise_multiplier(config)
-    plan = secure_plan(model, config, data, z, k_min)
+    plan = secure_plan(model, config, data, z, k_min, max_client_rows)
     release = sum_event(z)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
@@ -471,7 +486,8 @@ def simulate_secure(model: FLModel, data: ClientData,
 def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMethod,
                          config: FLConfig, X_test: np.ndarray, y_test: np.ndarray,
                          root: np.random.SeedSequence, k_min: int,
-                         ledger: PrivacyLedger | None) -> FLResult:
+                         ledger: PrivacyLedger | None,
+                         max_client_rows: int | None = None) -> FLResult:
     """DP-FedFC / DP-FedNew under secure aggregation (module docstring): the setup sum of
     the clipped second moments, then ``T`` secure gradient sums, the server half on the
     aggregate (one row). Streams: the model's init, the rounds' ``(t, i)`` and the setup's
@@ -480,7 +496,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     multipliers = secure_multipliers(method, config)
     z_cov, z_grad = multipliers["z_cov"], multipliers["z_grad"]
     setup_plan = moment_plan(method, data, z_cov, k_min)
-    plan = secure_plan(model, config, data, z_grad, k_min)
+    plan = secure_plan(model, config, data, z_grad, k_min, max_client_rows)
     setup_release, release = sum_event(z_cov), sum_event(z_grad)
     T = config.n_rounds
     if ledger is not None:  # the whole plan, before any data is touched

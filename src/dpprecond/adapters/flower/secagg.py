@@ -7,9 +7,12 @@ plus its share of the Skellam noise, modulo ``m = 2^bits``; :mod:`dpprecond.seca
 and hands it, as a vector of integers, to Flower's ``secaggplus_mod``; Flower's
 ``SecAggPlusWorkflow`` masks the vectors pairwise and reveals only their sum to the
 server, which decodes it and runs the method's server transform. The same plan, seeds and
-streams as :func:`dpprecond.secagg.fl.simulate_secure`, so a seeded simulation releases
-the same sums and ends at the same model (tested; the strategy's ``max_client_rows`` set
-to the largest client's size, which the simulation's sensitivity uses).
+streams as :func:`dpprecond.secagg.fl.simulate_secure` run by ``run_federated(...,
+trust="secure-aggregation", seed=s)`` (a ``noise-seed`` means the same seed tree as under
+local trust, :func:`~dpprecond.adapters.flower.protocol.simulator_seeds`), so a seeded
+simulation releases
+the same sums and ends at the same model (tested; both plan the sensitivity's slack for
+clients of at most ``max_client_rows`` records, ``N`` by default).
 
 SecAgg+ is Flower's legacy fit/evaluate workflow: :class:`SecAggDPStrategy` is a
 ``flwr.server.strategy.Strategy`` run by ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow
@@ -81,6 +84,7 @@ from dpprecond.adapters.flower.client_app import (
     query_reply,
     train_reply,
 )
+from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import GradientMethod, Method
@@ -159,8 +163,9 @@ class SecAggDPClient(NumPyClient):
         Its index ``i`` (the node config's ``partition-id``).
     noise_seed : int or None
         ``None``: fresh OS entropy (deployments). An integer: the stream ``(t - 1, i)`` of
-        :func:`dpprecond.secagg.fl.simulate_secure` with ``seed=noise_seed`` (one-owner
-        simulations and tests).
+        ``run_federated(..., trust="secure-aggregation", seed=noise_seed)`` (the noise root
+        of :func:`~dpprecond.adapters.flower.protocol.simulator_seeds`, as under local
+        trust; one-owner simulations and tests).
     min_noise_multiplier : float
         Refuse a plan whose sum's noise multiplier (std over the L2 sensitivity) is below
         this (the client's own floor; a plan without noise is always refused).
@@ -171,7 +176,8 @@ class SecAggDPClient(NumPyClient):
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
         self.noise_root = (None if noise_seed is None
-                           else check_seed("noise_seed", noise_seed).spawn(3)[1])
+                           else simulator_seeds(check_int("noise_seed", noise_seed,
+                                                          low=0)).noise)
         self.min_noise_multiplier = float(min_noise_multiplier)
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
@@ -281,15 +287,17 @@ class SecAggDPStrategy(Strategy):
     X_test, y_test : ndarray, optional
         Public test data for the server-side evaluation.
     seed : int or None
-        Model initialization from :func:`simulate_secure`'s seed tree.
+        Model initialization from ``run_federated(seed=seed)``'s seed tree
+        (:func:`~dpprecond.adapters.flower.protocol.simulator_seeds`; ``None``: fresh
+        entropy).
     min_clients : int, optional
         Fewest shares a released sum holds (default K).
     max_client_rows : int, optional
         Most records a client holds (public; default ``n_records``, a bound for every
         client): it sizes the sensitivity's floating-point slack
         (:func:`~dpprecond.secagg.fl.part_sensitivity`), and a client with more rows
-        refuses the plan. :func:`~dpprecond.secagg.fl.simulate_secure` uses the largest
-        client's size.
+        refuses the plan. :func:`~dpprecond.secagg.fl.simulate_secure` has the same
+        default (and the same parameter), so a seeded simulation plans the same sums.
     ledger : PrivacyLedger, optional
         A caller's ledger: the whole plan is checked against its ``max_epsilon`` here,
         before any message, and every round's sum is recorded in it.
@@ -328,7 +336,8 @@ class SecAggDPStrategy(Strategy):
         self.y_test = None if y_test is None else check_labels(
             "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
             n_rows=self.X_test.shape[0] if self.X_test is not None else None)
-        init_seq = check_seed("seed", seed).spawn(3)[0]
+        init_seq = (check_seed("seed", None).spawn(3)[0] if seed is None
+                    else simulator_seeds(check_int("seed", seed, low=0)).init)
         self._params = np.asarray(model.init_params(np.random.default_rng(init_seq)),
                                   dtype=np.float64)
         noise_var = (self.plan_.noise_std(self.n_clients) / self.n_records) ** 2
