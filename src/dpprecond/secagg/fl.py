@@ -140,10 +140,10 @@ def secure_plan(model: FLModel, config: FLConfig, data: ClientData, noise_multip
 
     ``max_client_rows`` defaults to ``N``: the public bound a deployment's server has
     (:class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy`'s default too), so that a
-    seeded simulation and a deployment plan the same sums; the slack (:func:`dpprecond.fl.kernels.rounding_slack`)
-    grows like ``2 N^2 2^-53``: ``8e-7`` at ``N = 60,000`` against ``2e-9`` for a client of
-    3,000 rows. A
-    smaller value must cover the largest client (``ValueError`` otherwise).
+    seeded simulation and a deployment plan the same sums; the slack
+    (:func:`dpprecond.fl.kernels.rounding_slack`) grows like ``2 N^2 2^-53``: ``8e-7`` at
+    ``N = 60,000`` against ``2e-9`` for a client of 3,000 rows. A smaller value must cover
+    the largest client (``ValueError`` otherwise).
     """
     sizes = np.diff(data.bounds)
     largest = int(sizes.max(initial=1))
