@@ -129,3 +129,50 @@ def test_the_pass_counts_a_record_at_the_clip_as_record_counts_does() -> None:
     for j in range(40):
         _, counts = model.clipped_grad_sums_and_counts(params, X, y, bounds, norms[j])
         assert counts[0] == record_counts(model, params, X, y, bounds, norms[j])[0], j
+
+
+def test_a_task_subclass_that_overrides_its_release_is_not_bypassed() -> None:
+    """release_round takes the one-pass count only for the model's own sums
+    (counts_in_pass); the same holds for the tasks: a GradientTask or RecordCountTask
+    subclass with its own release (a user's extra control) is called, not replaced by the
+    fused pass."""
+    from dpprecond.fl.adaptive_clip import count_root
+    from dpprecond.fl.tasks import GradientTask, RecordCountTask, release_round
+
+    calls: list[str] = []
+
+    class MyGradient(GradientTask):
+        def release(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append("gradient")
+            return super().release(*args, **kwargs)
+
+    class MyCount(RecordCountTask):
+        def release(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append("count")
+            return super().release(*args, **kwargs)
+
+    model, data, params = _data()
+    root = np.random.SeedSequence(4)
+    K = data.n_clients
+    for task, count in ((MyGradient(1.3, 0.8), RecordCountTask(1.3, 2.5)),
+                        (GradientTask(1.3, 0.8), MyCount(1.3, 2.5))):
+        calls.clear()
+        release_round(task.validated(), count.validated(), model, params, data.X, data.y,
+                      data.bounds, round_generators(root, 0, K),
+                      round_generators(count_root(root), 0, K))
+        assert calls, type(task).__name__ + " / " + type(count).__name__
+
+
+@pytest.mark.parametrize("row_clip", [1e200, 1e-200])
+def test_the_secure_setup_sum_refuses_an_extreme_row_clip_by_name(row_clip: float) -> None:
+    """DP-FedFC under secure aggregation with a row clip whose square leaves float64
+    (overflow, or underflow to a zero sensitivity): a ValueError naming row_clip (as the
+    local second-moment release does), not an OverflowError or a 'sensitivity=0.0'."""
+    from dpprecond.fl import make_method
+
+    model, data, _ = _data()
+    config = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=2.0, weighting="size",
+                      trust="secure-aggregation")
+    with pytest.raises(ValueError, match="row_clip"):
+        simulate(model, data, make_method("fedfc", 0.5, row_clip=row_clip), config,
+                 X_test=data.X[:20], y_test=data.y[:20], seed=2)
