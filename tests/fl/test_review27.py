@@ -176,3 +176,26 @@ def test_the_secure_setup_sum_refuses_an_extreme_row_clip_by_name(row_clip: floa
     with pytest.raises(ValueError, match="row_clip"):
         simulate(model, data, make_method("fedfc", 0.5, row_clip=row_clip), config,
                  X_test=data.X[:20], y_test=data.y[:20], seed=2)
+
+
+def test_a_model_that_overrides_its_norms_gets_them_counted() -> None:
+    """The count is record_counts' statistic, computed from model.per_example_grad_norms:
+    a LinearSoftmax subclass with its own per-example norms (and the class's sums) must
+    have its counts from those norms, not from the kernel's."""
+    from dpprecond.fl.adaptive_clip import count_root
+    from dpprecond.fl.tasks import GradientTask, RecordCountTask, release_round
+
+    class Doubled(LinearSoftmax):
+        def per_example_grad_norms(self, params, X, y):  # type: ignore[no-untyped-def]
+            return 2.0 * super().per_example_grad_norms(params, X, y)
+
+    _, data, params = _data()
+    model = Doubled(data.X.shape[1], data.n_classes)
+    root = np.random.SeedSequence(4)
+    K = data.n_clients
+    out = release_round(GradientTask(1.3, 0.8).validated(),
+                        RecordCountTask(1.3, 0.0).validated(), model, params, data.X, data.y,
+                        data.bounds, round_generators(root, 0, K),
+                        round_generators(count_root(root), 0, K))
+    want = record_counts(model, params, data.X, data.y, data.bounds, 1.3)
+    np.testing.assert_array_equal(out.arrays["count"][:, 0], want)
