@@ -88,8 +88,19 @@ def stream(root: np.random.SeedSequence | SecureRoot, round_index: int,
 def kernel_rows(X: np.ndarray, config: FLConfig, model: FLModel) -> tuple[Any, Any]:
     """The rows the gradient passes read and their squared norms (float64), on the
     config's backend: ``X`` itself (numpy, float64), or its float32 rounding, or a copy on
-    a torch device (:mod:`dpprecond.fl.backend`). Done once per run."""
-    X_run = X if config.precision == "float64" else X.astype(np.float32)
+    a torch device (:mod:`dpprecond.fl.backend`). Done once per run.
+
+    The float32 rounding saturates: a finite entry beyond float32's range becomes
+    ``+-finfo(float32).max`` (not ``inf``), so every record maps to a finite row (a
+    per-record map; such a row takes the kernel's overflow-safe path)."""
+    if config.precision == "float64":
+        X_run = X
+    else:
+        with np.errstate(over="ignore"):  # saturated below
+            X_run = X.astype(np.float32)
+        beyond = np.isinf(X_run)
+        if beyond.any():
+            X_run[beyond] = np.copysign(np.finfo(np.float32).max, X_run[beyond])
     x_sq = np.einsum("ij,ij->i", X_run, X_run, dtype=np.float64)  # constant over rounds
     if config.backend == "numpy":
         return X_run, x_sq

@@ -144,7 +144,8 @@ class FLConfig:
         :data:`dpprecond.accounting.DEFAULT_ACCOUNTANT`).
     precision : {"float64", "float32"}
         Precision of the linear head's kernel. ``"float32"``: the records are rounded to
-        float32 once (a per-record map) and both products run in float32 at half the
+        float32 once, saturating at float32's largest value (a per-record map: every
+        finite record stays finite) and both products run in float32 at half the
         memory traffic, on sub-blocks of 32 rows whose partial sums are added in float64.
         In both precisions the noise is inflated by the bound on the rounding of the
         computed sums (:func:`dpprecond.fl.kernels.rounding_slack`: about ``2e-9`` in

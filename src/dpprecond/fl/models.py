@@ -236,9 +236,12 @@ class LinearSoftmax:
     def counts_in_pass(self) -> bool:
         """Whether a round may take its sums and counts from
         :meth:`clipped_grad_sums_and_counts` (one pass): only while
-        :meth:`clipped_grad_sums` is this class's own (a subclass that overrides it, e.g.
-        a reference path, gets its own method called)."""
-        return type(self).clipped_grad_sums is LinearSoftmax.clipped_grad_sums
+        :meth:`clipped_grad_sums` and :meth:`per_example_grad_norms` (the count's norms)
+        are this class's own (a subclass that overrides either, e.g. a reference path,
+        gets its own method called)."""
+        cls = type(self)
+        return (cls.clipped_grad_sums is LinearSoftmax.clipped_grad_sums
+                and cls.per_example_grad_norms is LinearSoftmax.per_example_grad_norms)
 
     def clipped_grad_sums(self, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                           bounds: np.ndarray, clip_norm: float, *,

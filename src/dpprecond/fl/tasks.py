@@ -335,7 +335,11 @@ def release_round(task: ClientTask, count: ClientTask | None, model: FLModel,
     if count_rngs is None:
         raise ValueError("A round with a count needs its noise sources count_rngs.")
     K = len(bounds) - 1
-    fused = (isinstance(task, GradientTask) and task.mechanism == "full-batch"
+    # only the tasks' own releases (a subclass with its own release is called, as a model
+    # that overrides its sums is: counts_in_pass)
+    fused = (type(task).release is GradientTask.release and isinstance(task, GradientTask)
+             and task.mechanism == "full-batch"
+             and type(count).release is RecordCountTask.release
              and isinstance(count, RecordCountTask) and count.clip_norm == task.clip_norm
              and getattr(model, "counts_in_pass", False))
     if fused:

@@ -242,6 +242,10 @@ def moment_sensitivity(row_clip: float, max_client_rows: int) -> float:
     """
     row_clip = check_positive("row_clip", row_clip)
     n = check_int("max_client_rows", max_client_rows, low=1)
+    if not 1e-150 <= row_clip <= 1e150:  # row_clip^2 would leave float64's normal range
+        raise ValueError(f"row_clip={row_clip:g}: the setup sum's sensitivity sqrt(2) "
+                         "row_clip^2 is outside float64's range; rescale the features so "
+                         "that a row clip within [1e-150, 1e150] bounds them.")
     return client_mod.covariance_sensitivity(row_clip) * client_mod.gram_inflation(n)
 
 
