@@ -261,7 +261,9 @@ def check_secagg_plus_method(method: Method, config: FLConfig) -> GradientMethod
     """The method, if SecAgg+ runs it here: what
     :func:`~dpprecond.secagg.fl.check_secure_aggregation` accepts, less the covariance
     methods (``ValueError`` naming the method: their setup sum of second moments has no
-    SecAgg+ round here; :func:`~dpprecond.secagg.fl.simulate_secure` runs them)."""
+    SecAgg+ round here; :func:`~dpprecond.secagg.fl.simulate_secure` runs them) and at
+    ``precision="float64"`` (the clients' parts are computed from their float64 records,
+    so a float32 simulation would not be the deployment's; ``ValueError`` naming it)."""
     checked = check_secure_aggregation(method, config, secure=False)
     if not isinstance(checked, GradientMethod):
         raise ValueError(f"Flower's SecAgg+ workflow runs the one-message gradient methods "
@@ -269,6 +271,12 @@ def check_secagg_plus_method(method: Method, config: FLConfig) -> GradientMethod
                          "moment in a setup sum first, which this workflow does not run. "
                          "Simulate it with trust='secure-aggregation' (dpprecond.fl.simulate) "
                          "or run it on Flower with trust='local'.")
+    if config.precision != "float64":
+        raise ValueError(f"Flower's SecAgg+ clients compute their parts from their float64 "
+                         f"records; precision={config.precision!r} would make the simulation's "
+                         "parts (from the float32 rows) differ from the deployment's. Use "
+                         "precision='float64' on SecAgg+, or simulate the float32 run with "
+                         "trust='secure-aggregation'.")
     return checked
 
 
