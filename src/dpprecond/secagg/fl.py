@@ -458,34 +458,62 @@ def simulate_secure(model: FLModel, data: ClientData,
     noise_var = (plan.noise_std(K) / n_records) ** 2
     transform = gm.transform_for(noise_var)
     params = model.init_params(np.random.default_rng(init_seq))
-    state = transform.init(params)
-    run_ledger = PrivacyLedger(config.target_delta, accountant="rdp")
-    events: list[dp_event.DpEvent] = []
-    history: list[dict[str, float]] = []
+    spend = _Spend(config.target_delta, ledger)
     wrap = plan.wrap_probability(K)
     logger.info("secure-aggregation run %s: K=%d, T=%d, z=%.4g, 2^%d modulus, wrap <= %.3g",
                 gm.name, K, config.n_rounds, z, plan.bits, wrap)
+    params, history = _secure_rounds(
+        model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
+        transform.init(params), transform.update, spend,
+        X_test, y_test)
+    info = {**asdict(config), **gm.describe(), "accountant": "rdp",
+            "trust": "secure-aggregation", **secure_info(plan, K)}
+    return FLResult(params, history, z, history[-1]["epsilon"], config.target_delta, info,
+                    spend.events)
+
+
+class _Spend:
+    """The run's ledger (and the caller's): every event recorded before its sum is formed,
+    so a round is charged whatever happens to it."""
+
+    def __init__(self, target_delta: float, ledger: PrivacyLedger | None) -> None:
+        self.run_ledger = PrivacyLedger(target_delta, accountant="rdp")
+        self.ledger = ledger
+        self.events: list[dp_event.DpEvent] = []
+
+    def __call__(self, event: dp_event.DpEvent) -> None:
+        self.run_ledger.spend(event)
+        self.events.append(event)
+        if self.ledger is not None:
+            self.ledger.spend(event)
+
+
+def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: SumPlan,
+                   release: dp_event.DpEvent, noise_root: np.random.SeedSequence,
+                   X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
+                   step: Any, spend: _Spend, X_test: np.ndarray,
+                   y_test: np.ndarray) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
+    sum of the clients' clipped gradient sums (streams ``(t, i)`` of ``noise_root``), its
+    size-weighted mean ``G`` handed to ``step(G, state, params) -> (updates, state)`` (the
+    server half, post-processing), and the round's history record."""
+    K = data.n_clients
+    n_records = int(data.X.shape[0])
+    history: list[dict[str, float]] = []
     for t in range(config.n_rounds):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
-        run_ledger.spend(release)  # before the shares are computed: charged regardless
-        events.append(release)
-        if ledger is not None:
-            ledger.spend(release)
+        spend(release)  # before the shares are computed: charged regardless
         G = secure_gradient_sum(model, params, X_run, data.y, data.bounds,
                                 config.clip_norm, plan, rngs, x_sq_norms=x_sq_norms)
-        G = G / n_records
-        updates, state = transform.update(G, state, params)
+        updates, state = step(G / n_records, state, params)
         params = params + updates
         seconds = time.perf_counter() - start
         loss, acc = model.evaluate(params, X_test, y_test)
         history.append({"round": t + 1, "test_accuracy": acc, "test_loss": loss,
-                        "epsilon": run_ledger.epsilon,
+                        "epsilon": spend.run_ledger.epsilon,
                         "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
-    info = {**asdict(config), **gm.describe(), "accountant": "rdp",
-            "trust": "secure-aggregation", **secure_info(plan, K)}
-    return FLResult(params, history, z, history[-1]["epsilon"], config.target_delta, info,
-                    events)
+    return params, history
 
 
 def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMethod,
@@ -511,15 +539,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     n_records = int(data.X.shape[0])
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, setup_root = root.spawn(3)
-    run_ledger = PrivacyLedger(config.target_delta, accountant="rdp")
-    events: list[dp_event.DpEvent] = []
-
-    def spend(event: dp_event.DpEvent) -> None:  # before the shares: charged regardless
-        run_ledger.spend(event)
-        events.append(event)
-        if ledger is not None:
-            ledger.spend(event)
-
+    spend = _Spend(config.target_delta, ledger)
     spec = RunSpec(config, multipliers, model, K)
     params = model.init_params(np.random.default_rng(init_seq))
     n_features = int(data.X.shape[1])
@@ -529,25 +549,16 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     # the aggregate is the server half's one client: its setup row and its reply rows
     one, sizes = [0], np.array([n_records])
     state = method.server_init(spec, params, {"moment": (S / n_records)[None]}, one)
-    history: list[dict[str, float]] = []
     logger.info("secure-aggregation run %s: K=%d, T=%d, z_cov=%.4g, z_grad=%.4g, 2^%d and "
                 "2^%d moduli", method.name, K, T, z_cov, z_grad, setup_plan.bits, plan.bits)
-    for t in range(T):
-        start = time.perf_counter()
-        rngs = client_mod.round_generators(noise_root, t, K)
-        spend(release)
-        G = secure_gradient_sum(model, params, X_run, data.y, data.bounds,
-                                config.clip_norm, plan, rngs, x_sq_norms=x_sq_norms)
-        updates, state = method.server_update(spec, {"message": (G / n_records)[None]}, one,
-                                              sizes, state, params)
-        params = params + updates
-        seconds = time.perf_counter() - start
-        loss, acc = model.evaluate(params, X_test, y_test)
-        history.append({"round": t + 1, "test_accuracy": acc, "test_loss": loss,
-                        "epsilon": run_ledger.epsilon,
-                        "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
+
+    def step(G: np.ndarray, state: Any, params: np.ndarray) -> tuple[np.ndarray, Any]:
+        return method.server_update(spec, {"message": G[None]}, one, sizes, state, params)
+
+    params, history = _secure_rounds(model, data, config, plan, release, noise_root, X_run,
+                                     x_sq_norms, params, state, step, spend, X_test, y_test)
     info = {**asdict(config), **method.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K),
             "noise_multipliers": dict(multipliers), "setup": secure_info(setup_plan, K)}
     return FLResult(params, history, z_grad, history[-1]["epsilon"], config.target_delta,
-                    info, events)
+                    info, spend.events)
