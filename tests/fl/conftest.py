@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpprecond.fl import ClientData
+from dpprecond.fl import ClientData, FLConfig
 from dpprecond.fl.partition import iid_partition
 
 
@@ -43,3 +43,23 @@ def client_data(problem: tuple) -> ClientData:
 #: The settings the tests written for the fixed clip and uniform weights pin (the paper's
 #: protocol; the package defaults are size weights and adaptive clipping where it runs).
 FIXED: dict = {"adaptive_clip": None, "weighting": "uniform"}
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, ...]:
+    """scikit-learn's digits in [0, 1]: (X_train, y_train, X_test, y_test), 1,200 rows to
+    train on (a test module may define its own ``digits``)."""
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = X / 16.0
+    return X[:1200], y[:1200], X[1200:], y[1200:]
+
+
+def secure_config(n_rounds: int, target_epsilon: float, **kw: object) -> FLConfig:
+    """A secure-aggregation run's config: C = 1, size weights, ``kw`` on top."""
+    base: dict[str, object] = dict(n_rounds=n_rounds, clip_norm=1.0,
+                                   target_epsilon=target_epsilon, weighting="size",
+                                   trust="secure-aggregation")
+    base.update(kw)
+    return FLConfig(**base)  # type: ignore[arg-type]

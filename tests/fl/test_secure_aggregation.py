@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.fl import FLConfig, run_federated
@@ -14,22 +13,13 @@ from dpprecond.fl.models import LinearSoftmax, clip_rows_safely
 from dpprecond.secagg import InsufficientNoiseError
 from dpprecond.secagg.fl import secure_gradient_sum, secure_plan
 from dpprecond.secagg.sums import round_shared
+from tests.fl.conftest import secure_config
 
 K = 6
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[np.ndarray, ...]:
-    X, y = load_digits(return_X_y=True)
-    X = X / 16.0
-    return X[:1200], y[:1200], X[1200:], y[1200:]
-
-
 def _config(**kw: object) -> FLConfig:
-    base = dict(n_rounds=4, clip_norm=1.0, target_epsilon=2.0, weighting="size",
-                trust="secure-aggregation")
-    base.update(kw)
-    return FLConfig(**base)  # type: ignore[arg-type]
+    return secure_config(**{"n_rounds": 4, "target_epsilon": 2.0, **kw})  # type: ignore[arg-type]
 
 
 def _run(digits: tuple[np.ndarray, ...], seed: int | None = 3, **kw: object):

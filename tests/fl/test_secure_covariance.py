@@ -13,7 +13,6 @@ import math
 import numpy as np
 import pytest
 from dp_accounting import dp_event
-from sklearn.datasets import load_digits
 
 from dpprecond import PrivacyBudgetExceededError
 from dpprecond.accounting import PrivacyLedger, epsilon_of
@@ -35,24 +34,15 @@ from dpprecond.secagg.fl import (
     simulate_secure,
 )
 from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared, sum_event
+from tests.fl.conftest import secure_config
 
 K = 6
 BOUNDS = np.array([0, 7, 19, 20, 40])  # four clients, one of a single record
 D_FEAT = 30
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[np.ndarray, ...]:
-    X, y = load_digits(return_X_y=True)
-    X = X / 16.0
-    return X[:1200], y[:1200], X[1200:], y[1200:]
-
-
 def _config(**kw: object) -> FLConfig:
-    base: dict[str, object] = dict(n_rounds=10, clip_norm=1.0, target_epsilon=4.0,
-                                   weighting="size", trust="secure-aggregation")
-    base.update(kw)
-    return FLConfig(**base)  # type: ignore[arg-type]
+    return secure_config(**{"n_rounds": 10, "target_epsilon": 4.0, **kw})  # type: ignore[arg-type]
 
 
 def _run(digits: tuple[np.ndarray, ...], algorithm: str, seed: int = 3, **kw: object):
