@@ -299,19 +299,15 @@ class LinearSoftmax:
             Xh = np.asarray(be.to_numpy(X[be.label_index(hard)]), dtype=np.float64)
             sub = self.clipped_grad_sums_safe(params, Xh, y[hard], sub_bounds, clip_norm)
             out += sub.reshape(out.shape)
-            if counts is not None:
-                Wh = params if params.ndim == 1 else params[owner]
-                norms = self._hard_norms(Wh, Xh, y[hard])
-                counts += np.bincount(owner, weights=(norms <= clip_norm).astype(np.float64),
-                                      minlength=K)
+            if counts is not None:  # their norms from the overflow-safe path, per client
+                yh, inside = y[hard], np.zeros(hard.size)
+                for i in np.unique(owner):
+                    rows = owner == i
+                    p = params if params.ndim == 1 else params[i]
+                    inside[rows] = self.per_example_grad_norms(p, Xh[rows], yh[rows]) \
+                        <= clip_norm
+                counts += np.bincount(owner, weights=inside, minlength=K)
         return out.reshape(len(bounds) - 1, self.n_params), counts
-
-    def _hard_norms(self, params: np.ndarray, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Per-example gradient norms of rows at shared (1-D) or per-row (2-D) params."""
-        if params.ndim == 1:
-            return self.per_example_grad_norms(params, X, y)
-        return np.array([self.per_example_grad_norms(p, X[j:j + 1], y[j:j + 1])[0]
-                         for j, p in enumerate(params)])
 
     def rounding_slack(self, max_client_rows: int, dtype: Any = np.float64) -> float:
         """Relative excess of a computed clipped sum over ``2C`` (see the kernel)."""
