@@ -106,6 +106,7 @@ from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSp
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
+from dpprecond.secagg.skellam import check_shares
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
 __all__ = ["check_secure_aggregation", "client_part", "moment_parts", "moment_plan",
@@ -222,8 +223,7 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarra
     """
     K = len(bounds) - 1
     ids = list(range(K)) if clients is None else [int(i) for i in clients]
-    if len(ids) < plan.min_clients:  # refuse before touching the data
-        return secure_sum(np.zeros((K, plan.dim)), plan, rngs, ids)
+    check_shares(len(ids), plan)  # before touching the data
     parts = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
     return secure_sum(parts, plan, rngs, ids)
 
@@ -295,8 +295,7 @@ def secure_moment_sum(X: np.ndarray, bounds: np.ndarray, row_clip: float, plan: 
         raise ValueError(f"The plan has dim={plan.dim}, but the upper triangle of a "
                          f"({d1}, {d1}) moment has {d1 * (d1 + 1) // 2} coordinates; plan it "
                          "with moment_plan for these features.")
-    if len(ids) < plan.min_clients:  # raises InsufficientNoiseError, before the data
-        secure_sum(np.zeros((K, plan.dim)), plan, rngs, ids)
+    check_shares(len(ids), plan)  # before the data
     flat = secure_sum(moment_parts(X, bounds, row_clip), plan, rngs, ids)
     M = np.zeros((d1, d1))
     M[np.triu_indices(d1)] = flat

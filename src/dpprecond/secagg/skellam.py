@@ -63,6 +63,7 @@ __all__ = [
     "ModularSum",
     "SkellamRelease",
     "aggregate",
+    "check_shares",
     "colluding_variance",
     "decode",
     "modular_wrap_bound",
@@ -158,18 +159,26 @@ def aggregate(shares: list[np.ndarray] | np.ndarray, plan: ModularSum) -> np.nda
     return total
 
 
+def check_shares(n_shares: int, plan: ModularSum) -> int:
+    """``n_shares``, if a sum of that many noise shares carries the plan's noise:
+    :class:`InsufficientNoiseError` below ``plan.min_clients`` (callers check before any
+    part or message is computed)."""
+    n_shares = check_int("n_shares", n_shares, low=0)
+    if n_shares < plan.min_clients:
+        raise InsufficientNoiseError(
+            f"The secure sum would hold {n_shares} noise share(s), fewer than min_clients="
+            f"{plan.min_clients}: its noise variance would be {n_shares}/{plan.min_clients} "
+            "of the calibrated one. The sum is not released.")
+    return n_shares
+
+
 def decode(total: np.ndarray, plan: ModularSum, n_shares: int) -> np.ndarray:
     """The noisy sum in the data's units: centre the modular sum, divide by ``gamma``.
 
     Raises :class:`InsufficientNoiseError` if the sum holds fewer than
     ``plan.min_clients`` shares (its noise would be below the plan's variance).
     """
-    n_shares = check_int("n_shares", n_shares, low=0)
-    if n_shares < plan.min_clients:
-        raise InsufficientNoiseError(
-            f"The secure sum holds {n_shares} noise share(s), fewer than min_clients="
-            f"{plan.min_clients}: its noise variance would be {n_shares}/{plan.min_clients} "
-            "of the calibrated one. The round is not released.")
+    check_shares(n_shares, plan)
     m = plan.modulus
     centred = np.mod(np.asarray(total, dtype=np.int64) + m // 2, m) - m // 2
     return centred.astype(np.float64) / plan.scale

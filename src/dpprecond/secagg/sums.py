@@ -81,8 +81,8 @@ from dp_accounting import dp_event
 from dpprecond._validation import check_int, check_positive
 from dpprecond.secagg.skellam import (
     MAX_BITS,
-    InsufficientNoiseError,
     aggregate,
+    check_shares,
     decode,
     modular_wrap_bound,
     skellam_event,
@@ -401,11 +401,7 @@ def secure_sum(parts: np.ndarray, plan: SumPlan, rngs: Sequence[Any],
     """
     parts = np.asarray(parts, dtype=np.float64)
     ids = list(range(parts.shape[0])) if clients is None else [int(i) for i in clients]
-    if len(ids) < plan.min_clients:
-        raise InsufficientNoiseError(
-            f"The secure sum would hold {len(ids)} noise share(s), fewer than min_clients="
-            f"{plan.min_clients}: its noise variance would be {len(ids)}/{plan.min_clients} "
-            "of the calibrated one. The sum is not released.")
+    check_shares(len(ids), plan)
     messages = [client_message(parts[i], plan, rngs[i]) for i in ids]
     return decode(aggregate(messages, plan), plan, len(messages))
 
