@@ -14,7 +14,9 @@ from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.noise import coupled_symmetric_gaussian, symmetric_gaussian
 from dpprecond.pca.auto import (
     HIST_EDGES,
+    POOR_START_TAN2,
     RADIUS_GRID,
+    _start_tilt,
     clipped_step,
     estimate_spectrum,
     fit_auto,
@@ -372,6 +374,39 @@ def test_hidden_rule_iterates_on_a_flat_spike_but_fears_a_heavy_tail():
     tail[np.searchsorted(HIST_EDGES, 4.0, side="right")] = 0.01 * n
     pred = predict_errors(counts=tail, **kw)
     assert pred.hidden and not pred.iterate and "beyond" in pred.reason
+
+
+@pytest.mark.parametrize("height", [0.6, 0.65])
+def test_visible_spike_with_a_poor_start_fears_a_heavy_tail(height):
+    """The top k just visible in M1 (its own start predicted tan^2 > POOR_START_TAN2):
+    with rows of about equal norm the rule iterates; with 1% of the rows at 4x the RMS it
+    takes Analyze Gauss (issue 21's family 2 at f = 0.03), keeping the iteration's radius
+    and steps for a forced iteration. A good start with the same tail still iterates."""
+    n, d, k, s1 = 100000, 1500, 5, 6.0
+    tail = _counts(0.99 * n)
+    tail[np.searchsorted(HIST_EDGES, 4.0, side="right")] = 0.01 * n
+    kw = dict(energies=_counts(n) * 0.99, n=n, d=d, k=k, init_std=s1,
+              full_std=s1 * math.sqrt(0.5 / 0.99), rest_multiplier=s1 * math.sqrt(0.5 / 0.49),
+              iter_choices=(2, 3), count_std=21.0, switch_ratio=0.9, iter_calibration=1.0,
+              count_threshold=3.0)
+
+    def eig(f):
+        lam = np.r_[np.full(k, 20.0 + f * 2 * s1 * math.sqrt(d)), np.full(d - k, 20.0)]
+        return _noisy_eigenvalues(lam, s1, 0)
+
+    e = eig(height)
+    spec = estimate_spectrum(e, k, s1)
+    assert spec.n_visible == k
+    rest = np.minimum(spec.rest, spec.top[-1])
+    assert _start_tilt(s1, float(spec.top[-1]), rest, d - k, k).sum() > POOR_START_TAN2
+    flat = predict_errors(eigvals=e, counts=_counts(n), **kw)
+    assert flat.iterate and not flat.hidden
+    pred = predict_errors(eigvals=e, counts=tail, **kw)
+    assert not pred.iterate and not pred.hidden and "start is poor" in pred.reason
+    assert pred.radius_factor in RADIUS_GRID and pred.n_iter in (2, 3)
+    assert pred.error_iterate == pytest.approx(flat.error_iterate, rel=0.1)
+    good = predict_errors(eigvals=eig(0.9), counts=tail, **kw)
+    assert good.iterate and "start is poor" not in good.reason
 
 
 def test_row_scale_from_the_probe():

@@ -331,6 +331,11 @@ HIDDEN_STEPS = 2.0 ** (-np.arange(11) / 2.0)
 #: removes) and the rule does not iterate.
 HIDDEN_TAIL = 0.01
 HIDDEN_TAIL_NORM = 3.0
+#: With ``lambda_k`` visible but ``M1``'s own start poor (predicted ``tan^2`` of ``X0``
+#: above this), ``X0`` mixes the spike's rows with the rest, the probe underestimates how
+#: coherent they are, and the same heavy-tail test applies: a heavy tail of the probe's
+#: norms takes Analyze Gauss (issue 21: family 2 at 3% of the rows, just above detection).
+POOR_START_TAN2 = 1.0
 
 
 @dataclass(frozen=True)
@@ -569,6 +574,12 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
       :data:`SATURATED`) the iteration is predicted below ``switch_ratio`` times it, and
       somewhere below it at all. (Before that, :func:`fit_auto` tries the rows' own scale
       when they lie far below their bound.)
+    - A **visible** ``lambda_k`` with a poor start (``M1``'s predicted ``tan^2`` above
+      :data:`POOR_START_TAN2`) and the same heavy tail: Analyze Gauss. Near the detection
+      threshold ``X0`` mixes the rows that carry the spike with the rest, so the probe
+      underestimates their coherence and the predicted gain does not come (issue 21:
+      family 2 with 3% of the rows carrying the spike). ``R`` and ``T`` are still chosen,
+      so a forced iteration keeps them.
     """
     m = d - k
     if m <= 0:
@@ -583,6 +594,7 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
         return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, rms,
                           "Analyze Gauss: the probe is empty after thresholding.")
     hidden = spec.n_visible < k
+    guard = ""
     if hidden:
         tail = float(top_share[r > HIDDEN_TAIL_NORM].sum())
         why = (f"{spec.n_visible} of the top {k} stand out: the hidden ones may sit just "
@@ -597,6 +609,15 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
         heights = [max(spec.center, 0.0) + h_max * f for f in HIDDEN_STEPS]
     else:
         heights = [max(float(spec.top[-1]), 1e-300)]
+        start_tan2 = float(_start_tilt(init_std, heights[0], np.minimum(spec.rest, heights[0]),
+                                       m, k).sum())
+        tail = float(top_share[r > HIDDEN_TAIL_NORM].sum())
+        if start_tan2 > POOR_START_TAN2 and tail > HIDDEN_TAIL:
+            # The iteration's radius and steps are still chosen below (a forced iteration
+            # keeps them); only the choice is Analyze Gauss's.
+            guard = (f"M1's start is poor (predicted tan^2 {start_tan2:.3g} > "
+                     f"{POOR_START_TAN2:g}) and {tail:.1%} of the probe's energy lies beyond "
+                     f"{HIDDEN_TAIL_NORM:g} x its RMS (rows that could carry the top k alone)")
     cases = []  # per height: lambda_k, the rest, Analyze Gauss's error, the start
     for lam_k in heights:
         rest = np.minimum(spec.rest, lam_k)
@@ -636,12 +657,12 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
                           cases[0][0], lam_k1, rms, "Analyze Gauss: no clip radius gives "
                           "the iteration a predicted gain.", hidden)
     worst, e_it, e_ag, T, Rn, a, b = best
-    iterate = bool(worst < switch_ratio)
+    iterate = bool(worst < switch_ratio) and not guard
     where = (f"lambda_k hidden in M1's noise, worst height up to {HIDDEN_FACTOR:g} x the "
              "threshold: " if hidden else "")
     reason = (f"{'iteration' if iterate else 'Analyze Gauss'}: {where}predicted sin-theta "
               f"{e_it:.3g} (iteration, T={T}, R={Rn:g} rms) vs {e_ag:.3g} (Analyze Gauss), "
-              f"switch ratio {switch_ratio:g}.")
+              f"switch ratio {switch_ratio:g}" + (f"; but {guard}." if guard else "."))
     return Prediction(iterate, float(e_ag), float(e_it), Rn, T,
                       None if hidden else float(spec.top[-1]), lam_k1, rms, reason, hidden,
                       a, b)
