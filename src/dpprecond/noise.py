@@ -23,7 +23,14 @@ A :class:`NoiseSource` is anything with a numpy-style ``standard_normal(size)``:
   not Gaussian and not drawn here; :func:`release` hands it the value (a sum of client
   parts), the std and the release's sensitivity, and it returns the decoded secure sum.
   Such a source never gives Gaussian noise (:func:`gaussian` and
-  :func:`symmetric_gaussian` refuse it).
+  :func:`symmetric_gaussian` refuse it);
+- a *deferred* source (:func:`is_deferred`: it has ``deferred_release``), federated PCA
+  over a network (:mod:`dpprecond.pca.remote`): the noise is Gaussian but drawn by each
+  client on its own machine, so :func:`gaussian` and :func:`symmetric_gaussian` return
+  the source's handle on the clients' draws (``source.draw(...)``, same law, same layout
+  of each client's stream) and :func:`release` hands the value (a deferred sum over the
+  clients) and that handle to ``source.deferred_release``, which returns the sum of the
+  clients' noisy parts.
 
 A draw of zero std returns zeros *without* touching the source, so switching a release off
 does not shift the draws of the releases after it.
@@ -40,7 +47,7 @@ import numpy as np
 from dpprecond import secure as _secure
 
 __all__ = ["CoupledNoise", "NoiseSource", "coupled_symmetric_gaussian", "gaussian",
-           "is_distributed", "keyed_stream", "release", "symmetric_gaussian"]
+           "is_deferred", "is_distributed", "keyed_stream", "release", "symmetric_gaussian"]
 
 
 @runtime_checkable
@@ -81,6 +88,11 @@ def is_distributed(source: Any) -> bool:
     return callable(getattr(source, "release_sum", None))
 
 
+def is_deferred(source: Any) -> bool:
+    """True for a source whose Gaussian noise each client draws itself (``deferred_release``)."""
+    return callable(getattr(source, "deferred_release", None))
+
+
 def _no_distributed(source: Any) -> None:
     if is_distributed(source):
         raise TypeError("Gaussian noise cannot be drawn from a secure-aggregation source: "
@@ -115,6 +127,8 @@ def gaussian(shape: tuple[int, ...], std: float, source: NoiseSource) -> Any:
     shape = tuple(shape)
     if std == 0:
         return 0.0 if shape == () else np.zeros(shape)
+    if is_deferred(source):  # each client draws std * standard_normal(shape) itself
+        return source.draw("gaussian", shape, std)  # type: ignore[attr-defined]
     return std * source.standard_normal(None if shape == () else shape)
 
 
@@ -150,6 +164,11 @@ def symmetric_gaussian(dim: int, std: float, source: NoiseSource, *,
     _no_distributed(source)
     if std == 0:
         return np.zeros((dim, dim))
+    if draws not in ("square", "triangle"):
+        raise ValueError(f"Expected draws in ('square', 'triangle'), got draws={draws!r}.")
+    if is_deferred(source):  # each client draws this function's noise itself
+        return source.draw("symmetric", (dim, dim), std,  # type: ignore[attr-defined]
+                           draws=draws)
     if draws == "square":
         upper = np.triu(source.standard_normal((dim, dim)))
         upper *= std
@@ -272,6 +291,13 @@ def release(value: Any, std: float, source: NoiseSource, *, symmetric: bool = Fa
         ``value + noise``, snapped in secure mode (a batch source broadcasts to a batch).
     """
     std = _check_std(std)
+    if is_deferred(source):  # clients far away: each adds its own draw to its part
+        out = source.deferred_release(value, std,  # type: ignore[attr-defined]
+                                      symmetric=symmetric, noise=noise,
+                                      sensitivity=sensitivity)
+        for seen in _secure._OBSERVERS.get():
+            seen.append((np.array(out, copy=True), std))
+        return out
     if is_distributed(source):  # secure aggregation: the clients' shares, a decoded sum
         if noise is not None:
             raise TypeError("Noise drawn beforehand cannot enter a secure sum: under secure "

@@ -221,6 +221,35 @@ def _secure_epsilon(budget: Budget, delta: float) -> float:
     return float(budget)
 
 
+def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bool,
+                  diagnostics: bool) -> None:
+    """What a fit over a network (:mod:`dpprecond.pca.remote`) cannot do, by name."""
+    from dpprecond.pca.remote import REMOTE_METHODS
+
+    if clients is not None:
+        raise ValueError("clients= splits an in-memory X; over a network the federation "
+                         "already defines the clients: leave clients=None.")
+    if trust != "local":
+        raise ValueError(f"trust={trust!r} does not run over a network here: every client "
+                         "adds its own noise (trust='local'); the secure-aggregation fit is "
+                         "the in-process simulation, fit_private_pca(X, clients=..., "
+                         "trust='secure-aggregation').")
+    if method not in REMOTE_METHODS:
+        raise ValueError(f"method={method!r} does not run over a network; use one of "
+                         f"{list(REMOTE_METHODS)} (fixed's trials and select spawn random "
+                         "streams; exact is not private).")
+    if not noise:
+        raise ValueError("add_noise=False would send every client's exact part to the "
+                         "server; a fit over a network is private only.")
+    if seed is not None:
+        raise ValueError(f"seed={seed!r}: over a network the clients draw the noise; a "
+                         "seeded simulation gives the clients the seed (for Flower, "
+                         "make_pca_client_app(..., noise_seed=...)).")
+    if diagnostics:
+        raise ValueError("diagnostics=True needs the clients' private rows; a fit over a "
+                         "network has none to offer.")
+
+
 def _refuse_nonprivate_secure_aggregation() -> None:
     raise ValueError("trust='secure-aggregation' is a private mechanism (every release is "
                      "a secure sum with the clients' Skellam noise); a non-private fit "
@@ -344,8 +373,16 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     """
     t_start = time.perf_counter()
     spec = METHODS[check_choice("method", method, list(METHODS))]
-    X, k = check_pca_input(X, n_components)
-    n, d = X.shape
+    remote = callable(getattr(X, "remote_rows", None))  # clients over a network
+    if remote:  # a RemoteFederation (pca/remote.py): the rows stay on the clients
+        n, d = X.shape
+        k = check_int("n_components", n_components, low=1, high=d)
+        if n < d:
+            raise ValueError(f"Expected at least as many rows as columns (n >= d) over the "
+                             f"clients, got n = {n} < d = {d}.")
+    else:
+        X, k = check_pca_input(X, n_components)
+        n, d = X.shape
     if row_norm is None:
         raise ValueError("row_norm is required: give a public bound on the l2 norm of the "
                          "rows of X (e.g. from the data's documented range). It is never "
@@ -368,7 +405,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if clients is None and trust != "local":
         raise ValueError(f"trust={trust!r} applies to federated PCA only: pass clients= (the "
                          "client bounds), or leave trust='local' for a central fit.")
-    if clients is not None:
+    if clients is not None or remote:
         if spec.name not in FEDERATED_METHODS:
             raise ValueError(f"method={spec.name!r} cannot run federated: every release must "
                              f"be a sum over rows; use one of {list(FEDERATED_METHODS)} "
@@ -386,6 +423,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
             raise ValueError("secure=True is not available with trust='secure-aggregation': "
                              "the Skellam shares need Poisson draws, which the secure noise "
                              "source does not provide.")
+    if remote:
+        _check_remote(spec.name, clients=clients, trust=trust, seed=seed, noise=noise,
+                      diagnostics=diagnostics)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget if noise else None, delta, opts, mean_share)
     if secagg:
@@ -396,8 +436,12 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                             "scale": plan.scale}
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
-    if clients is None:
-        rows: Any = make_rows(X, row_norm)  # ClippedRows, or DaskRows for a dask array
+    if remote:  # every pass a message round; each client adds its own noise
+        rows: Any = X.remote_rows(row_norm, secure=secure)
+        info.update(n_clients=rows.n_clients, trust=trust)
+        mean_stream, init_stream, main_stream = X.noise_sources()
+    elif clients is None:
+        rows = make_rows(X, row_norm)  # ClippedRows, or DaskRows for a dask array
     else:
         rows = FederatedRows.from_data(X, clients, row_norm, shared=secagg)
         info.update(n_clients=rows.n_clients, trust=trust)

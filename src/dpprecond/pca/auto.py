@@ -61,6 +61,7 @@ from dpprecond.clipping import clip_to_radius, row_sq_norms, safe_row_norms
 from dpprecond.noise import (
     NoiseSource,
     coupled_symmetric_gaussian,
+    is_deferred,
     is_distributed,
     release,
     symmetric_gaussian,
@@ -829,7 +830,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     n, d = rows.shape
     k = check_int("k", k, low=1, high=d)
     distributed = is_distributed(rng)  # secure aggregation: S is held as client parts
-    if not distributed:
+    if not (distributed or is_deferred(rng)):  # deferred: S is a sum the clients compute
         S = np.asarray(S, dtype=np.float64)
     if S.shape != (d, d):
         raise ValueError(f"Expected S of shape ({d}, {d}) (A^T A of the rows), got "

@@ -72,13 +72,24 @@ import numpy as np
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 from dpprecond.secagg.sums import ClientParts
 
-__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel"]
+__all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel",
+           "combined_rounding_slack"]
 
 #: Who adds the noise of federated PCA: every client its own full noise (``local``) or
 #: every client a Skellam share of a secure sum (``secure-aggregation``).
 TRUST_MODELS = ("local", "secure-aggregation")
 #: A name of :data:`TRUST_MODELS` (for annotations; a test checks they agree).
 TrustModel = Literal["local", "secure-aggregation"]
+
+
+def combined_rounding_slack(client_slacks: Sequence[float], n: int) -> float:
+    """The rounding bound of a sum over clients: the largest client's bound of its block
+    sums (each at ``n`` terms) plus one addition per client (``K`` clients, ``n`` rows).
+
+    The one definition for in-process federated PCA and for a fit over a network
+    (:mod:`dpprecond.pca.remote`, whose clients report their own bounds).
+    """
+    return max(client_slacks) + 2.0 * len(client_slacks) * 2.0**-53 * n
 
 
 class FederatedRows:
@@ -144,8 +155,7 @@ class FederatedRows:
     def rounding_slack(self) -> float:
         """The rounding bound of the block sums plus one addition per client."""
         n = self.shape[0]
-        slacks = [c.rounding_slack(n) for c in self.clients]
-        return max(slacks) + 2.0 * self.n_clients * 2.0**-53 * n
+        return combined_rounding_slack([c.rounding_slack(n) for c in self.clients], n)
 
     def column_sum(self) -> Any:
         """``sum_i u_i`` over every client's step-1 rows (the parts when ``shared``)."""
