@@ -277,7 +277,11 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     X : array-like of shape (n, d)
         Data, finite, with ``n >= d``. A numpy array (memory-mapped included) is read one
         block of rows at a time; a dask array is read by its scheduler, one row chunk per
-        task (a ``dask.distributed`` cluster included; see ``docs/dask.md``).
+        task (a ``dask.distributed`` cluster included; see ``docs/dask.md``). Or a
+        :class:`~dpprecond.pca.remote.RemoteFederation`: clients over a network, every
+        pass a message round and every client adding its own noise (``trust="local"``,
+        methods of :data:`~dpprecond.pca.remote.REMOTE_METHODS`, no ``seed``: the
+        clients hold the noise; :mod:`dpprecond.adapters.flower.pca` on Flower).
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float

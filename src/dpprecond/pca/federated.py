@@ -54,6 +54,10 @@ and the server adds the parts. Who adds the noise is the trust model:
     has every client answer. Not available: ``secure=True`` (no secure Poisson sampler)
     and non-private fits.
 
+Over a network (:mod:`dpprecond.pca.remote`, on Flower :mod:`dpprecond.adapters.flower.pca`)
+the same fit runs under ``trust="local"`` with each client adding its own draw to its own
+part on its machine (the streams :class:`LocalNoise` would give it).
+
 Methods: every release of ``auto``, ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``)
 is a sum over rows (``auto``'s probe is a histogram: a sum of per-row indicator vectors),
 so they run federated; whatever a method computes between releases is a function of

@@ -658,7 +658,11 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         key = str(spec["id"])
         if key in state.draw_std:
             raise ValueError(f"Draw {key} was already made; refusing to redraw it.")
-        state.draws[key] = _draw(spec, gens[j])
+        # Unseeded, a public draw (revealed raw) comes from a generator of its own, never
+        # from the one that draws this request's noise.
+        own = spec["kind"] == "public" and noise_seed is None
+        gen = _stream(state, j, client_id, None, secure) if own else gens[j]
+        state.draws[key] = _draw(spec, gen)
         state.draw_std[key] = 0.0 if spec["kind"] == "public" else float(spec["std"])
     if noise_seed is not None:
         for j, gen in gens.items():

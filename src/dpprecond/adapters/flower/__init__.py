@@ -23,6 +23,9 @@ server. The adapter names no method; it only moves arrays and configurations:
 - :mod:`~dpprecond.adapters.flower.data`: where a client's data comes from;
 - :mod:`~dpprecond.adapters.flower.app`: ``server_app``/``client_app`` driven by the run
   config, the components of ``examples/flower-app``;
+- :mod:`~dpprecond.adapters.flower.pca`: federated private PCA (``trust="local"``), every
+  pass of :func:`dpprecond.pca.fit_private_pca` one ``query.pca`` message round
+  (:func:`fit_pca_on_flower`, :func:`make_pca_server_app`, :func:`make_pca_client_app`);
 - :mod:`~dpprecond.adapters.flower.secagg`: ``trust="secure-aggregation"`` on Flower's
   SecAgg+ (each client sends its share of the distributed Skellam noise; the server sees
   only the sum).
@@ -43,6 +46,12 @@ from dpprecond.adapters.flower.client_app import (  # noqa: E402
 )
 from dpprecond.adapters.flower.client_side import client_reply  # noqa: E402
 from dpprecond.adapters.flower.data import NodeFileData, PartitionedDataset  # noqa: E402
+from dpprecond.adapters.flower.pca import (  # noqa: E402
+    add_pca_handler,
+    fit_pca_on_flower,
+    make_pca_client_app,
+    make_pca_server_app,
+)
 from dpprecond.adapters.flower.protocol import (  # noqa: E402
     RoundRequest,
     client_rng,
@@ -60,9 +69,13 @@ __all__ = [
     "PartitionedDataset",
     "RoundRequest",
     "ServerSide",
+    "add_pca_handler",
     "client_reply",
     "client_rng",
+    "fit_pca_on_flower",
     "make_client_app",
+    "make_pca_client_app",
+    "make_pca_server_app",
     "make_server_app",
     "query_reply",
     "simulator_seeds",
