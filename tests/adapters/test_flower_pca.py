@@ -29,6 +29,7 @@ from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.pca import (
     ClientMissingError,
     SecureAggregationUnavailableError,
+    SplitRows,
     add_pca_handler,
     fit_pca_on_flower,
     make_pca_client_app,
@@ -55,8 +56,7 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _loader(digits) -> Callable[[ClientInfo], np.ndarray]:
-    X, bounds = digits
-    return lambda info: X[bounds[info.client_id]:bounds[info.client_id + 1]]
+    return SplitRows(*digits)
 
 
 class PCAGrid:
@@ -265,6 +265,33 @@ def test_unseeded_clients_draw_fresh_noise(digits) -> None:
                                                   "secure-noise": True})
     c = fit_pca_on_flower(secure, 4, method="power", **FIT)
     assert np.isfinite(c.components).all()
+
+
+def test_secure_mode_from_the_server(digits) -> None:
+    got = fit_pca_on_flower(PCAGrid(make_pca_client_app(_loader(digits))), 4,
+                            method="analyze_gauss", secure=True, **FIT)
+    assert np.isfinite(got.components).all()
+    with pytest.raises(ClientMissingError, match="Secure mode refuses seeds"):
+        fit_pca_on_flower(_seeded_grid(digits), 4, method="analyze_gauss", secure=True, **FIT)
+
+
+@pytest.mark.slow
+def test_ray_simulation_is_the_in_process_fit(digits) -> None:
+    """Flower's own runtime (Ray actors, real message routing) on 3 SuperNodes."""
+    from flwr.simulation import run_simulation
+
+    X, _ = digits
+    bounds = np.linspace(0, X.shape[0], 4).astype(np.int64)
+    seen = []
+    server = make_pca_server_app(4, method="auto", connect_timeout=900, timeout=900, **FIT,
+                                 on_result=lambda result, ctx: seen.append(result))
+    run_simulation(server, make_pca_client_app(SplitRows(X, bounds), noise_seed=SEED),
+                   num_supernodes=3,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": 2, "logging_level": "error"}})
+    ref = fit_private_pca(X, 4, method="auto", seed=SEED, clients=bounds, **FIT)
+    assert len(seen) == 1 and seen[0].epsilon == ref.epsilon
+    np.testing.assert_allclose(seen[0].components, ref.components, atol=ATOL)
 
 
 def test_a_run_config_seed_needs_the_nodes_consent(digits) -> None:

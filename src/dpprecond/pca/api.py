@@ -406,7 +406,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     source: Any = SecureGenerator() if secure else np.random.default_rng(check_seed("seed", seed))
     mean_stream, init_stream, main_stream = source.spawn(3)
     check_choice("trust", trust, TRUST_MODELS)
-    if clients is None and trust != "local":
+    if clients is None and trust != "local" and not remote:
         raise ValueError(f"trust={trust!r} applies to federated PCA only: pass clients= (the "
                          "client bounds), or leave trust='local' for a central fit.")
     if clients is not None or remote:

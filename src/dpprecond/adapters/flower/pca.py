@@ -48,6 +48,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,7 @@ __all__ = [
     "FlowerTransport",
     "LoadRows",
     "SecureAggregationUnavailableError",
+    "SplitRows",
     "add_pca_handler",
     "check_pca_config",
     "fit_pca_on_flower",
@@ -100,6 +102,26 @@ _STATE, _DRAWS = "dpprecond-pca-state", "dpprecond-pca-draws"
 #: ``load_rows(info) -> X_i`` (an array of the client's rows, or a
 #: :class:`~dpprecond.adapters.flower.client_app.LocalData`, whose ``X`` is used).
 LoadRows = Callable[[ClientInfo], Any]
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """A simulation's loader: client ``i`` holds ``X[bounds[i]:bounds[i + 1]]``.
+
+    The split of ``fit_private_pca(X, ..., clients=bounds)``; picklable (Flower's Ray
+    simulation ships it to the actors). A deployment loads each node's own rows instead.
+    """
+
+    X: np.ndarray
+    bounds: np.ndarray
+
+    def __call__(self, info: ClientInfo) -> np.ndarray:
+        """This client's rows."""
+        b = np.asarray(self.bounds, dtype=np.int64)
+        if b.size != info.n_clients + 1:
+            raise ValueError(f"SplitRows has {b.size - 1} parts, but this SuperNode is one of "
+                             f"num-partitions={info.n_clients}.")
+        return np.asarray(self.X)[b[info.client_id]:b[info.client_id + 1]]
 
 
 class SecureAggregationUnavailableError(ValueError):
