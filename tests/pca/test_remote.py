@@ -83,3 +83,19 @@ def test_the_noise_of_a_deferred_source_is_drawn_by_the_clients(data: np.ndarray
     assert isinstance(W + 0.0 * np.zeros((4, 4)), DeferredNoise)  # zero noise: no-op
     with pytest.raises(TypeError, match="computed by the clients"):
         np.asarray(W)
+
+
+def test_a_malformed_part_is_an_error(data: np.ndarray) -> None:
+    fed = _federation(data)
+    inner = fed._session.transport
+
+    def tamper(request: dict, arrays: list) -> list[np.ndarray]:
+        parts = inner(request, arrays)
+        if request["kind"] == "release":
+            parts[1] = parts[1][:-1]
+        return parts
+
+    fed._session.transport = tamper
+    with pytest.raises(ClientMissingError, match=r"client\(s\) \[1\] sent.*expected finite "
+                       r"values of shape \(10, 10\)"):
+        fit_private_pca(fed, 2, method="analyze_gauss", **FIT)

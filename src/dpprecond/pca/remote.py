@@ -34,8 +34,8 @@ noise multiplier on its records (``trust="local"``: no trusted party; the server
 network see only noisy parts). The accounting is the fit's own (the same plan, events
 and epsilon as in process). What leaves a client: its client id, its number of rows
 ``n_i`` (public under replace-one), its rounding bound (a function of ``n``, ``d`` and
-its block size), noisy parts, and its raw draws for public randomness (never reused as
-noise).
+its block size), noisy parts, and its raw draws for public randomness (never usable as
+noise; without a seed drawn from a generator of their own).
 
 The client checks what it is asked (:func:`client_answer`): the value must be one of the
 library's passes (a fixed list of block functions) under linear maps with public arrays,
@@ -44,7 +44,9 @@ noise must have positive variance, be uncorrelated with the noise of each of its
 releases of the fit (a server cannot cancel noise by combining draws), use no public
 draw, and, with ``min_noise_multiplier``, be at least that many times the sensitivity
 bound. A pass cannot drop a client: the transport must return every client's part or
-raise (:class:`ClientMissingError`).
+raise (:class:`ClientMissingError`, also raised for a part of the wrong shape or not
+finite). A client keeps every noise draw of the fit in its state until the fit ends (a
+later release may combine them, as ``auto``'s coupled pair does).
 
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
@@ -122,7 +124,7 @@ Transport = Callable[[dict[str, Any], list[np.ndarray]], list[np.ndarray]]
 
 def _is_zero(x: Any) -> bool:
     """Zero noise from a zero std (:func:`dpprecond.noise.gaussian` draws nothing then)."""
-    return not isinstance(x, _Expr) and np.ndim(x) <= 2 and not np.any(np.asarray(x))
+    return not isinstance(x, _Expr) and not np.any(np.asarray(x))
 
 
 def _scalar(c: Any) -> float:
@@ -275,14 +277,25 @@ class _Session:
     releases: int = 0  # answered by every client
     asked: int = 0  # sent (some clients may have answered)
 
-    def call(self, kind: str, arrays: list[np.ndarray] | None = None,
+    def call(self, kind: str, shape: tuple[int, ...], arrays: list[np.ndarray] | None = None,
              **fields: Any) -> list[np.ndarray]:
-        """One round: the pending draws, then ``kind``; every client's array, in order."""
+        """One round: the pending draws, then ``kind``; every client's array of ``shape``
+        (finite), in client order."""
         request = {"kind": kind, "fit": self.fit_id, "row_norm": self.row_norm,
                    "secure": self.secure, "pending": list(self.pending), **fields}
         if kind == "release":
             self.asked += 1
-        parts = self.transport(request, list(arrays or []))
+        parts = [np.asarray(p, dtype=np.float64)
+                 for p in self.transport(request, list(arrays or []))]
+        bad = {i: f"a part of shape {p.shape} (finite: {bool(np.isfinite(p).all())}), "
+                  f"expected finite values of shape {tuple(shape)}"
+               for i, p in enumerate(parts) if p.shape != tuple(shape)
+               or not np.isfinite(p).all()}
+        if bad:
+            raise ClientMissingError(
+                f"Federated PCA request {kind!r}: client(s) {sorted(bad)} sent "
+                + "; ".join(f"client {i}: {why}" for i, why in bad.items()) + ".",
+                clients=sorted(bad), reasons=bad, kind=kind)
         self.pending.clear()  # every client has made them
         return parts
 
@@ -321,7 +334,7 @@ class RemoteNoise:
         """Public randomness: the sum over clients of one standard normal draw each."""
         shape = None if size is None else [int(v) for v in np.atleast_1d(size)]
         spec = self.draw("public", () if shape is None else tuple(shape), 1.0)
-        parts = self._session.call("public", id=spec.args[0])
+        parts = self._session.call("public", spec.shape, id=spec.args[0])
         draws = [float(p) if shape is None else p for p in parts]
         return sum(draws)  # as LocalNoise: 0 + client 0 + client 1 + ...
 
@@ -342,7 +355,7 @@ class RemoteNoise:
                             "(from this source), of the value's shape.")
         arrays: list[np.ndarray] = []
         s = self._session
-        parts = s.call("release", arrays, value=_encode(value, arrays),
+        parts = s.call("release", value.shape, arrays, value=_encode(value, arrays),
                        noise=_encode(noise, arrays), std=float(std),
                        sensitivity=None if sensitivity is None else float(sensitivity))
         s.releases += 1
@@ -469,7 +482,7 @@ class RemoteFederation:
         """The rows (one round: every client's rounding bound for ``n`` terms)."""
         s = self._session
         s.row_norm, s.secure = float(row_norm), bool(secure)
-        slacks = [float(p) for p in s.call("slack", n=self.shape[0])]
+        slacks = [float(p) for p in s.call("slack", (), n=self.shape[0])]
         return RemoteRows(s, self.n_rows, self.n_features, slacks)
 
     def noise_sources(self) -> tuple[RemoteNoise, RemoteNoise, RemoteNoise]:

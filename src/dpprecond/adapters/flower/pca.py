@@ -301,6 +301,9 @@ def _register(grid: Grid, n_clients: int | None, connect_timeout: float,
                              "node of a PCA federation must hold one of the same K parts.")
         K = n_clients if n_clients is not None else (sizes.pop() if sizes else None)
         ids = sorted(v[0] for v in seen.values())
+        if K is not None and ids and ids[-1] >= K:
+            raise ValueError(f"A SuperNode reports partition-id {ids[-1]} of a federation of "
+                             f"{K} clients; expected 0 .. {K - 1}.")
         if len(ids) != len(set(ids)):
             raise ValueError(f"Two SuperNodes report the same partition-id ({ids}).")
         if K is not None and ids == list(range(K)):
