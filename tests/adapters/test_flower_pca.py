@@ -166,6 +166,22 @@ def test_secure_aggregation_is_refused_before_any_message(digits) -> None:
     assert grid.sent == 0
 
 
+def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
+    """The numbers of the refusal are plan_sum's (Gram of d = 64, noise multiplier 1)."""
+    import math
+
+    from dpprecond.adapters.flower.pca import SECURE_AGGREGATION_REFUSAL
+    from dpprecond.adapters.flower.secagg import SECAGG_MODULUS
+    from dpprecond.secagg.sums import plan_sum
+
+    for n, bits in ((1437, 28), (60_000, 34), (10**6, 38)):
+        plan = plan_sum(64 * 65 // 2, math.sqrt(2.0), 1.0, n_rows=n, n_clients=5,
+                        min_clients=5)
+        assert plan.bits == bits and plan.scale == 2.0**16
+        assert f"{bits} bits" in SECURE_AGGREGATION_REFUSAL
+    assert 8 * 2**28 <= SECAGG_MODULUS == 2**31 < 9 * 2**28  # digits: at most 8 clients
+
+
 @pytest.mark.parametrize(("settings", "error", "match"), [
     ({"method": "fixed"}, ValueError, "does not run on Flower"),
     ({"method": "select"}, ValueError, "does not run on Flower"),

@@ -19,7 +19,7 @@ dp_accounting event and epsilon, equal to the in-process ``trust="local"`` fit's
 Privacy unit: one row (record) of one client, replace-one adjacency, rows of norm at most
 ``row_norm`` (clipped after division by it). ``trust="secure-aggregation"`` is refused
 (:class:`SecureAggregationUnavailableError`): Flower's SecAgg+ sums integers modulo at
-most ``2^32``, far fewer bits than a secure Gram sum needs.
+most ``2^32``, fewer bits than a secure Gram sum needs on real data.
 
 A pass cannot drop a client: a release is a sum over every client's rows, and a sum
 without one client is neither the statistic nor calibrated for it. A client that fails,
@@ -130,14 +130,15 @@ class SecureAggregationUnavailableError(ValueError):
 
 SECURE_AGGREGATION_REFUSAL = (
     "trust='secure-aggregation' is not available for federated PCA on Flower. Flower's "
-    "SecAgg+ (flwr 1.42 SecAggPlusWorkflow) sums integers modulo modulus_range < 2^32 "
-    "(default 2^32, with quantization_range 2^22 per value); dpprecond's SecAgg+ rounds "
-    "need K * 2^bits <= 2^31. A secure sum of the Gram matrix (d(d+1)/2 coordinates, "
-    "sensitivity sqrt(2), scale 2^16 for d = 64 at the 2^-10 rounding inflation, wrap-around "
-    "probability <= 1e-12; dpprecond.secagg.sums.plan_sum) needs 28 bits for the 1,437 rows "
-    "of digits (K = 5 clients: 5 * 2^28 > 2^31), 34 bits for 60,000 rows and 38 bits for "
-    "10^6 rows: more than SecAgg+'s integer range on real data. Run the secure-aggregation "
-    "fit in process, fit_private_pca(X, clients=bounds, trust='secure-aggregation') "
+    "SecAgg+ (flwr 1.42 SecAggPlusWorkflow) sums integers modulo modulus_range, a power of "
+    "two of at most 2^32 (its default; quantization_range 2^22 per value by default); "
+    "dpprecond's SecAgg+ rounds need K * 2^bits <= 2^31. A secure sum of the Gram matrix "
+    "(d(d+1)/2 coordinates, sensitivity sqrt(2), scale 2^16 for d = 64 at the 2^-10 "
+    "rounding inflation, wrap-around probability <= 1e-12; dpprecond.secagg.sums.plan_sum) "
+    "needs about log2(n) + 18 bits: 28 bits for the 1,437 training rows of digits (at "
+    "most 8 clients: K * 2^28 <= 2^31), 34 bits for 60,000 rows and 38 bits for 10^6 "
+    "rows, beyond SecAgg+'s 32-bit integers on real data. Run the secure-aggregation fit "
+    "in process, fit_private_pca(X, clients=bounds, trust='secure-aggregation') "
     "(docs/secure_aggregation.md), or use trust='local' on Flower (every client adds its "
     "own noise).")
 
