@@ -43,7 +43,8 @@ from which it bounds the sensitivity itself (leaf sensitivity times the maps' no
 noise must have positive variance, be uncorrelated with the noise of each of its earlier
 releases of the fit (a server cannot cancel noise by combining draws), use no public
 draw, and, with ``min_noise_multiplier``, be at least that many times the sensitivity
-bound. A pass cannot drop a client: the transport must return every client's part or
+bound. A release whose noise holds a symmetric draw is the upper triangle of the noisy
+part, mirrored (the only entries whose noise is i.i.d.). A pass cannot drop a client: the transport must return every client's part or
 raise (:class:`ClientMissingError`, also raised for a part of the wrong shape or not
 finite). A client keeps every noise draw of the fit in its state until the fit ends (a
 later release may combine them, as ``auto``'s coupled pair does).
@@ -505,11 +506,13 @@ class ClientState:
     draw_std: dict[str, float] = field(default_factory=dict)  # id -> std (public: 0)
     released: list[dict[str, float]] = field(default_factory=list)  # noise coefficients
     draws: dict[str, np.ndarray] = field(default_factory=dict)
+    symmetric: list[str] = field(default_factory=list)  # ids of the symmetric draws
 
     def meta(self) -> str:
         """The JSON part."""
         return json.dumps({"fit": self.fit, "streams": self.streams,
-                           "draw_std": self.draw_std, "released": self.released})
+                           "draw_std": self.draw_std, "released": self.released,
+                           "symmetric": self.symmetric})
 
     @classmethod
     def load(cls, meta: str | None, draws: dict[str, np.ndarray]) -> ClientState:
@@ -517,7 +520,8 @@ class ClientState:
         if not meta:
             return cls()
         m = json.loads(meta)
-        return cls(m["fit"], m["streams"], m["draw_std"], m["released"], dict(draws))
+        return cls(m["fit"], m["streams"], m["draw_std"], m["released"], dict(draws),
+                   list(m.get("symmetric", [])))
 
 
 def _stream(state: ClientState, j: int, client_id: int, seed: int | None,
@@ -677,6 +681,8 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         gen = _stream(state, j, client_id, None, secure) if own else gens[j]
         state.draws[key] = _draw(spec, gen)
         state.draw_std[key] = 0.0 if spec["kind"] == "public" else float(spec["std"])
+        if spec["kind"] == "symmetric":
+            state.symmetric.append(key)
     if noise_seed is not None:
         for j, gen in gens.items():
             state.streams[str(j)] = gen.bit_generator.state
@@ -723,6 +729,11 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
                          f"{np.shape(part)}.")
     state.released.append(coefs)
     out = part + noise
+    if any(key in coefs for key in state.symmetric):
+        # Symmetric noise is i.i.d. on and above the diagonal only: release that triangle,
+        # mirrored (post-processing), so that a value that is not symmetric cannot show
+        # out - out.T, its noiseless antisymmetric part. A symmetric value is unchanged.
+        out = np.triu(out) + np.triu(out, 1).T
     if secure:
         from dpprecond.secure import snap
 
