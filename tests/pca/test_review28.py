@@ -126,6 +126,17 @@ def test_huge_public_arrays_cannot_make_the_part_non_finite_by_the_data() -> Non
         _ask(value, _draw(0, (6,)), [_draw_spec(0, (6,), 1.0)], [X, B, edges])
 
 
+def test_a_server_cannot_pass_the_rows_scale_to_a_block_function() -> None:
+    """clipped_step(XB, R, scale): a 4th positional argument is the rows' factors, so one
+    row (by position) would weigh 1e6 times the others at the bound 2R."""
+    scale = np.ones(50)
+    scale[7] = 1e6
+    value = _pass("clipped_step", (D, D), [{"array": 0}, 1.0, {"array": 1}])
+    with pytest.raises(ValueError, match="arguments"):
+        _ask(value, _draw(0, (D, D)), [_draw_spec(0, (D, D), 2.0)], [np.eye(D), scale],
+             floor=1.0)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -44,10 +44,13 @@ noise must have positive variance, be uncorrelated with the noise of each of its
 releases of the fit (a server cannot cancel noise by combining draws), use no public
 draw, and, with ``min_noise_multiplier``, be at least that many times the sensitivity
 bound. A release whose noise holds a symmetric draw is the upper triangle of the noisy
-part, mirrored (the only entries whose noise is i.i.d.). A pass cannot drop a client: the transport must return every client's part or
-raise (:class:`ClientMissingError`, also raised for a part of the wrong shape or not
-finite). A client keeps every noise draw of the fit in its state until the fit ends (a
-later release may combine them, as ``auto``'s coupled pair does).
+part, mirrored (the only entries whose noise is i.i.d.). Every node has its declared
+shape (nothing is broadcast), every public number is finite and within
+:data:`PUBLIC_LIMIT`, and a block function gets exactly its listed arguments
+(:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must return every
+client's part or raise (:class:`ClientMissingError`, also raised for a part of the
+wrong shape or not finite). A client keeps every noise draw of the fit in its state
+until the fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
@@ -95,6 +98,11 @@ SQRT2 = math.sqrt(2.0)
 #: Relative tolerance of the client's independence check (a covariance of two releases'
 #: noise that is zero in exact arithmetic, as the coupled pair's, is ~1e-16 as computed).
 COV_TOL = 1e-9
+#: The largest magnitude (and, for a divisor or a scale, the inverse of the smallest) of a
+#: public number a client accepts in a request: far beyond any fit's (orthonormal
+#: iterates, preconditioners, means, radii, 1/n), and small enough that no pass over rows
+#: of norm <= 1 overflows, so whether a part is finite never depends on the data.
+PUBLIC_LIMIT = 1e100
 
 
 class ClientMissingError(RuntimeError):
@@ -222,6 +230,17 @@ def _block_functions() -> dict[str, tuple[Any, Callable[[tuple[Any, ...]], float
         "rescaled_gram": (auto._block_rescaled_gram, lambda args: SQRT2),
         "clipped_step": (auto._block_clipped_step, lambda args: 2.0 * float(args[1])),
     }
+
+
+#: The public arguments of each block function, in order: ``"matrix"`` (2-D array),
+#: ``"vector"`` (1-D array), ``"positive"`` (a scalar in ``[1/PUBLIC_LIMIT,
+#: PUBLIC_LIMIT]``). Exactly these: an extra positional argument would be the block
+#: function's ``scale`` (the rows' factors), which only the client's own pass may set.
+BLOCK_ARGS: dict[str, tuple[str, ...]] = {
+    "probe": ("matrix", "matrix", "positive", "vector"),  # X, B, unit, edges
+    "rescaled_gram": ("positive",),  # tau
+    "clipped_step": ("matrix", "positive"),  # X @ B, radius
+}
 
 
 def _block_name(func: Any) -> str:
@@ -553,19 +572,97 @@ def _draw(spec: dict[str, Any], gen: Any) -> np.ndarray:
 
 def _array(node: Any, arrays: Sequence[np.ndarray]) -> Any:
     if isinstance(node, dict) and "array" in node:
-        return np.asarray(arrays[int(node["array"])], dtype=np.float64)
+        A = np.asarray(arrays[int(node["array"])], dtype=np.float64)
+        if A.ndim > 2:
+            raise ValueError(f"Refusing a public array of {A.ndim} dimensions (at most 2).")
+        if not np.all(np.isfinite(A)) or (A.size and float(np.max(np.abs(A))) > PUBLIC_LIMIT):
+            raise ValueError(f"Refusing a public array that is not finite or has entries "
+                             f"beyond {PUBLIC_LIMIT:g} in magnitude (a pass on it could "
+                             "overflow depending on the rows).")
+        return A
     return node
+
+
+def _public_scalar(x: Any, what: str, *, positive: bool = False) -> float:
+    """A public number of a request: finite, ``|x| <= PUBLIC_LIMIT`` (and, ``positive``,
+    ``x >= 1/PUBLIC_LIMIT``)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"Refusing {what}={x!r}: expected a number.")
+    x = float(x)
+    low = 1.0 / PUBLIC_LIMIT if positive else -PUBLIC_LIMIT
+    if not (math.isfinite(x) and low <= x <= PUBLIC_LIMIT):
+        raise ValueError(f"Refusing {what}={x!r}: expected a finite number in "
+                         f"[{low:g}, {PUBLIC_LIMIT:g}].")
+    return x
+
+
+def _block_args(kind: str, raw: Sequence[Any], arrays: Sequence[np.ndarray],
+                d: int) -> tuple[Any, ...]:
+    """The checked public arguments of block function ``kind`` (:data:`BLOCK_ARGS`)."""
+    expected = BLOCK_ARGS[kind]
+    if len(raw) != len(expected):
+        raise ValueError(f"Refusing pass {kind!r} with {len(raw)} arguments; it takes "
+                         f"exactly {len(expected)} ({', '.join(expected)}).")
+    out: list[Any] = []
+    for i, (a, want) in enumerate(zip(raw, expected, strict=True)):
+        if want == "positive":
+            out.append(_public_scalar(a, f"{kind} argument {i}", positive=True))
+            continue
+        A = _array(a, arrays)
+        if not isinstance(A, np.ndarray) or A.ndim != (2 if want == "matrix" else 1):
+            raise ValueError(f"Refusing pass {kind!r}: argument {i} must be a {want}.")
+        if i == 0 and want == "matrix" and A.shape[0] != d:
+            raise ValueError(f"Refusing pass {kind!r}: argument 0 has {A.shape[0]} rows, "
+                             f"this client's rows have {d} columns.")
+        out.append(A)
+    return tuple(out)
+
+
+def _check_shape(node: dict[str, Any], v: Any, what: str) -> Any:
+    """``v`` if it has the node's declared shape (nothing is ever broadcast)."""
+    if np.shape(v) != tuple(node["shape"]):
+        raise ValueError(f"Refusing a request whose {what} {node['op']!r} has shape "
+                         f"{np.shape(v)}, declared {tuple(node['shape'])}: a sum of terms "
+                         "of different shapes would broadcast one of them, which its "
+                         "sensitivity bound does not cover.")
+    return v
+
+
+def _same_shape(a: Any, b: Any, what: str) -> None:
+    if np.shape(a) != np.shape(b):
+        raise ValueError(f"Refusing a {what} of terms of shapes {np.shape(a)} and "
+                         f"{np.shape(b)} (it would broadcast; the bound covers no "
+                         "broadcast).")
+
+
+def _map(node: Any, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    A = _array(node, arrays)
+    if not isinstance(A, np.ndarray):
+        raise ValueError("Refusing a product with something other than a public array.")
+    return A
 
 
 def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
                     rows_of: Callable[[Any], ClippedRows],
                     memo: dict[str, tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
-    """``(this client's part, an upper bound on its l2 sensitivity)``."""
+    """``(this client's part, an upper bound on its l2 sensitivity)``; every node's value
+    has its declared shape."""
+    v, s = _value_node(node, arrays, rows_of, memo)
+    return _check_shape(node, v, "value"), s
+
+
+def _value_node(node: dict[str, Any], arrays: Sequence[np.ndarray],
+                rows_of: Callable[[Any], ClippedRows],
+                memo: dict[str, tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
     op = node["op"]
     if op == "pass":
         key = json.dumps(node, sort_keys=True)
         if key not in memo:
-            rows = rows_of(_array(node["mean"], arrays))
+            mean = _array(node["mean"], arrays)
+            d = rows_of(None).shape[1]
+            if mean is not None and (not isinstance(mean, np.ndarray) or mean.shape != (d,)):
+                raise ValueError(f"Refusing a mean of shape {np.shape(mean)}; expected ({d},).")
+            rows = rows_of(mean)
             kind, shape = node["kind"], tuple(node["shape"])
             if kind == "gram":
                 memo[key] = (rows.gram(), SQRT2)
@@ -577,17 +674,17 @@ def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
                     raise ValueError(f"Refusing an unknown pass {kind!r}: this client evaluates "
                                      f"only gram, column_sum and {sorted(funcs)}.")
                 func, sens = funcs[kind]
-                args = tuple(_array(a, arrays) for a in node["args"])
+                args = _block_args(kind, node["args"], arrays, d)
                 memo[key] = (rows.block_sum(func, *args, shape=shape,
-                                            row_scaled=node["row_scaled"],
-                                            row_sq=node["row_sq"]), sens(args))
+                                            row_scaled=bool(node["row_scaled"]),
+                                            row_sq=bool(node["row_sq"])), sens(args))
         return memo[key]
     args = node["args"]
     if op == "matmul":
-        (v, s), A = _evaluate_value(args[0], arrays, rows_of, memo), _array(args[1], arrays)
+        (v, s), A = _evaluate_value(args[0], arrays, rows_of, memo), _map(args[1], arrays)
         return v @ A, s * float(np.linalg.norm(np.atleast_2d(A), 2))
     if op == "rmatmul":
-        A, (v, s) = _array(args[0], arrays), _evaluate_value(args[1], arrays, rows_of, memo)
+        A, (v, s) = _map(args[0], arrays), _evaluate_value(args[1], arrays, rows_of, memo)
         return A @ v, s * float(np.linalg.norm(np.atleast_2d(A), 2))
     if op == "T":
         v, s = _evaluate_value(args[0], arrays, rows_of, memo)
@@ -597,16 +694,20 @@ def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
         return -v, s
     if op in ("add", "sub"):
         (a, sa), (b, sb) = (_evaluate_value(x, arrays, rows_of, memo) for x in args)
+        _same_shape(a, b, "sum")
         return (a + b if op == "add" else a - b), sa + sb
-    if op == "mul":
-        v, s = _evaluate_value(args[0], arrays, rows_of, memo)
-        return v * float(args[1]), s * abs(float(args[1]))
-    if op == "rmul":
-        v, s = _evaluate_value(args[1], arrays, rows_of, memo)
-        return float(args[0]) * v, s * abs(float(args[0]))
+    if op in ("mul", "rmul"):
+        inner, c = (args[0], args[1]) if op == "mul" else (args[1], args[0])
+        c = _public_scalar(c, "a scale factor")
+        v, s = _evaluate_value(inner, arrays, rows_of, memo)
+        return (v * c if op == "mul" else c * v), s * abs(c)
     if op == "div":
+        c = _public_scalar(args[1], "a divisor")
+        if abs(c) < 1.0 / PUBLIC_LIMIT:
+            raise ValueError(f"Refusing a division by {c!r} (below {1 / PUBLIC_LIMIT:g} in "
+                             "magnitude).")
         v, s = _evaluate_value(args[0], arrays, rows_of, memo)
-        return v / float(args[1]), s / abs(float(args[1]))
+        return v / c, s / abs(c)
     raise ValueError(f"Refusing an unknown operation {op!r} on a pass.")
 
 
@@ -619,7 +720,7 @@ def _evaluate_noise(node: dict[str, Any], draws: dict[str, np.ndarray],
         if key not in draws or draw_std.get(key, 0.0) <= 0:
             raise ValueError(f"Refusing a release whose noise uses draw {key}, which this "
                              "client never drew as noise (or drew as public randomness).")
-        return draws[key], {key: 1.0}
+        return _check_shape(node, draws[key], "noise draw"), {key: 1.0}
     args = node["args"]
 
     def combine(ca: dict[str, float], cb: dict[str, float], sign: float) -> dict[str, float]:
@@ -630,12 +731,16 @@ def _evaluate_noise(node: dict[str, Any], draws: dict[str, np.ndarray],
 
     if op in ("add", "sub"):
         (a, ca), (b, cb) = (_evaluate_noise(x, draws, draw_std) for x in args)
+        _same_shape(a, b, "noise")
         return (a + b, combine(ca, cb, 1.0)) if op == "add" else (a - b, combine(ca, cb, -1.0))
     if op == "neg":
         a, ca = _evaluate_noise(args[0], draws, draw_std)
         return -a, {k: -c for k, c in ca.items()}
     if op in ("mul", "rmul", "div"):
-        inner, c = (args[0], float(args[1])) if op != "rmul" else (args[1], float(args[0]))
+        inner, c = (args[0], args[1]) if op != "rmul" else (args[1], args[0])
+        c = _public_scalar(c, "a noise coefficient")
+        if op == "div" and abs(c) < 1.0 / PUBLIC_LIMIT:
+            raise ValueError(f"Refusing a division of noise by {c!r}.")
         a, ca = _evaluate_noise(inner, draws, draw_std)
         if op == "div":
             return a / c, {k: v / c for k, v in ca.items()}
@@ -720,9 +825,13 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
             raise ValueError("Refusing a release whose noise is correlated with the noise of "
                              "an earlier release (combined, they would reveal the part).")
     std = math.sqrt(var)
-    if std < float(min_noise_multiplier) * sens:
+    if not (math.isfinite(sens) and sens >= 0 and np.all(np.isfinite(part))):
+        raise ValueError(f"Refusing a release whose sensitivity bound is {sens!r} (expected "
+                         "a finite number >= 0) or whose part is not finite.")
+    if not std >= float(min_noise_multiplier) * sens:
+        ratio = std / sens if sens > 0 else math.inf
         raise ValueError(f"The server asked for noise std {std:.6g} on a pass of sensitivity "
-                         f"<= {sens:.6g} (multiplier {std / sens:.4g}), below this client's "
+                         f"<= {sens:.6g} (multiplier {ratio:.4g}), below this client's "
                          f"min-noise-multiplier={float(min_noise_multiplier):g}; refusing.")
     if np.shape(part) != np.shape(noise):
         raise ValueError(f"The noise's shape {np.shape(noise)} is not the part's "
