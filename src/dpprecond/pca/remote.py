@@ -292,6 +292,7 @@ class _Session:
     fit_id: str
     row_norm: float = 1.0
     secure: bool = False
+    d: int = 0  # the number of features every client's rows must have
     next_draw: int = 0
     pending: list[dict[str, Any]] = field(default_factory=list)
     releases: int = 0  # answered by every client
@@ -302,7 +303,8 @@ class _Session:
         """One round: the pending draws, then ``kind``; every client's array of ``shape``
         (finite), in client order."""
         request = {"kind": kind, "fit": self.fit_id, "row_norm": self.row_norm,
-                   "secure": self.secure, "pending": list(self.pending), **fields}
+                   "secure": self.secure, "d": self.d, "pending": list(self.pending),
+                   **fields}
         if kind == "release":
             self.asked += 1
         parts = [np.asarray(p, dtype=np.float64)
@@ -501,7 +503,7 @@ class RemoteFederation:
     def remote_rows(self, row_norm: float, *, secure: bool = False) -> RemoteRows:
         """The rows (one round: every client's rounding bound for ``n`` terms)."""
         s = self._session
-        s.row_norm, s.secure = float(row_norm), bool(secure)
+        s.row_norm, s.secure, s.d = float(row_norm), bool(secure), self.n_features
         slacks = [float(p) for p in s.call("slack", (), n=self.shape[0])]
         return RemoteRows(s, self.n_rows, self.n_features, slacks)
 
@@ -764,6 +766,14 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     order, from this client's streams. ``state`` is updated in place (the caller stores
     it). Raises ``ValueError`` for a request it refuses (module docstring).
     """
+    shape = np.shape(X)
+    if len(shape) != 2 or shape[0] < 1:
+        raise ValueError(f"This client's rows must be a 2-D array with at least one row, got "
+                         f"shape {shape}; a PCA federation needs every client's rows.")
+    if "d" in request and int(request["d"]) != shape[1]:
+        raise ValueError(f"The fit has d={int(request['d'])} features, this client's rows have "
+                         f"{shape[1]} columns; refusing (every client holds the same d "
+                         "columns).")
     if request.get("fit") != state.fit:  # a new fit: fresh streams and history
         state.__init__()  # type: ignore[misc]
         state.fit = str(request.get("fit"))
