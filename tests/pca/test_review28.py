@@ -210,6 +210,8 @@ def _federation(data: np.ndarray, seed: int | None = 5, drop_after: int | None =
     def transport(request: dict, arrays: list) -> list[np.ndarray]:
         if sent is not None:
             sent.append(request["kind"])
+        if drop_after == -1 and request["kind"] == "slack":
+            raise ClientMissingError("gone", clients=[2], reasons={2: "gone"}, kind="slack")
         if request["kind"] == "release":
             if drop_after is not None and count["release"] >= drop_after:
                 raise ClientMissingError("gone", clients=[2], reasons={2: "gone"},
@@ -299,9 +301,14 @@ def test_a_client_missing_mid_fit_charges_the_ledger(data: np.ndarray) -> None:
 def test_a_client_missing_before_any_release_charges_nothing(data: np.ndarray) -> None:
     ledger = PrivacyLedger(1e-6)
     with pytest.raises(ClientMissingError, match=r"[Nn]othing was released"):
-        fit_private_pca(_federation(data, drop_after=0), 2, method="analyze_gauss",
+        fit_private_pca(_federation(data, drop_after=-1), 2, method="analyze_gauss",
                         ledger=ledger, **FIT)
     assert ledger.n_releases == 0
+    # the first release asked for may have reached the server: it is spent
+    with pytest.raises(ClientMissingError, match=r"1 release\(s\) were asked.*0 answered"):
+        fit_private_pca(_federation(data, drop_after=0), 2, method="analyze_gauss",
+                        ledger=ledger, **FIT)
+    assert ledger.n_releases == 1
 
 
 def test_auto_block_functions_are_the_listed_ones() -> None:

@@ -293,10 +293,25 @@ class _Session:
     row_norm: float = 1.0
     secure: bool = False
     d: int = 0  # the number of features every client's rows must have
+    n_clients: int = 0
     next_draw: int = 0
     pending: list[dict[str, Any]] = field(default_factory=list)
     releases: int = 0  # answered by every client
     asked: int = 0  # sent (some clients may have answered)
+    #: ``spent(asked, answered) -> sentence``: the privacy spent when the fit stops after
+    #: ``asked`` releases were sent (it charges the fit's ledger); set by the fit
+    spent: Callable[[int, int], str] | None = None
+
+    def _stopped(self, exc: ClientMissingError) -> ClientMissingError:
+        """The error that stops the fit: ``exc``, the reason, and the privacy spent."""
+        spent = ("Nothing was released (no release had been asked for)." if self.asked == 0
+                 else self.spent(self.asked, self.releases) if self.spent is not None else
+                 f"{self.asked} release(s) were asked for and may have reached the server "
+                 f"({self.releases} answered by every client).")
+        return ClientMissingError(
+            f"{exc} A PCA pass is a sum over every client's rows and cannot drop a client, "
+            f"so the fit stopped. {spent}", clients=exc.clients, reasons=exc.reasons,
+            kind=exc.kind, releases_made=self.releases)
 
     def call(self, kind: str, shape: tuple[int, ...], arrays: list[np.ndarray] | None = None,
              **fields: Any) -> list[np.ndarray]:
@@ -307,17 +322,22 @@ class _Session:
                    **fields}
         if kind == "release":
             self.asked += 1
-        parts = [np.asarray(p, dtype=np.float64)
-                 for p in self.transport(request, list(arrays or []))]
+        try:
+            parts = [np.asarray(p, dtype=np.float64)
+                     for p in self.transport(request, list(arrays or []))]
+        except ClientMissingError as exc:
+            raise self._stopped(exc) from exc
         bad = {i: f"a part of shape {p.shape} (finite: {bool(np.isfinite(p).all())}), "
                   f"expected finite values of shape {tuple(shape)}"
                for i, p in enumerate(parts) if p.shape != tuple(shape)
                or not np.isfinite(p).all()}
+        if len(parts) != self.n_clients:
+            bad.update({i: "no part" for i in range(len(parts), self.n_clients)})
         if bad:
-            raise ClientMissingError(
+            raise self._stopped(ClientMissingError(
                 f"Federated PCA request {kind!r}: client(s) {sorted(bad)} sent "
                 + "; ".join(f"client {i}: {why}" for i, why in bad.items()) + ".",
-                clients=sorted(bad), reasons=bad, kind=kind)
+                clients=sorted(bad), reasons=bad, kind=kind))
         self.pending.clear()  # every client has made them
         return parts
 
@@ -475,7 +495,7 @@ class RemoteFederation:
         if len(n_rows) < 1 or min(n_rows) < 1:
             raise ValueError(f"Expected every client to hold at least one row, got n_rows="
                              f"{list(n_rows)}.")
-        self._session = _Session(transport, str(fit_id))
+        self._session = _Session(transport, str(fit_id), n_clients=len(n_rows))
         self.n_rows = [int(v) for v in n_rows]
         self.n_features = int(n_features)
 
@@ -500,10 +520,18 @@ class RemoteFederation:
         their noisy part)."""
         return self._session.asked
 
-    def remote_rows(self, row_norm: float, *, secure: bool = False) -> RemoteRows:
-        """The rows (one round: every client's rounding bound for ``n`` terms)."""
+    def remote_rows(self, row_norm: float, *, secure: bool = False,
+                    spent: Callable[[int, int], str] | None = None) -> RemoteRows:
+        """The rows (one round: every client's rounding bound for ``n`` terms).
+
+        ``spent(asked, answered)``: called once if a client goes missing after
+        ``asked >= 1`` releases were sent (``answered`` by every client); it charges the
+        fit's ledger and returns the sentence stating the privacy spent, which ends the
+        :class:`ClientMissingError`'s message.
+        """
         s = self._session
         s.row_norm, s.secure, s.d = float(row_norm), bool(secure), self.n_features
+        s.spent = spent
         slacks = [float(p) for p in s.call("slack", (), n=self.shape[0])]
         return RemoteRows(s, self.n_rows, self.n_features, slacks)
 
