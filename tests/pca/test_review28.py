@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger
+from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger, gaussian_precision
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import auto, fit_private_pca
 from dpprecond.pca.remote import (
@@ -137,6 +137,38 @@ def test_a_server_cannot_pass_the_rows_scale_to_a_block_function() -> None:
              floor=1.0)
 
 
+def test_min_noise_multiplier_bounds_the_whole_fit_not_each_release() -> None:
+    """Ten releases of the Gram matrix, each at 1.5 Z: each passes a per-release floor, and
+    together they are one Gaussian mechanism of multiplier 1.5 Z / sqrt(10) < Z."""
+    Z = 2.0
+    state = ClientState()
+    std = 1.5 * Z * math.sqrt(2.0)
+    refused = 0
+    for i in range(10):
+        try:
+            _ask(_pass("gram", (D, D)), _draw(i, (D, D)), [_draw_spec(i, (D, D), std,
+                                                                    "symmetric")],
+                 state=state, floor=Z)
+        except ValueError as exc:
+            assert "min-noise-multiplier" in str(exc)
+            refused += 1
+    assert refused == 10 - 2  # 1 / (1.5 Z)^2 twice is 0.89 / Z^2; a third exceeds 1 / Z^2
+
+
+def test_an_honest_fit_meets_its_own_noise_multiplier_at_every_client(data: np.ndarray
+                                                                       ) -> None:
+    """With Z the fit's own multiplier, no honest release is refused (centered auto)."""
+    ref = fit_private_pca(data, 2, method="auto", clients=BOUNDS, seed=5, center="private",
+                          **FIT)
+    z = gaussian_precision(ref.dp_event) ** -0.5  # the fit: one Gaussian mechanism
+    got = fit_private_pca(_federation(data, floor=z * (1 - 1e-9)), 2, method="auto",
+                          center="private", **FIT)
+    assert got.epsilon == ref.epsilon
+    with pytest.raises(ValueError, match="min-noise-multiplier"):
+        fit_private_pca(_federation(data, floor=z * 1.01), 2, method="auto",
+                        center="private", **FIT)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +234,8 @@ def data() -> np.ndarray:
 
 
 def _federation(data: np.ndarray, seed: int | None = 5, drop_after: int | None = None,
-                sent: list | None = None, parts: list | None = None) -> RemoteFederation:
+                sent: list | None = None, parts: list | None = None,
+                floor: float = 0.0) -> RemoteFederation:
     parts = parts if parts is not None else [data[lo:hi] for lo, hi in pairwise(BOUNDS)]
     states = [ClientState() for _ in parts]
     count = {"release": 0}
@@ -218,7 +251,8 @@ def _federation(data: np.ndarray, seed: int | None = 5, drop_after: int | None =
                                          kind="release")
             count["release"] += 1
         return [client_answer(request, arrays, X, client_id=i, state=states[i],
-                              noise_seed=seed) for i, X in enumerate(parts)]
+                              noise_seed=seed, min_noise_multiplier=floor)
+                for i, X in enumerate(parts)]
 
     return RemoteFederation(transport, [len(p) for p in parts], data.shape[1], fit_id="t")
 

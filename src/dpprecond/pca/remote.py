@@ -41,15 +41,17 @@ The client checks what it is asked (:func:`client_answer`): the value must be on
 library's passes (a fixed list of block functions) under linear maps with public arrays,
 from which it bounds the sensitivity itself (leaf sensitivity times the maps' norms); the
 noise must have positive variance, be uncorrelated with the noise of each of its earlier
-releases of the fit (a server cannot cancel noise by combining draws), use no public
-draw, and, with ``min_noise_multiplier``, be at least that many times the sensitivity
-bound. A release whose noise holds a symmetric draw is the upper triangle of the noisy
-part, mirrored (the only entries whose noise is i.i.d.). Every node has its declared
-shape (nothing is broadcast), every public number is finite and within
-:data:`PUBLIC_LIMIT`, and a block function gets exactly its listed arguments
-(:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must return every
-client's part or raise (:class:`ClientMissingError`, also raised for a part of the
-wrong shape or not finite). A client keeps every noise draw of the fit in its state
+releases of the fit (a server cannot cancel noise by combining draws), use no public draw,
+and, with ``min_noise_multiplier`` ``Z``, keep the fit a Gaussian mechanism of multiplier
+at least ``Z``: the precisions ``(bound / std)^2`` of its releases so far sum to at most
+``1 / Z^2`` (each release alone is then at least ``Z`` times its bound; a new fit id
+starts afresh: the client keeps no budget across fits). A release whose noise holds a
+symmetric draw is the upper triangle of the noisy part, mirrored (the only entries whose
+noise is i.i.d.). Every node has its declared shape (nothing is broadcast), every public
+number is finite and within :data:`PUBLIC_LIMIT`, and a block function gets exactly its
+listed arguments (:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must
+return every client's part or raise (:class:`ClientMissingError`, also raised for a part
+of the wrong shape or not finite). A client keeps every noise draw of the fit in its state
 until the fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
@@ -556,12 +558,15 @@ class ClientState:
     released: list[dict[str, float]] = field(default_factory=list)  # noise coefficients
     draws: dict[str, np.ndarray] = field(default_factory=dict)
     symmetric: list[str] = field(default_factory=list)  # ids of the symmetric draws
+    #: sum over the fit's releases of ``(sensitivity bound / noise std)^2``: the fit so far
+    #: is one Gaussian mechanism with noise multiplier ``precision ** -0.5``
+    precision: float = 0.0
 
     def meta(self) -> str:
         """The JSON part."""
         return json.dumps({"fit": self.fit, "streams": self.streams,
                            "draw_std": self.draw_std, "released": self.released,
-                           "symmetric": self.symmetric})
+                           "symmetric": self.symmetric, "precision": self.precision})
 
     @classmethod
     def load(cls, meta: str | None, draws: dict[str, np.ndarray]) -> ClientState:
@@ -570,7 +575,7 @@ class ClientState:
             return cls()
         m = json.loads(meta)
         return cls(m["fit"], m["streams"], m["draw_std"], m["released"], dict(draws),
-                   list(m.get("symmetric", [])))
+                   list(m.get("symmetric", [])), float(m.get("precision", 0.0)))
 
 
 def _stream(state: ClientState, j: int, client_id: int, seed: int | None,
@@ -866,15 +871,22 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     if not (math.isfinite(sens) and sens >= 0 and np.all(np.isfinite(part))):
         raise ValueError(f"Refusing a release whose sensitivity bound is {sens!r} (expected "
                          "a finite number >= 0) or whose part is not finite.")
-    if not std >= float(min_noise_multiplier) * sens:
+    # Gaussian releases compose as one Gaussian mechanism whose precision 1/z^2 is the sum
+    # of theirs: the floor bounds the whole fit (many releases each at the floor would not).
+    floor = float(min_noise_multiplier)
+    precision = state.precision + (sens / std) ** 2
+    if floor > 0 and not precision * floor * floor <= 1.0 + COV_TOL:
         ratio = std / sens if sens > 0 else math.inf
         raise ValueError(f"The server asked for noise std {std:.6g} on a pass of sensitivity "
-                         f"<= {sens:.6g} (multiplier {ratio:.4g}), below this client's "
-                         f"min-noise-multiplier={float(min_noise_multiplier):g}; refusing.")
+                         f"<= {sens:.6g} (multiplier {ratio:.4g}); with this fit's "
+                         f"{len(state.released)} earlier release(s) the fit would be a Gaussian "
+                         f"mechanism of noise multiplier {precision ** -0.5:.4g}, below this "
+                         f"client's min-noise-multiplier={floor:g}; refusing.")
     if np.shape(part) != np.shape(noise):
         raise ValueError(f"The noise's shape {np.shape(noise)} is not the part's "
                          f"{np.shape(part)}.")
     state.released.append(coefs)
+    state.precision = precision
     out = part + noise
     if any(key in coefs for key in state.symmetric):
         # Symmetric noise is i.i.d. on and above the diagonal only: release that triangle,

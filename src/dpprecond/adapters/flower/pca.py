@@ -37,8 +37,9 @@ server adds ``K`` noisy parts where the in-process fit adds ``K`` exact parts an
 summed noise; differences at the last bits, ~1e-15 relative). Otherwise every request
 draws fresh OS entropy; node config ``secure-noise=true`` (or ``secure=True`` at the
 server) makes the clients draw from :mod:`dpprecond.secure` and snap their releases.
-Node config ``min-noise-multiplier=Z`` refuses a release whose noise std is below ``Z``
-times the sensitivity bound the client computes itself.
+Node config ``min-noise-multiplier=Z`` refuses a release that would make the fit, with its
+earlier releases, a Gaussian mechanism of noise multiplier below ``Z`` (the precisions
+``(bound / std)^2`` add, with the sensitivity bound the client computes itself).
 """
 
 from __future__ import annotations
