@@ -169,6 +169,24 @@ def test_an_honest_fit_meets_its_own_noise_multiplier_at_every_client(data: np.n
                         center="private", **FIT)
 
 
+def test_a_block_pass_has_its_functions_own_shape() -> None:
+    """A probe declared of shape (3, 6): its (6,) block terms broadcast into 3 copies, the
+    sensitivity 2 sqrt 3 at a claimed 2."""
+    value = _pass("probe", (3, 6), [{"array": 0}, {"array": 1}, 0.1, {"array": 2}])
+    with pytest.raises(ValueError, match="shape"):
+        _ask(value, _draw(0, (3, 6)), [_draw_spec(0, (3, 6), 1.0)],
+             [Q, np.eye(2), np.array([0.5, 2.0])])
+
+
+@pytest.mark.parametrize("row_norm", [math.nan, math.inf, 0.0, -1.0])
+def test_a_bad_row_norm_is_refused(row_norm: float) -> None:
+    request = {"kind": "release", "fit": "attack", "row_norm": row_norm, "secure": False,
+               "pending": [_draw_spec(0, (D, D), 1.0)], "value": _pass("gram", (D, D)),
+               "noise": _draw(0, (D, D)), "std": 1.0}
+    with pytest.raises(ValueError, match="row_norm"):
+        client_answer(request, [], _rows(), client_id=0, state=ClientState(), noise_seed=1)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
