@@ -653,6 +653,15 @@ def _block_args(kind: str, raw: Sequence[Any], arrays: Sequence[np.ndarray],
     return tuple(out)
 
 
+def _block_shape(kind: str, args: tuple[Any, ...], d: int) -> tuple[int, ...]:
+    """The shape of one block's term of block function ``kind`` on ``args``."""
+    if kind == "probe":  # counts and energies per bin of the edges
+        return (2 * (args[3].size + 1),)
+    if kind == "rescaled_gram":
+        return (d, d)
+    return (d, int(args[0].shape[1]))  # clipped_step: a_i c_i^T with c_i = clip(XB^T a_i)
+
+
 def _check_shape(node: dict[str, Any], v: Any, what: str) -> Any:
     """``v`` if it has the node's declared shape (nothing is ever broadcast)."""
     if np.shape(v) != tuple(node["shape"]):
@@ -710,6 +719,10 @@ def _value_node(node: dict[str, Any], arrays: Sequence[np.ndarray],
                                      f"only gram, column_sum and {sorted(funcs)}.")
                 func, sens = funcs[kind]
                 args = _block_args(kind, node["args"], arrays, d)
+                own = _block_shape(kind, args, d)
+                if shape != own:  # block_sum would broadcast each term into `shape`
+                    raise ValueError(f"Refusing pass {kind!r} declared of shape {shape}; its "
+                                     f"terms have shape {own}.")
                 memo[key] = (rows.block_sum(func, *args, shape=shape,
                                             row_scaled=bool(node["row_scaled"]),
                                             row_sq=bool(node["row_sq"])), sens(args))
@@ -834,7 +847,12 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     if noise_seed is not None:
         for j, gen in gens.items():
             state.streams[str(j)] = gen.bit_generator.state
-    row_norm = float(request["row_norm"])
+    row_norm = request.get("row_norm")
+    if isinstance(row_norm, bool) or not isinstance(row_norm, (int, float)) \
+            or not (math.isfinite(row_norm) and row_norm > 0):
+        raise ValueError(f"Refusing a request with row_norm={row_norm!r}: expected a finite "
+                         "number > 0 (the public bound on the rows' norms).")
+    row_norm = float(row_norm)
     kind = request["kind"]
     if kind == "slack":
         rows = ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
