@@ -340,6 +340,16 @@ def test_a_bad_client_releases_nothing(data: np.ndarray, bad: str) -> None:
     assert fed.releases_asked == 0 and "release" not in sent
 
 
+def test_a_nan_at_a_client_is_refused_without_its_position() -> None:
+    X = _rows()
+    X[17, 2] = math.nan
+    request = {"kind": "slack", "fit": "e", "row_norm": 1.0, "secure": False,
+               "pending": [], "n": 50}
+    with pytest.raises(ValueError, match="NaN") as err:
+        client_answer(request, [], X, client_id=0, state=ClientState())
+    assert "17" not in str(err.value) and err.value.__cause__ is None
+
+
 def test_an_empty_client_is_refused_by_the_client() -> None:
     request = {"kind": "slack", "fit": "e", "row_norm": 1.0, "secure": False,
                "pending": [], "n": 10}

@@ -800,6 +800,18 @@ def _covariance(a: dict[str, float], b: dict[str, float], draw_std: dict[str, fl
     return sum(c * b[k] * draw_std[k] ** 2 for k, c in a.items() if k in b)
 
 
+def _client_rows(X: Any, row_norm: float, block_bytes: int) -> ClippedRows:
+    """This client's rows; the refusal of a NaN or an infinity does not say where it is (the
+    message goes to the server, and which record is incomplete is the client's)."""
+    try:
+        return ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+    except ValueError as exc:
+        if "NaN or infinite" not in str(exc):
+            raise
+        raise ValueError("This client's rows contain NaN or infinite entries; the data owner "
+                         "must remove or impute them (positions are not sent).") from None
+
+
 def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any, *,
                   client_id: int, state: ClientState, noise_seed: int | None = None,
                   secure: bool = False, min_noise_multiplier: float = 0.0,
@@ -855,7 +867,7 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     row_norm = float(row_norm)
     kind = request["kind"]
     if kind == "slack":
-        rows = ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+        rows = _client_rows(X, row_norm, block_bytes)
         return np.asarray(rows.rounding_slack(int(request["n"])))
     if kind == "public":
         key = str(request["id"])
@@ -864,7 +876,7 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         return state.draws.pop(key)
     if kind != "release":
         raise ValueError(f"Unknown request kind {kind!r}.")
-    base = ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+    base = _client_rows(X, row_norm, block_bytes)
     centered: dict[bytes, ClippedRows] = {}
 
     def rows_of(mean: Any) -> ClippedRows:
