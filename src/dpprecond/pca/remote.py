@@ -74,7 +74,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond.noise import gaussian, keyed_stream, symmetric_gaussian
+from dpprecond.noise import gaussian, keyed_stream, release, symmetric_gaussian
 from dpprecond.pca.federated import combined_rounding_slack
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
@@ -592,6 +592,16 @@ def _stream(state: ClientState, j: int, client_id: int, seed: int | None,
     return gen
 
 
+def _release_source(secure: bool) -> Any:
+    """The source :func:`dpprecond.noise.release` sees for a client's release (its noise is
+    already drawn): secure mode's generator (the release is snapped) or a plain one."""
+    if secure:
+        from dpprecond.secure import SecureGenerator
+
+        return SecureGenerator()
+    return np.random.default_rng(0)  # never drawn from: the noise is given
+
+
 def _draw(spec: dict[str, Any], gen: Any) -> np.ndarray:
     kind, shape, std = spec["kind"], tuple(spec["shape"]), float(spec["std"])
     if kind == "public":
@@ -917,14 +927,13 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
                          f"{np.shape(part)}.")
     state.released.append(coefs)
     state.precision = precision
-    out = part + noise
+    part, noise = np.asarray(part, dtype=np.float64), np.asarray(noise, dtype=np.float64)
     if any(key in coefs for key in state.symmetric):
         # Symmetric noise is i.i.d. on and above the diagonal only: release that triangle,
         # mirrored (post-processing), so that a value that is not symmetric cannot show
-        # out - out.T, its noiseless antisymmetric part. A symmetric value is unchanged.
-        out = np.triu(out) + np.triu(out, 1).T
-    if secure:
-        from dpprecond.secure import snap
-
-        out = snap(np.array(out, dtype=np.float64), std)
+        # out - out.T, its noiseless antisymmetric part. A symmetric value is unchanged
+        # (mirroring each term, then adding, is mirroring the sum, entry by entry).
+        part, noise = (np.triu(a) + np.triu(a, 1).T for a in (part, noise))
+    # The library's one release: part + noise, snapped in secure mode (a secure source).
+    out = release(part, std, _release_source(secure), noise=noise)
     return np.asarray(out, dtype=np.float64)
