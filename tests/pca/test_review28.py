@@ -187,6 +187,18 @@ def test_a_bad_row_norm_is_refused(row_norm: float) -> None:
         client_answer(request, [], _rows(), client_id=0, state=ClientState(), noise_seed=1)
 
 
+def test_whether_a_part_overflows_never_depends_on_the_rows() -> None:
+    """(gram @ 1e100 I) * 1e100 * 1e100: finite for small rows, inf for rows near the
+    bound; a refusal only for the latter would tell the server which. Refused for both."""
+    big = {"op": "mul", "shape": [D, D], "args": [{"op": "mul", "shape": [D, D], "args": [
+        {"op": "matmul", "shape": [D, D], "args": [_pass("gram", (D, D)), {"array": 0}]},
+        1e100]}, 1e100]}
+    for scale in (1e-3, 1.0):
+        with pytest.raises(ValueError, match="bound"):
+            _ask(big, _draw(0, (D, D)), [_draw_spec(0, (D, D), 1.0)], [1e100 * np.eye(D)],
+                 X=_rows() * scale)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
