@@ -199,6 +199,12 @@ def test_whether_a_part_overflows_never_depends_on_the_rows() -> None:
                  X=_rows() * scale)
 
 
+def test_a_tiny_std_is_refused_by_the_floor_not_an_overflow() -> None:
+    with pytest.raises(ValueError, match="min-noise-multiplier"):
+        _ask(_pass("gram", (D, D)), _draw(0, (D, D)), [_draw_spec(0, (D, D), 1e-160)],
+             floor=1.0)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -100,6 +100,9 @@ SQRT2 = math.sqrt(2.0)
 #: Relative tolerance of the client's independence check (a covariance of two releases'
 #: noise that is zero in exact arithmetic, as the coupled pair's, is ~1e-16 as computed).
 COV_TOL = 1e-9
+#: The largest norm a client lets a part (or any node of its value) reach: ``n_i`` times
+#: the node's sensitivity bound must stay below it (far from float64's 1.8e308).
+PART_LIMIT = 1e300
 #: The largest magnitude (and, for a divisor or a scale, the inverse of the smallest) of a
 #: public number a client accepts in a request: far beyond any fit's (orthonormal
 #: iterates, preconditioners, means, radii, 1/n), and small enough that no pass over rows
@@ -702,6 +705,15 @@ def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
     """``(this client's part, an upper bound on its l2 sensitivity)``; every node's value
     has its declared shape."""
     v, s = _value_node(node, arrays, rows_of, memo)
+    # Every node's value is a sum of n_i row terms each within its bound s (the leaves'
+    # terms are, and the maps act on each term), so n_i * s bounds its norm: within
+    # PART_LIMIT nothing overflows, and the refusal depends on public numbers only.
+    n_i = rows_of(None).shape[0]
+    if not (math.isfinite(s) and s * max(n_i, 1) <= PART_LIMIT):
+        raise ValueError(f"Refusing a request whose {node['op']!r} node has the sensitivity "
+                         f"bound {s:.6g}: over this client's {n_i} rows its value could reach "
+                         f"{s * n_i:.3g}, beyond {PART_LIMIT:g} (it could overflow, depending "
+                         "on the rows).")
     return _check_shape(node, v, "value"), s
 
 
@@ -914,11 +926,12 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     # Gaussian releases compose as one Gaussian mechanism whose precision 1/z^2 is the sum
     # of theirs: the floor bounds the whole fit (many releases each at the floor would not).
     floor = float(min_noise_multiplier)
-    precision = state.precision + (sens / std) ** 2
+    ratio = sens / std
+    precision = state.precision + ratio * ratio  # inf, never OverflowError, for a tiny std
     if floor > 0 and not precision * floor * floor <= 1.0 + COV_TOL:
-        ratio = std / sens if sens > 0 else math.inf
         raise ValueError(f"The server asked for noise std {std:.6g} on a pass of sensitivity "
-                         f"<= {sens:.6g} (multiplier {ratio:.4g}); with this fit's "
+                         f"<= {sens:.6g} (multiplier {1 / ratio if ratio else math.inf:.4g}); "
+                         f"with this fit's "
                          f"{len(state.released)} earlier release(s) the fit would be a Gaussian "
                          f"mechanism of noise multiplier {precision ** -0.5:.4g}, below this "
                          f"client's min-noise-multiplier={floor:g}; refusing.")
