@@ -51,8 +51,11 @@ noise is i.i.d.). Every node has its declared shape (nothing is broadcast), ever
 number is finite and within :data:`PUBLIC_LIMIT`, and a block function gets exactly its
 listed arguments (:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must
 return every client's part or raise (:class:`ClientMissingError`, also raised for a part
-of the wrong shape or not finite). A client keeps every noise draw of the fit in its state
-until the fit ends (a later release may combine them, as ``auto``'s coupled pair does).
+of the wrong shape or not finite); :func:`~dpprecond.pca.fit_private_pca` then stops with
+a :class:`ClientMissingError` stating the privacy spent (nothing before the first release
+was asked for; otherwise at most the fit's planned event, charged to its ``ledger``),
+whatever the transport. A client keeps every noise draw of the fit in its state until the
+fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
