@@ -205,6 +205,24 @@ def test_a_tiny_std_is_refused_by_the_floor_not_an_overflow() -> None:
              floor=1.0)
 
 
+def test_a_seeded_client_answers_one_fit_only() -> None:
+    """Seeded streams do not depend on the fit: fits "a" and "b" at stds 1 and 2 drew the
+    same normals, and 2 r_a - r_b was the exact Gram matrix."""
+    X, state = _rows(), ClientState()
+    for fit, std in (("a", 1.0), ("b", 2.0)):
+        request = {"kind": "release", "fit": fit, "row_norm": 1.0, "secure": False, "d": D,
+                   "pending": [_draw_spec(0, (D, D), std)], "value": _pass("gram", (D, D)),
+                   "noise": _draw(0, (D, D)), "std": std}
+        if fit == "b":
+            with pytest.raises(ValueError, match="same noise"):
+                client_answer(request, [], X, client_id=0, state=state, noise_seed=7)
+        else:
+            client_answer(request, [], X, client_id=0, state=state, noise_seed=7)
+    fresh = ClientState()  # unseeded: every request draws fresh entropy, fits may follow
+    for fit in ("a", "b"):
+        client_answer({**request, "fit": fit}, [], X, client_id=0, state=fresh)
+
+
 # Worst-case neighbours: the client's bound covers the change of its part ---------------
 
 def _neighbours(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -858,6 +858,13 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
                          f"{shape[1]} columns; refusing (every client holds the same d "
                          "columns).")
     if request.get("fit") != state.fit:  # a new fit: fresh streams and history
+        if noise_seed is not None and state.fit:
+            # Seeded streams are the same for every fit: a second fit would draw the same
+            # noise (two fits at stds s1, s2 give s2 r1 - s1 r2 = (s2 - s1) part, exactly).
+            raise ValueError(f"This client follows noise_seed and has answered fit "
+                             f"{state.fit!r}; a second fit ({request.get('fit')!r}) would "
+                             "draw the same noise, and the two would reveal its parts. Start "
+                             "a new client state (a new run) for another seeded fit.")
         state.__init__()  # type: ignore[misc]
         state.fit = str(request.get("fit"))
     secure = secure or bool(request.get("secure", False))
