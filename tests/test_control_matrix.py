@@ -634,6 +634,69 @@ class FlowerAppRow(EntryPoint):
             self.strategy(trust="secure-aggregation")  # size weights: the default
 
 
+class FlowerPCARow(EntryPoint):
+    """Federated private PCA on Flower (``fit_pca_on_flower`` and its apps), on the
+    in-process stand-in Grid of tests/adapters/test_flower_pca.py (the real ClientApp)."""
+
+    covers = ("dpprecond.adapters.flower.fit_pca_on_flower",
+              "dpprecond.adapters.flower.make_pca_server_app",
+              "dpprecond.adapters.flower.make_pca_client_app",
+              "dpprecond.adapters.flower.add_pca_handler")
+
+    @staticmethod
+    def grid(noise_seed: int | None = None) -> Any:
+        pytest.importorskip("flwr")
+        from dpprecond.adapters.flower.pca import SplitRows, make_pca_client_app
+        from tests.adapters.test_flower_pca import PCAGrid
+
+        app = make_pca_client_app(SplitRows(PCA_X, BOUNDS), noise_seed=noise_seed)
+        return PCAGrid(app, n_nodes=len(BOUNDS) - 1)
+
+    def run(self, grid: Any = None, **kw: Any) -> Any:
+        from dpprecond.adapters.flower.pca import fit_pca_on_flower
+
+        kw = {"target_epsilon": 1.0, "target_delta": 1e-5, "row_norm": ROW_NORM,
+              "method": "analyze_gauss", **kw}
+        with FlowerAppRow.identity():
+            return fit_pca_on_flower(grid if grid is not None else self.grid(), 2, **kw)
+
+    def secure(self, c: Cell) -> None:  # the clients' releases: CSPRNG draws, snapped
+        c.secure_and_not(lambda s: self.run(secure=s))
+
+    def secure_seed(self, c: Cell) -> None:
+        with refused(ValueError, "seed=1"):
+            self.run(secure=True, seed=1)
+        from dpprecond.adapters.flower.pca import ClientMissingError
+
+        with refused(ClientMissingError, "refuses seeds", "Nothing was released"):
+            self.run(self.grid(noise_seed=1), secure=True)  # a seeded client, secure asked
+
+    def ledger(self, c: Cell) -> None:
+        grid = self.grid()
+        low = PrivacyLedger(1e-5, max_epsilon=0.5)
+        with refused(PrivacyBudgetExceededError, "max_epsilon=0.5"):
+            self.run(grid, ledger=low)
+        assert grid.sent == 0 and low.n_releases == 0
+        ok = PrivacyLedger(1e-5, max_epsilon=1.0)
+        self.run(ledger=ok)
+        assert ok.n_releases == 1 and ok.epsilon <= 1.0 * (1 + 1e-6)
+
+    def delta(self, c: Cell) -> None:
+        grid = self.grid()
+        with refused(ValueError, "target_delta=0.5"):
+            self.run(grid, target_delta=0.5)
+        assert grid.sent == 0
+        with pytest.warns(LargeDeltaWarning, match="1/240"):  # n: every client's rows
+            self.run(target_delta=0.01)
+
+    def trust(self, c: Cell) -> None:
+        assert self.run(trust="local").info["trust"] == "local"
+        grid = self.grid()
+        with refused(ValueError, "trust='secure-aggregation'", "SecAgg+"):
+            self.run(grid, trust="secure-aggregation")
+        assert grid.sent == 0
+
+
 #: Every entry point, by row name (the order of docs/privacy.md's table).
 ENTRY_POINTS: dict[str, EntryPoint] = {
     "PrivatePCA": PrivatePCARow(),
@@ -651,6 +714,7 @@ ENTRY_POINTS: dict[str, EntryPoint] = {
     "dpprecond experiment tune": ExperimentTuneRow(),
     "dpprecond experiment tune --private": ExperimentTunePrivateRow(),
     "Flower app config": FlowerAppRow(),
+    "Flower PCA": FlowerPCARow(),
 }
 
 #: Public callables and CLI commands with a privacy parameter that release nothing

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,6 +251,25 @@ def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bo
                          "network has none to offer.")
 
 
+def _remote_spent(event: Any, delta: float, accountant: AccountantName,
+                  ledger: PrivacyLedger | None) -> Callable[[int, int], str]:
+    """What a fit over a network spent when a client goes missing after ``asked`` releases
+    (``answered`` of them by every client): at most the plan's event (each release's noise
+    is the plan's), charged to ``ledger``."""
+
+    def spent(asked: int, answered: int) -> str:
+        eps = epsilon_of(event, delta, accountant)
+        if ledger is not None:
+            ledger.spend(event)
+        return (f"Privacy already spent: {asked} release(s) were asked for and may have "
+                f"reached the server ({answered} answered by every client), at most the "
+                f"fit's planned event, epsilon={eps:.6g} at "
+                f"delta={delta:g}" + ("; charged to the ledger." if ledger is not None
+                                      else "."))
+
+    return spent
+
+
 def _refuse_nonprivate_secure_aggregation() -> None:
     raise ValueError("trust='secure-aggregation' is a private mechanism (every release is "
                      "a secure sum with the clients' Skellam noise); a non-private fit "
@@ -441,7 +461,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
     if remote:  # every pass a message round; each client adds its own noise
-        rows: Any = X.remote_rows(row_norm, secure=secure)
+        rows: Any = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
+            plan.event, delta, opts.get("accountant", "pld"), ledger))
         info.update(n_clients=rows.n_clients, trust=trust)
         mean_stream, init_stream, main_stream = X.noise_sources()
     elif clients is None:

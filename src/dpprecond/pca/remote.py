@@ -41,12 +41,21 @@ The client checks what it is asked (:func:`client_answer`): the value must be on
 library's passes (a fixed list of block functions) under linear maps with public arrays,
 from which it bounds the sensitivity itself (leaf sensitivity times the maps' norms); the
 noise must have positive variance, be uncorrelated with the noise of each of its earlier
-releases of the fit (a server cannot cancel noise by combining draws), use no public
-draw, and, with ``min_noise_multiplier``, be at least that many times the sensitivity
-bound. A pass cannot drop a client: the transport must return every client's part or
-raise (:class:`ClientMissingError`, also raised for a part of the wrong shape or not
-finite). A client keeps every noise draw of the fit in its state until the fit ends (a
-later release may combine them, as ``auto``'s coupled pair does).
+releases of the fit (a server cannot cancel noise by combining draws), use no public draw,
+and, with ``min_noise_multiplier`` ``Z``, keep the fit a Gaussian mechanism of multiplier
+at least ``Z``: the precisions ``(bound / std)^2`` of its releases so far sum to at most
+``1 / Z^2`` (each release alone is then at least ``Z`` times its bound; a new fit id
+starts afresh: the client keeps no budget across fits). A release whose noise holds a
+symmetric draw is the upper triangle of the noisy part, mirrored (the only entries whose
+noise is i.i.d.). Every node has its declared shape (nothing is broadcast), every public
+number is finite and within :data:`PUBLIC_LIMIT`, and a block function gets exactly its
+listed arguments (:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must
+return every client's part or raise (:class:`ClientMissingError`, also raised for a part
+of the wrong shape or not finite); :func:`~dpprecond.pca.fit_private_pca` then stops with
+a :class:`ClientMissingError` stating the privacy spent (nothing before the first release
+was asked for; otherwise at most the fit's planned event, charged to its ``ledger``),
+whatever the transport. A client keeps every noise draw of the fit in its state until the
+fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
@@ -68,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from dpprecond.noise import gaussian, keyed_stream, symmetric_gaussian
+from dpprecond.noise import gaussian, keyed_stream, release, symmetric_gaussian
 from dpprecond.pca.federated import combined_rounding_slack
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 
@@ -94,6 +103,14 @@ SQRT2 = math.sqrt(2.0)
 #: Relative tolerance of the client's independence check (a covariance of two releases'
 #: noise that is zero in exact arithmetic, as the coupled pair's, is ~1e-16 as computed).
 COV_TOL = 1e-9
+#: The largest norm a client lets a part (or any node of its value) reach: ``n_i`` times
+#: the node's sensitivity bound must stay below it (far from float64's 1.8e308).
+PART_LIMIT = 1e300
+#: The largest magnitude (and, for a divisor or a scale, the inverse of the smallest) of a
+#: public number a client accepts in a request: far beyond any fit's (orthonormal
+#: iterates, preconditioners, means, radii, 1/n), and small enough that no pass over rows
+#: of norm <= 1 overflows, so whether a part is finite never depends on the data.
+PUBLIC_LIMIT = 1e100
 
 
 class ClientMissingError(RuntimeError):
@@ -223,6 +240,17 @@ def _block_functions() -> dict[str, tuple[Any, Callable[[tuple[Any, ...]], float
     }
 
 
+#: The public arguments of each block function, in order: ``"matrix"`` (2-D array),
+#: ``"vector"`` (1-D array), ``"positive"`` (a scalar in ``[1/PUBLIC_LIMIT,
+#: PUBLIC_LIMIT]``). Exactly these: an extra positional argument would be the block
+#: function's ``scale`` (the rows' factors), which only the client's own pass may set.
+BLOCK_ARGS: dict[str, tuple[str, ...]] = {
+    "probe": ("matrix", "matrix", "positive", "vector"),  # X, B, unit, edges
+    "rescaled_gram": ("positive",),  # tau
+    "clipped_step": ("matrix", "positive"),  # X @ B, radius
+}
+
+
 def _block_name(func: Any) -> str:
     for name, (f, _) in _block_functions().items():
         if f is func:
@@ -272,30 +300,52 @@ class _Session:
     fit_id: str
     row_norm: float = 1.0
     secure: bool = False
+    d: int = 0  # the number of features every client's rows must have
+    n_clients: int = 0
     next_draw: int = 0
     pending: list[dict[str, Any]] = field(default_factory=list)
     releases: int = 0  # answered by every client
     asked: int = 0  # sent (some clients may have answered)
+    #: ``spent(asked, answered) -> sentence``: the privacy spent when the fit stops after
+    #: ``asked`` releases were sent (it charges the fit's ledger); set by the fit
+    spent: Callable[[int, int], str] | None = None
+
+    def _stopped(self, exc: ClientMissingError) -> ClientMissingError:
+        """The error that stops the fit: ``exc``, the reason, and the privacy spent."""
+        spent = ("Nothing was released (no release had been asked for)." if self.asked == 0
+                 else self.spent(self.asked, self.releases) if self.spent is not None else
+                 f"{self.asked} release(s) were asked for and may have reached the server "
+                 f"({self.releases} answered by every client).")
+        return ClientMissingError(
+            f"{exc} A PCA pass is a sum over every client's rows and cannot drop a client, "
+            f"so the fit stopped. {spent}", clients=exc.clients, reasons=exc.reasons,
+            kind=exc.kind, releases_made=self.releases)
 
     def call(self, kind: str, shape: tuple[int, ...], arrays: list[np.ndarray] | None = None,
              **fields: Any) -> list[np.ndarray]:
         """One round: the pending draws, then ``kind``; every client's array of ``shape``
         (finite), in client order."""
         request = {"kind": kind, "fit": self.fit_id, "row_norm": self.row_norm,
-                   "secure": self.secure, "pending": list(self.pending), **fields}
+                   "secure": self.secure, "d": self.d, "pending": list(self.pending),
+                   **fields}
         if kind == "release":
             self.asked += 1
-        parts = [np.asarray(p, dtype=np.float64)
-                 for p in self.transport(request, list(arrays or []))]
+        try:
+            parts = [np.asarray(p, dtype=np.float64)
+                     for p in self.transport(request, list(arrays or []))]
+        except ClientMissingError as exc:
+            raise self._stopped(exc) from exc
         bad = {i: f"a part of shape {p.shape} (finite: {bool(np.isfinite(p).all())}), "
                   f"expected finite values of shape {tuple(shape)}"
                for i, p in enumerate(parts) if p.shape != tuple(shape)
                or not np.isfinite(p).all()}
+        if len(parts) != self.n_clients:
+            bad.update({i: "no part" for i in range(len(parts), self.n_clients)})
         if bad:
-            raise ClientMissingError(
+            raise self._stopped(ClientMissingError(
                 f"Federated PCA request {kind!r}: client(s) {sorted(bad)} sent "
                 + "; ".join(f"client {i}: {why}" for i, why in bad.items()) + ".",
-                clients=sorted(bad), reasons=bad, kind=kind)
+                clients=sorted(bad), reasons=bad, kind=kind))
         self.pending.clear()  # every client has made them
         return parts
 
@@ -453,7 +503,7 @@ class RemoteFederation:
         if len(n_rows) < 1 or min(n_rows) < 1:
             raise ValueError(f"Expected every client to hold at least one row, got n_rows="
                              f"{list(n_rows)}.")
-        self._session = _Session(transport, str(fit_id))
+        self._session = _Session(transport, str(fit_id), n_clients=len(n_rows))
         self.n_rows = [int(v) for v in n_rows]
         self.n_features = int(n_features)
 
@@ -478,10 +528,18 @@ class RemoteFederation:
         their noisy part)."""
         return self._session.asked
 
-    def remote_rows(self, row_norm: float, *, secure: bool = False) -> RemoteRows:
-        """The rows (one round: every client's rounding bound for ``n`` terms)."""
+    def remote_rows(self, row_norm: float, *, secure: bool = False,
+                    spent: Callable[[int, int], str] | None = None) -> RemoteRows:
+        """The rows (one round: every client's rounding bound for ``n`` terms).
+
+        ``spent(asked, answered)``: called once if a client goes missing after
+        ``asked >= 1`` releases were sent (``answered`` by every client); it charges the
+        fit's ledger and returns the sentence stating the privacy spent, which ends the
+        :class:`ClientMissingError`'s message.
+        """
         s = self._session
-        s.row_norm, s.secure = float(row_norm), bool(secure)
+        s.row_norm, s.secure, s.d = float(row_norm), bool(secure), self.n_features
+        s.spent = spent
         slacks = [float(p) for p in s.call("slack", (), n=self.shape[0])]
         return RemoteRows(s, self.n_rows, self.n_features, slacks)
 
@@ -505,11 +563,16 @@ class ClientState:
     draw_std: dict[str, float] = field(default_factory=dict)  # id -> std (public: 0)
     released: list[dict[str, float]] = field(default_factory=list)  # noise coefficients
     draws: dict[str, np.ndarray] = field(default_factory=dict)
+    symmetric: list[str] = field(default_factory=list)  # ids of the symmetric draws
+    #: sum over the fit's releases of ``(sensitivity bound / noise std)^2``: the fit so far
+    #: is one Gaussian mechanism with noise multiplier ``precision ** -0.5``
+    precision: float = 0.0
 
     def meta(self) -> str:
         """The JSON part."""
         return json.dumps({"fit": self.fit, "streams": self.streams,
-                           "draw_std": self.draw_std, "released": self.released})
+                           "draw_std": self.draw_std, "released": self.released,
+                           "symmetric": self.symmetric, "precision": self.precision})
 
     @classmethod
     def load(cls, meta: str | None, draws: dict[str, np.ndarray]) -> ClientState:
@@ -517,7 +580,8 @@ class ClientState:
         if not meta:
             return cls()
         m = json.loads(meta)
-        return cls(m["fit"], m["streams"], m["draw_std"], m["released"], dict(draws))
+        return cls(m["fit"], m["streams"], m["draw_std"], m["released"], dict(draws),
+                   list(m.get("symmetric", [])), float(m.get("precision", 0.0)))
 
 
 def _stream(state: ClientState, j: int, client_id: int, seed: int | None,
@@ -532,6 +596,16 @@ def _stream(state: ClientState, j: int, client_id: int, seed: int | None,
     if str(j) in state.streams:
         gen.bit_generator.state = state.streams[str(j)]
     return gen
+
+
+def _release_source(secure: bool) -> Any:
+    """The source :func:`dpprecond.noise.release` sees for a client's release (its noise is
+    already drawn): secure mode's generator (the release is snapped) or a plain one."""
+    if secure:
+        from dpprecond.secure import SecureGenerator
+
+        return SecureGenerator()
+    return np.random.default_rng(0)  # never drawn from: the noise is given
 
 
 def _draw(spec: dict[str, Any], gen: Any) -> np.ndarray:
@@ -549,19 +623,115 @@ def _draw(spec: dict[str, Any], gen: Any) -> np.ndarray:
 
 def _array(node: Any, arrays: Sequence[np.ndarray]) -> Any:
     if isinstance(node, dict) and "array" in node:
-        return np.asarray(arrays[int(node["array"])], dtype=np.float64)
+        A = np.asarray(arrays[int(node["array"])], dtype=np.float64)
+        if A.ndim > 2:
+            raise ValueError(f"Refusing a public array of {A.ndim} dimensions (at most 2).")
+        if not np.all(np.isfinite(A)) or (A.size and float(np.max(np.abs(A))) > PUBLIC_LIMIT):
+            raise ValueError(f"Refusing a public array that is not finite or has entries "
+                             f"beyond {PUBLIC_LIMIT:g} in magnitude (a pass on it could "
+                             "overflow depending on the rows).")
+        return A
     return node
+
+
+def _public_scalar(x: Any, what: str, *, positive: bool = False) -> float:
+    """A public number of a request: finite, ``|x| <= PUBLIC_LIMIT`` (and, ``positive``,
+    ``x >= 1/PUBLIC_LIMIT``)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"Refusing {what}={x!r}: expected a number.")
+    x = float(x)
+    low = 1.0 / PUBLIC_LIMIT if positive else -PUBLIC_LIMIT
+    if not (math.isfinite(x) and low <= x <= PUBLIC_LIMIT):
+        raise ValueError(f"Refusing {what}={x!r}: expected a finite number in "
+                         f"[{low:g}, {PUBLIC_LIMIT:g}].")
+    return x
+
+
+def _block_args(kind: str, raw: Sequence[Any], arrays: Sequence[np.ndarray],
+                d: int) -> tuple[Any, ...]:
+    """The checked public arguments of block function ``kind`` (:data:`BLOCK_ARGS`)."""
+    expected = BLOCK_ARGS[kind]
+    if len(raw) != len(expected):
+        raise ValueError(f"Refusing pass {kind!r} with {len(raw)} arguments; it takes "
+                         f"exactly {len(expected)} ({', '.join(expected)}).")
+    out: list[Any] = []
+    for i, (a, want) in enumerate(zip(raw, expected, strict=True)):
+        if want == "positive":
+            out.append(_public_scalar(a, f"{kind} argument {i}", positive=True))
+            continue
+        A = _array(a, arrays)
+        if not isinstance(A, np.ndarray) or A.ndim != (2 if want == "matrix" else 1):
+            raise ValueError(f"Refusing pass {kind!r}: argument {i} must be a {want}.")
+        if i == 0 and want == "matrix" and A.shape[0] != d:
+            raise ValueError(f"Refusing pass {kind!r}: argument 0 has {A.shape[0]} rows, "
+                             f"this client's rows have {d} columns.")
+        out.append(A)
+    return tuple(out)
+
+
+def _block_shape(kind: str, args: tuple[Any, ...], d: int) -> tuple[int, ...]:
+    """The shape of one block's term of block function ``kind`` on ``args``."""
+    if kind == "probe":  # counts and energies per bin of the edges
+        return (2 * (args[3].size + 1),)
+    if kind == "rescaled_gram":
+        return (d, d)
+    return (d, int(args[0].shape[1]))  # clipped_step: a_i c_i^T with c_i = clip(XB^T a_i)
+
+
+def _check_shape(node: dict[str, Any], v: Any, what: str) -> Any:
+    """``v`` if it has the node's declared shape (nothing is ever broadcast)."""
+    if np.shape(v) != tuple(node["shape"]):
+        raise ValueError(f"Refusing a request whose {what} {node['op']!r} has shape "
+                         f"{np.shape(v)}, declared {tuple(node['shape'])}: a sum of terms "
+                         "of different shapes would broadcast one of them, which its "
+                         "sensitivity bound does not cover.")
+    return v
+
+
+def _same_shape(a: Any, b: Any, what: str) -> None:
+    if np.shape(a) != np.shape(b):
+        raise ValueError(f"Refusing a {what} of terms of shapes {np.shape(a)} and "
+                         f"{np.shape(b)} (it would broadcast; the bound covers no "
+                         "broadcast).")
+
+
+def _map(node: Any, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    A = _array(node, arrays)
+    if not isinstance(A, np.ndarray):
+        raise ValueError("Refusing a product with something other than a public array.")
+    return A
 
 
 def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
                     rows_of: Callable[[Any], ClippedRows],
                     memo: dict[str, tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
-    """``(this client's part, an upper bound on its l2 sensitivity)``."""
+    """``(this client's part, an upper bound on its l2 sensitivity)``; every node's value
+    has its declared shape."""
+    v, s = _value_node(node, arrays, rows_of, memo)
+    # Every node's value is a sum of n_i row terms each within its bound s (the leaves'
+    # terms are, and the maps act on each term), so n_i * s bounds its norm: within
+    # PART_LIMIT nothing overflows, and the refusal depends on public numbers only.
+    n_i = rows_of(None).shape[0]
+    if not (math.isfinite(s) and s * max(n_i, 1) <= PART_LIMIT):
+        raise ValueError(f"Refusing a request whose {node['op']!r} node has the sensitivity "
+                         f"bound {s:.6g}: over this client's {n_i} rows its value could reach "
+                         f"{s * n_i:.3g}, beyond {PART_LIMIT:g} (it could overflow, depending "
+                         "on the rows).")
+    return _check_shape(node, v, "value"), s
+
+
+def _value_node(node: dict[str, Any], arrays: Sequence[np.ndarray],
+                rows_of: Callable[[Any], ClippedRows],
+                memo: dict[str, tuple[np.ndarray, float]]) -> tuple[np.ndarray, float]:
     op = node["op"]
     if op == "pass":
         key = json.dumps(node, sort_keys=True)
         if key not in memo:
-            rows = rows_of(_array(node["mean"], arrays))
+            mean = _array(node["mean"], arrays)
+            d = rows_of(None).shape[1]
+            if mean is not None and (not isinstance(mean, np.ndarray) or mean.shape != (d,)):
+                raise ValueError(f"Refusing a mean of shape {np.shape(mean)}; expected ({d},).")
+            rows = rows_of(mean)
             kind, shape = node["kind"], tuple(node["shape"])
             if kind == "gram":
                 memo[key] = (rows.gram(), SQRT2)
@@ -573,17 +743,21 @@ def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
                     raise ValueError(f"Refusing an unknown pass {kind!r}: this client evaluates "
                                      f"only gram, column_sum and {sorted(funcs)}.")
                 func, sens = funcs[kind]
-                args = tuple(_array(a, arrays) for a in node["args"])
+                args = _block_args(kind, node["args"], arrays, d)
+                own = _block_shape(kind, args, d)
+                if shape != own:  # block_sum would broadcast each term into `shape`
+                    raise ValueError(f"Refusing pass {kind!r} declared of shape {shape}; its "
+                                     f"terms have shape {own}.")
                 memo[key] = (rows.block_sum(func, *args, shape=shape,
-                                            row_scaled=node["row_scaled"],
-                                            row_sq=node["row_sq"]), sens(args))
+                                            row_scaled=bool(node["row_scaled"]),
+                                            row_sq=bool(node["row_sq"])), sens(args))
         return memo[key]
     args = node["args"]
     if op == "matmul":
-        (v, s), A = _evaluate_value(args[0], arrays, rows_of, memo), _array(args[1], arrays)
+        (v, s), A = _evaluate_value(args[0], arrays, rows_of, memo), _map(args[1], arrays)
         return v @ A, s * float(np.linalg.norm(np.atleast_2d(A), 2))
     if op == "rmatmul":
-        A, (v, s) = _array(args[0], arrays), _evaluate_value(args[1], arrays, rows_of, memo)
+        A, (v, s) = _map(args[0], arrays), _evaluate_value(args[1], arrays, rows_of, memo)
         return A @ v, s * float(np.linalg.norm(np.atleast_2d(A), 2))
     if op == "T":
         v, s = _evaluate_value(args[0], arrays, rows_of, memo)
@@ -593,16 +767,20 @@ def _evaluate_value(node: dict[str, Any], arrays: Sequence[np.ndarray],
         return -v, s
     if op in ("add", "sub"):
         (a, sa), (b, sb) = (_evaluate_value(x, arrays, rows_of, memo) for x in args)
+        _same_shape(a, b, "sum")
         return (a + b if op == "add" else a - b), sa + sb
-    if op == "mul":
-        v, s = _evaluate_value(args[0], arrays, rows_of, memo)
-        return v * float(args[1]), s * abs(float(args[1]))
-    if op == "rmul":
-        v, s = _evaluate_value(args[1], arrays, rows_of, memo)
-        return float(args[0]) * v, s * abs(float(args[0]))
+    if op in ("mul", "rmul"):
+        inner, c = (args[0], args[1]) if op == "mul" else (args[1], args[0])
+        c = _public_scalar(c, "a scale factor")
+        v, s = _evaluate_value(inner, arrays, rows_of, memo)
+        return (v * c if op == "mul" else c * v), s * abs(c)
     if op == "div":
+        c = _public_scalar(args[1], "a divisor")
+        if abs(c) < 1.0 / PUBLIC_LIMIT:
+            raise ValueError(f"Refusing a division by {c!r} (below {1 / PUBLIC_LIMIT:g} in "
+                             "magnitude).")
         v, s = _evaluate_value(args[0], arrays, rows_of, memo)
-        return v / float(args[1]), s / abs(float(args[1]))
+        return v / c, s / abs(c)
     raise ValueError(f"Refusing an unknown operation {op!r} on a pass.")
 
 
@@ -615,7 +793,7 @@ def _evaluate_noise(node: dict[str, Any], draws: dict[str, np.ndarray],
         if key not in draws or draw_std.get(key, 0.0) <= 0:
             raise ValueError(f"Refusing a release whose noise uses draw {key}, which this "
                              "client never drew as noise (or drew as public randomness).")
-        return draws[key], {key: 1.0}
+        return _check_shape(node, draws[key], "noise draw"), {key: 1.0}
     args = node["args"]
 
     def combine(ca: dict[str, float], cb: dict[str, float], sign: float) -> dict[str, float]:
@@ -626,12 +804,16 @@ def _evaluate_noise(node: dict[str, Any], draws: dict[str, np.ndarray],
 
     if op in ("add", "sub"):
         (a, ca), (b, cb) = (_evaluate_noise(x, draws, draw_std) for x in args)
+        _same_shape(a, b, "noise")
         return (a + b, combine(ca, cb, 1.0)) if op == "add" else (a - b, combine(ca, cb, -1.0))
     if op == "neg":
         a, ca = _evaluate_noise(args[0], draws, draw_std)
         return -a, {k: -c for k, c in ca.items()}
     if op in ("mul", "rmul", "div"):
-        inner, c = (args[0], float(args[1])) if op != "rmul" else (args[1], float(args[0]))
+        inner, c = (args[0], args[1]) if op != "rmul" else (args[1], args[0])
+        c = _public_scalar(c, "a noise coefficient")
+        if op == "div" and abs(c) < 1.0 / PUBLIC_LIMIT:
+            raise ValueError(f"Refusing a division of noise by {c!r}.")
         a, ca = _evaluate_noise(inner, draws, draw_std)
         if op == "div":
             return a / c, {k: v / c for k, v in ca.items()}
@@ -641,6 +823,18 @@ def _evaluate_noise(node: dict[str, Any], draws: dict[str, np.ndarray],
 
 def _covariance(a: dict[str, float], b: dict[str, float], draw_std: dict[str, float]) -> float:
     return sum(c * b[k] * draw_std[k] ** 2 for k, c in a.items() if k in b)
+
+
+def _client_rows(X: Any, row_norm: float, block_bytes: int) -> ClippedRows:
+    """This client's rows; the refusal of a NaN or an infinity does not say where it is (the
+    message goes to the server, and which record is incomplete is the client's)."""
+    try:
+        return ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+    except ValueError as exc:
+        if "NaN or infinite" not in str(exc):
+            raise
+        raise ValueError("This client's rows contain NaN or infinite entries; the data owner "
+                         "must remove or impute them (positions are not sent).") from None
 
 
 def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any, *,
@@ -655,7 +849,22 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     order, from this client's streams. ``state`` is updated in place (the caller stores
     it). Raises ``ValueError`` for a request it refuses (module docstring).
     """
+    shape = np.shape(X)
+    if len(shape) != 2 or shape[0] < 1:
+        raise ValueError(f"This client's rows must be a 2-D array with at least one row, got "
+                         f"shape {shape}; a PCA federation needs every client's rows.")
+    if "d" in request and int(request["d"]) != shape[1]:
+        raise ValueError(f"The fit has d={int(request['d'])} features, this client's rows have "
+                         f"{shape[1]} columns; refusing (every client holds the same d "
+                         "columns).")
     if request.get("fit") != state.fit:  # a new fit: fresh streams and history
+        if noise_seed is not None and state.fit:
+            # Seeded streams are the same for every fit: a second fit would draw the same
+            # noise (two fits at stds s1, s2 give s2 r1 - s1 r2 = (s2 - s1) part, exactly).
+            raise ValueError(f"This client follows noise_seed and has answered fit "
+                             f"{state.fit!r}; a second fit ({request.get('fit')!r}) would "
+                             "draw the same noise, and the two would reveal its parts. Start "
+                             "a new client state (a new run) for another seeded fit.")
         state.__init__()  # type: ignore[misc]
         state.fit = str(request.get("fit"))
     secure = secure or bool(request.get("secure", False))
@@ -677,13 +886,20 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         gen = _stream(state, j, client_id, None, secure) if own else gens[j]
         state.draws[key] = _draw(spec, gen)
         state.draw_std[key] = 0.0 if spec["kind"] == "public" else float(spec["std"])
+        if spec["kind"] == "symmetric":
+            state.symmetric.append(key)
     if noise_seed is not None:
         for j, gen in gens.items():
             state.streams[str(j)] = gen.bit_generator.state
-    row_norm = float(request["row_norm"])
+    row_norm = request.get("row_norm")
+    if isinstance(row_norm, bool) or not isinstance(row_norm, (int, float)) \
+            or not (math.isfinite(row_norm) and row_norm > 0):
+        raise ValueError(f"Refusing a request with row_norm={row_norm!r}: expected a finite "
+                         "number > 0 (the public bound on the rows' norms).")
+    row_norm = float(row_norm)
     kind = request["kind"]
     if kind == "slack":
-        rows = ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+        rows = _client_rows(X, row_norm, block_bytes)
         return np.asarray(rows.rounding_slack(int(request["n"])))
     if kind == "public":
         key = str(request["id"])
@@ -692,7 +908,7 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         return state.draws.pop(key)
     if kind != "release":
         raise ValueError(f"Unknown request kind {kind!r}.")
-    base = ClippedRows.from_data(X, row_norm, block_bytes=block_bytes)
+    base = _client_rows(X, row_norm, block_bytes)
     centered: dict[bytes, ClippedRows] = {}
 
     def rows_of(mean: Any) -> ClippedRows:
@@ -714,17 +930,33 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
             raise ValueError("Refusing a release whose noise is correlated with the noise of "
                              "an earlier release (combined, they would reveal the part).")
     std = math.sqrt(var)
-    if std < float(min_noise_multiplier) * sens:
+    if not (math.isfinite(sens) and sens >= 0 and np.all(np.isfinite(part))):
+        raise ValueError(f"Refusing a release whose sensitivity bound is {sens!r} (expected "
+                         "a finite number >= 0) or whose part is not finite.")
+    # Gaussian releases compose as one Gaussian mechanism whose precision 1/z^2 is the sum
+    # of theirs: the floor bounds the whole fit (many releases each at the floor would not).
+    floor = float(min_noise_multiplier)
+    ratio = sens / std
+    precision = state.precision + ratio * ratio  # inf, never OverflowError, for a tiny std
+    if floor > 0 and not precision * floor * floor <= 1.0 + COV_TOL:
         raise ValueError(f"The server asked for noise std {std:.6g} on a pass of sensitivity "
-                         f"<= {sens:.6g} (multiplier {std / sens:.4g}), below this client's "
-                         f"min-noise-multiplier={float(min_noise_multiplier):g}; refusing.")
+                         f"<= {sens:.6g} (multiplier {1 / ratio if ratio else math.inf:.4g}); "
+                         f"with this fit's "
+                         f"{len(state.released)} earlier release(s) the fit would be a Gaussian "
+                         f"mechanism of noise multiplier {precision ** -0.5:.4g}, below this "
+                         f"client's min-noise-multiplier={floor:g}; refusing.")
     if np.shape(part) != np.shape(noise):
         raise ValueError(f"The noise's shape {np.shape(noise)} is not the part's "
                          f"{np.shape(part)}.")
     state.released.append(coefs)
-    out = part + noise
-    if secure:
-        from dpprecond.secure import snap
-
-        out = snap(np.array(out, dtype=np.float64), std)
+    state.precision = precision
+    part, noise = np.asarray(part, dtype=np.float64), np.asarray(noise, dtype=np.float64)
+    if any(key in coefs for key in state.symmetric):
+        # Symmetric noise is i.i.d. on and above the diagonal only: release that triangle,
+        # mirrored (post-processing), so that a value that is not symmetric cannot show
+        # out - out.T, its noiseless antisymmetric part. A symmetric value is unchanged
+        # (mirroring each term, then adding, is mirroring the sum, entry by entry).
+        part, noise = (np.triu(a) + np.triu(a, 1).T for a in (part, noise))
+    # The library's one release: part + noise, snapped in secure mode (a secure source).
+    out = release(part, std, _release_source(secure), noise=noise)
     return np.asarray(out, dtype=np.float64)

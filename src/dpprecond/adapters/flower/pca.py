@@ -37,8 +37,9 @@ server adds ``K`` noisy parts where the in-process fit adds ``K`` exact parts an
 summed noise; differences at the last bits, ~1e-15 relative). Otherwise every request
 draws fresh OS entropy; node config ``secure-noise=true`` (or ``secure=True`` at the
 server) makes the clients draw from :mod:`dpprecond.secure` and snap their releases.
-Node config ``min-noise-multiplier=Z`` refuses a release whose noise std is below ``Z``
-times the sensitivity bound the client computes itself.
+Node config ``min-noise-multiplier=Z`` refuses a release that would make the fit, with its
+earlier releases, a Gaussian mechanism of noise multiplier below ``Z`` (the precisions
+``(bound / std)^2`` add, with the sensitivity bound the client computes itself).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._validation import check_choice, check_int, check_positive
-from dpprecond.accounting import PrivacyLedger, epsilon_of
+from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import (
     ClientInfo,
     LocalData,
@@ -358,7 +359,7 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
         ``epsilon`` (the fit's dp_accounting event), ``info["n_clients"]``,
         ``info["trust"] = "local"``.
     """
-    planned = check_pca_config(
+    check_pca_config(
         n_components, target_epsilon=target_epsilon, target_delta=target_delta,
         row_norm=row_norm, method=method, center=center, trust=trust,
         noise_multiplier=noise_multiplier, ledger=ledger, n_clients=n_clients,
@@ -366,29 +367,12 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     nodes, n_rows, d = _register(grid, n_clients, connect_timeout, timeout)
     federation = RemoteFederation(FlowerTransport(grid, nodes, timeout), n_rows, d,
                                   fit_id=uuid.uuid4().hex)
-    try:
-        return fit_private_pca(federation, n_components, target_epsilon=target_epsilon,
-                               target_delta=target_delta, row_norm=row_norm, method=method,
-                               center=center, ledger=ledger, secure=secure,
-                               noise_multiplier=noise_multiplier, **options)
-    except ClientMissingError as exc:
-        asked = federation.releases_asked
-        if asked == 0:
-            spent = "Nothing was released (no release had been asked for)."
-        else:
-            accountant = METHODS[method].options(options).get("accountant", "pld")
-            eps = epsilon_of(planned, target_delta, accountant)
-            spent = (f"Privacy already spent: {asked} release(s) were asked for and may have "
-                     f"reached the server ({federation.releases} answered by every client), "
-                     f"at most the fit's planned event, epsilon={eps:.6g} at delta="
-                     f"{target_delta:g}" + ("; charged to the ledger." if ledger is not None
-                                            else "."))
-            if ledger is not None:
-                ledger.spend(planned)
-        raise ClientMissingError(
-            f"{exc} A PCA pass is a sum over every client's rows and cannot drop a client, "
-            f"so the fit stopped. {spent}", clients=exc.clients, reasons=exc.reasons,
-            kind=exc.kind, releases_made=federation.releases) from exc
+    # A missing client stops the fit with a ClientMissingError stating the privacy spent
+    # (fit_private_pca charges the ledger with the plan once a release was asked for).
+    return fit_private_pca(federation, n_components, target_epsilon=target_epsilon,
+                           target_delta=target_delta, row_norm=row_norm, method=method,
+                           center=center, ledger=ledger, secure=secure,
+                           noise_multiplier=noise_multiplier, **options)
 
 
 def make_pca_server_app(n_components: int, *, target_epsilon: float | None,
