@@ -50,7 +50,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -422,8 +422,8 @@ def _load_state(context: Context) -> ClientState:
     if _STATE not in context.state:
         return ClientState()
     meta = str(context.state[_STATE]["meta"])
-    draws = {k: np.asarray(v.numpy()) for k, v in context.state[_DRAWS].items()} \
-        if _DRAWS in context.state else {}
+    saved = cast(ArrayRecord, context.state[_DRAWS]) if _DRAWS in context.state else None
+    draws = {k: np.asarray(v.numpy()) for k, v in saved.items()} if saved is not None else {}
     return ClientState.load(meta, draws)
 
 
@@ -449,7 +449,7 @@ def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
                          "client run different versions of the dpprecond adapter.")
     request = json.loads(str(message.content[_REQUEST]["json"]))
     X = _local_rows(load_rows(info))
-    metrics: dict[str, int] = {"client-id": info.client_id}
+    metrics: dict[str, int | float | list[int] | list[float]] = {"client-id": info.client_id}
     if request.get("kind") == "register":
         metrics.update({"num-partitions": info.n_clients, "n-rows": int(X.shape[0]),
                         "n-features": int(X.shape[1])})
@@ -461,7 +461,7 @@ def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
                         f"{floor!r}.")
     secure = _as_bool("secure-noise", node.get("secure-noise", False))
     seed = noise_seed if noise_seed is not None else _run_config_seed(info)
-    record = message.content[_ARRAYS] if _ARRAYS in message.content else {}
+    record: Any = message.content[_ARRAYS] if _ARRAYS in message.content else {}
     arrays = [read_array(record, str(i), "request") for i in range(len(record))]
     state = _load_state(context)
     out = client_answer(request, arrays, X, client_id=info.client_id, state=state,
