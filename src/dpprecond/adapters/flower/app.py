@@ -79,7 +79,8 @@ from dpprecond.secagg.fl import check_secure_aggregation
 
 __all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "RunConfigError", "check_app",
            "check_run_config", "client_app", "config_from_run_config", "federation_size",
-           "load_client_data", "method_from_run_config", "run_from_run_config",
+           "load_client_data", "method_from_run_config", "read_app_run_config",
+           "run_from_run_config",
            "run_secagg", "save_result", "secagg_strategy_from_run_config", "server_app",
            "strategy_from_run_config"]
 
@@ -419,11 +420,11 @@ def run_from_run_config(grid: Grid, context: Context) -> FLResult:
     return result
 
 
-def check_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Check an app's run config (``pyproject.toml`` plus ``--run-config`` overrides).
+def read_app_run_config(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """An app's run config: its ``pyproject.toml`` table plus ``--run-config`` overrides.
 
-    The overrides are parsed by Flower's own parser, as ``flwr run`` parses them. Returns
-    the fused run config; raises :class:`RunConfigError` (or ``FileNotFoundError``).
+    The overrides are parsed by Flower's own parser, as ``flwr run`` parses them; nothing
+    is checked (raises ``FileNotFoundError`` without a ``pyproject.toml``).
     """
     import tomllib
 
@@ -437,6 +438,16 @@ def check_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, A
     run_config = flatten_dict(table.get("tool", {}).get("flwr", {}).get("app", {})
                               .get("config", {}))
     run_config.update(parse_config_args(list(overrides)))
+    return run_config
+
+
+def check_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Check an app's run config (``pyproject.toml`` plus ``--run-config`` overrides).
+
+    Returns the fused run config (:func:`read_app_run_config`); raises
+    :class:`RunConfigError` (or ``FileNotFoundError``).
+    """
+    run_config = read_app_run_config(app_dir, overrides)
     check_run_config(run_config)
     return run_config
 

@@ -32,7 +32,15 @@ from dpprecond.data.base import Dataset
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.fl.partition import make_partition
 
-__all__ = ["NodeFileData", "PartitionedDataset", "featurized_dataset"]
+__all__ = ["NodeFileData", "PartitionedDataset", "featurized_dataset", "raw_dataset"]
+
+
+@lru_cache(maxsize=2)
+def raw_dataset(name: str, data_path: str | None = None) -> Dataset:
+    """``load_dataset(name, data_path)`` (raw pixels in [0, 1]), cached per process."""
+    from dpprecond.data import load_dataset
+
+    return load_dataset(name, data_path)
 
 
 @lru_cache(maxsize=2)
@@ -96,11 +104,20 @@ class PartitionedDataset:
         """The whole featurized dataset (the server uses its test split)."""
         return featurized_dataset(self.name, self.data_path, self.features)
 
-    def __call__(self, info: ClientInfo) -> LocalData:
-        ds = self.dataset()
+    def indices(self, info: ClientInfo) -> np.ndarray:
+        """The training-row indices of client ``info.client_id`` of ``info.n_clients``."""
         parts = _parts(self.name, self.data_path, self.features, info.n_clients,
                        self.partition, float(self.alpha), int(self.seed))
-        idx = parts[info.client_id]
+        return parts[info.client_id]
+
+    def raw_rows(self, info: ClientInfo) -> np.ndarray:
+        """This client's training rows before featurizing (pixels in [0, 1]), cut as
+        :meth:`__call__` cuts them: the rows of the federated PCA app."""
+        return raw_dataset(self.name, self.data_path).X_train[self.indices(info)]
+
+    def __call__(self, info: ClientInfo) -> LocalData:
+        ds = self.dataset()
+        idx = self.indices(info)
         return LocalData(LinearSoftmax(ds.n_features, ds.n_classes), ds.X_train[idx],
                          ds.y_train[idx])
 
