@@ -26,6 +26,8 @@ server. The adapter names no method; it only moves arrays and configurations:
 - :mod:`~dpprecond.adapters.flower.pca`: federated private PCA (``trust="local"``), every
   pass of :func:`dpprecond.pca.fit_private_pca` one ``query.pca`` message round
   (:func:`fit_pca_on_flower`, :func:`make_pca_server_app`, :func:`make_pca_client_app`);
+- :mod:`~dpprecond.adapters.flower.pca_app`: federated PCA driven by the run config, the
+  parts of ``examples/flower-pca-app``;
 - :mod:`~dpprecond.adapters.flower.secagg`: ``trust="secure-aggregation"`` on Flower's
   SecAgg+ (each client sends its share of the distributed Skellam noise; the server sees
   only the sum).
