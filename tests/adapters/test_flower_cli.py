@@ -7,14 +7,18 @@ command line. It checks that the app installs nothing from the package index, th
 federation size follows the SuperNodes, that server-side accuracy is reported as Flower's
 ServerApp-side evaluate metrics, that a bad run config fails with the app's named error
 and a suggestion before any round, that ``trust = "secure-aggregation"`` runs on
-Flower's SecAgg+, that the pre-flight check exits non-zero, and that
+Flower's SecAgg+, that the pre-flight check exits non-zero, that the PCA app
+(``examples/flower-pca-app``) fits on a 3-node federation, logs its epsilon, writes its
+files and refuses a typo by name, and that
 nothing is left running: after each run only the SuperLink Flower keeps on purpose (and
 its SuperExec) remain, and once that is stopped, nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,11 +29,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
 
 APP = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
+PCA_APP = APP.parent / "flower-pca-app"
 BIN = Path(sys.executable).parent
 TINY = "n-rounds=2 target-epsilon=2.0"
 
@@ -68,8 +74,9 @@ class LocalFlower:
                 out[pid] = cmd
         return out
 
-    def run(self, *args: str, timeout: float = 400.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(BIN / "flwr"), "run", str(APP), "--stream", *args],
+    def run(self, *args: str, timeout: float = 400.0,
+            app: Path = APP) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(BIN / "flwr"), "run", str(app), "--stream", *args],
                               env=self.env, capture_output=True, text=True, timeout=timeout,
                               cwd=self.root)
 
@@ -147,6 +154,43 @@ def test_flwr_run_of_the_example_app_from_a_fresh_home(flower: LocalFlower) -> N
 
     # stopping Flower's SuperLink leaves nothing running
     flower.stop()
+    deadline = time.monotonic() + 30
+    while flower.processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert flower.processes() == {}
+
+
+def _only_the_superlink_left(flower: LocalFlower) -> None:
+    left = flower.settle()
+    assert all("flower-superlink" in c or "flower-superexec" in c for c in left.values()), left
+
+
+def test_flwr_run_of_the_pca_app_from_a_fresh_home(flower: LocalFlower) -> None:
+    """``flwr run examples/flower-pca-app --stream``: the fit, its log line and its files."""
+    out = flower.root / "out"
+    ok = flower.run("--run-config", f"n-components=3 output-dir='{out}'",
+                    "--federation-config", "num-supernodes=3", app=PCA_APP)
+    log = ok.stdout + ok.stderr
+    assert ok.returncode == 0, log
+    assert "No non-`flwr` dependencies found" in log  # nothing installed from the index
+    assert "(3 simulated SuperNodes)" in log  # n-clients = 0 follows the federation
+    line = re.search(r"federated PCA \(auto, k=3, 3 clients, trust=local\): "
+                     r"epsilon=([0-9.]+) at delta=1e-06", log)
+    assert line is not None, log
+    saved = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    assert 0.99 < saved["epsilon"] <= 1.0 and saved["trust"] == "local"  # target-epsilon 1
+    assert float(line.group(1)) == pytest.approx(saved["epsilon"], rel=1e-5)
+    assert np.load(out / "components.npy").shape == (3, 64)
+    _only_the_superlink_left(flower)
+
+    # a typo in a value: the app's named error with a suggestion, before any message
+    bad = flower.run("--run-config", "method='analyse_gauss'", app=PCA_APP)
+    log = bad.stdout + bad.stderr
+    assert "RunConfigError" in log and "did you mean 'analyze_gauss'" in log, log
+    assert "federated PCA (" not in log
+    _only_the_superlink_left(flower)
+
+    flower.stop()  # stopping Flower's SuperLink leaves nothing running
     deadline = time.monotonic() + 30
     while flower.processes() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -1,0 +1,1 @@
+"""The example Flower app: federated private PCA with dpprecond (see README.md)."""

@@ -1,0 +1,12 @@
+"""ClientApp: each client scales, clips and noises its own part before it leaves the node.
+
+Every release carries the client's full Gaussian noise (``trust = "local"``). Adapt it:
+replace ``load_pca_rows`` by your own ``load_rows(info) -> X_i`` (this node's raw rows;
+``info.client_id``, ``info.node_config``: where they are). The server's public
+``row-norm`` scales and clips them here.
+"""
+
+from dpprecond.adapters.flower.pca import make_pca_client_app
+from dpprecond.adapters.flower.pca_app import load_pca_rows
+
+app = make_pca_client_app(load_pca_rows)
