@@ -45,7 +45,7 @@ import difflib
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -452,23 +452,33 @@ def check_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, A
     return run_config
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dpprecond.adapters.flower.app APP_DIR [--run-config "k=v ..."]...``."""
+def preflight_main(check: Callable[[str, Sequence[str]], Any], module: str, what: str,
+                   argv: Sequence[str] | None = None) -> int:
+    """The pre-flight command of an app: ``python -m MODULE APP_DIR [--run-config ...]``.
+
+    ``check(app_dir, overrides)`` raises :class:`RunConfigError` (or ``FileNotFoundError``)
+    on a bad run config; the command then prints it and exits 2, else 0.
+    """
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m dpprecond.adapters.flower.app",
-        description="Check a dpprecond Flower app's run config before `flwr run`.")
+        prog=f"python -m {module}",
+        description=f"Check a dpprecond {what} app's run config before `flwr run`.")
     parser.add_argument("app_dir")
     parser.add_argument("--run-config", "-c", action="append", default=[])
     args = parser.parse_args(argv)
     try:
-        check_app(args.app_dir, args.run_config)
+        check(args.app_dir, args.run_config)
     except (RunConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"run config of {args.app_dir} is valid")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dpprecond.adapters.flower.app APP_DIR [--run-config "k=v ..."]...``."""
+    return preflight_main(check_app, "dpprecond.adapters.flower.app", "Flower", argv)
 
 
 #: ServerApp configured by the run config (``flwr run``): :func:`run_from_run_config`.

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -47,7 +46,7 @@ from flwr.serverapp import Grid, ServerApp
 from dpprecond._files import atomic_write, json_ready, write_json
 from dpprecond._validation import check_int, check_positive, check_target_delta
 from dpprecond.accounting import PrivacyBudgetExceededError, PrivacyLedger
-from dpprecond.adapters.flower.app import RunConfigError, read_app_run_config
+from dpprecond.adapters.flower.app import RunConfigError, preflight_main, read_app_run_config
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import PartitionedDataset
 from dpprecond.adapters.flower.pca import check_pca_config, fit_pca_on_flower, make_pca_client_app
@@ -261,21 +260,8 @@ def check_pca_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> PCARunS
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dpprecond.adapters.flower.pca_app APP_DIR [--run-config "k=v ..."]...``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m dpprecond.adapters.flower.pca_app",
-        description="Check a dpprecond PCA Flower app's run config before `flwr run`.")
-    parser.add_argument("app_dir")
-    parser.add_argument("--run-config", "-c", action="append", default=[])
-    args = parser.parse_args(argv)
-    try:
-        check_pca_app(args.app_dir, args.run_config)
-    except (RunConfigError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"run config of {args.app_dir} is valid")
-    return 0
+    return preflight_main(check_pca_app, "dpprecond.adapters.flower.pca_app", "PCA Flower",
+                          argv)
 
 
 #: ServerApp configured by the run config: :func:`run_pca_from_run_config`.
