@@ -138,3 +138,43 @@ def test_malformed_shares_are_refused():
         aggregate([np.full(D, plan.modulus, dtype=np.int64)], plan)
     with pytest.raises(ValueError, match="share"):
         aggregate([np.zeros(D, dtype=np.float64)], plan)
+
+
+def test_a_plan_fitted_to_fewer_bits_coarsens_its_scale_within_the_inflation_cap():
+    """``fit_bits``: the finest plan is kept when it fits; otherwise ``gamma`` halves until
+    the modulus fits, never past ``max_inflation``; nothing fits: the finest plan."""
+    kw = {"n_rows": 60_000, "n_clients": 20, "min_clients": 20}
+    finest = plan_sum(7850, 2.0, 5.0, **kw)
+    assert finest.bits == 34
+    assert plan_sum(7850, 2.0, 5.0, fit_bits=34, max_inflation=2.0**-6, **kw) == finest
+    fitted = plan_sum(7850, 2.0, 5.0, fit_bits=30, max_inflation=2.0**-6, **kw)
+    assert fitted.bits == 30 and fitted.scale == finest.scale / 16
+    assert 2.0**-7 < fitted.inflation <= 2.0**-6
+    # one more bit than the cap allows: the finest plan, unchanged
+    assert plan_sum(7850, 2.0, 5.0, fit_bits=29, max_inflation=2.0**-6, **kw) == finest
+    assert plan_sum(7850, 2.0, 5.0, fit_bits=29, max_inflation=2.0**-5, **kw).bits == 29
+    # the noise std grows by at most the plan's inflation
+    assert fitted.noise_std(20) <= 5.0 * 2.0 * (1 + 2.0**-6) * (1 + 1e-9)
+    with pytest.raises(ValueError, match="max_inflation"):
+        plan_sum(7850, 2.0, 5.0, fit_bits=30, max_inflation=2.0**-11, **kw)
+    with pytest.raises(ValueError, match="fit_bits"):
+        plan_sum(7850, 2.0, 5.0, fit_bits=1, max_inflation=2.0**-6, **kw)
+
+
+@pytest.mark.parametrize("z", [0.5, 1.0, 5.0])
+def test_the_round_event_dominates_every_plan_a_round_may_take(z):
+    """:func:`dpprecond.secagg.fl.round_event` (``sum_event`` at the 2^-6 inflation cap)
+    is at least the published bound at the sensitivities of the coarsest accepted plan
+    (Fashion-MNIST's shape at 30 bits) and of the finest, at integer orders."""
+    from dpprecond.secagg.fl import ACCOUNTED_INFLATION, round_event, round_plan
+
+    ev = round_event(z)
+    orders = np.array([2.0, 3.0, 8.0, 32.0, 256.0])
+    for n_rows in (1437, 60_000):
+        plan = round_plan(7850, 2.0, z, n_rows=n_rows, n_clients=20, min_clients=20)
+        assert plan.inflation <= ACCOUNTED_INFLATION
+        bound = skellam_rdp(orders, plan.l2_sensitivity, plan.l1_sensitivity,
+                            plan.noise_variance)
+        assert (ev.xi + ev.rho * orders >= bound).all()
+    assert ev.rho > sum_event(z).rho  # the cap costs a little: 1/(2 z^4 65^2) over 1025^2
+    assert ev.rho - sum_event(z).rho < 1.0 / (2 * z**4 * 65**2)

@@ -172,6 +172,7 @@ def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
 
     from dpprecond.adapters.flower.pca import SECURE_AGGREGATION_REFUSAL
     from dpprecond.adapters.flower.secagg import SECAGG_MODULUS
+    from dpprecond.secagg.fl import FIT_BITS
     from dpprecond.secagg.sums import plan_sum
 
     for n, bits in ((1437, 28), (60_000, 34), (10**6, 38)):
@@ -179,7 +180,8 @@ def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
                         min_clients=5)
         assert plan.bits == bits and plan.scale == 2.0**16
         assert f"{bits} bits" in SECURE_AGGREGATION_REFUSAL
-    assert 8 * 2**28 <= SECAGG_MODULUS == 2**31 < 9 * 2**28  # digits: at most 8 clients
+    assert SECAGG_MODULUS == 2**31 and FIT_BITS == 30  # a 2^30 quantization range at most
+    assert "2^30" in SECURE_AGGREGATION_REFUSAL
 
 
 @pytest.mark.parametrize(("settings", "error", "match"), [

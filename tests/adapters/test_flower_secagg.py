@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from flwr.simulation import run_simulation
@@ -102,8 +104,10 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
         messages = []
         for i in range(K):
             lo, hi = data.bounds[i], data.bounds[i + 1]
-            vector = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+            sent = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
                 [params], config)[0][0]
+            vector = sent / plan.modulus  # SecAgg+ multiplies by the weight 1 / m
+            assert np.array_equal(vector * plan.modulus, sent)  # exact: m = 2^bits
             assert vector[-1] == hi - lo
             messages.append(np.mod(vector[:-1].astype(np.int64), plan.modulus))
         root = simulator_seeds(SEED).noise  # run_federated(seed=SEED)'s noise root
@@ -227,3 +231,82 @@ def test_a_callers_ledger_is_checked_before_any_message():
     rc["max-epsilon"] = 5.0
     strategy = secagg_strategy_from_run_config(ctx, n_clients=K)
     assert strategy.caller_ledger is not None and strategy.caller_ledger.max_epsilon == 5.0
+
+
+def _secaggplus_arithmetic(sent: list[np.ndarray], m: int, rng: np.random.Generator
+                           ) -> np.ndarray:
+    """What Flower's SecAgg+ hands the strategy for the clients' ``sent`` vectors, with
+    Flower's own quantization and masking arithmetic (``secaggplus_mod``'s weight,
+    ``quantize``, masks and ``parameters_mod``; the workflow's ``dequantize``, offset and
+    total ratio), the pairwise masks cancelling as in the protocol."""
+    from flwr.common.secure_aggregation.quantization import dequantize, quantize
+
+    from dpprecond.adapters.flower.secagg import SECAGG_MODULUS as M
+
+    q_ratio = round(1 / float(m) * m)  # num_examples = 1, max_weight = m
+    masks = [rng.integers(0, M, sent[0].shape) for _ in sent]
+    masks[-1] = np.mod(-np.sum(masks[:-1], axis=0), M)  # pairwise masks sum to 0 mod M
+    total = np.zeros(sent[0].shape, dtype=np.int64)
+    for vector, mask in zip(sent, masks, strict=True):
+        q = quantize([vector * (q_ratio / m)], float(m // 2), m)[0]
+        total = np.mod(total + q + mask, M)
+    value = dequantize([total], float(m // 2), m)[0]
+    value += -(len(sent) - 1) * (m // 2)
+    return value * (m / (q_ratio * len(sent)))
+
+
+@pytest.mark.parametrize("n_clients", [3, 40])
+def test_secaggplus_arithmetic_decodes_the_sum_when_its_own_modulus_wraps(n_clients):
+    """K * 2^bits beyond SecAgg+'s modulus 2^31 (K = 40 at 27 bits): its modular sum wraps,
+    and the strategy still decodes the clients' secure sum exactly (the weight factor is
+    1 per client, the sum is read modulo 2^bits)."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+    from dpprecond.secagg.skellam import aggregate, decode
+
+    rng = np.random.default_rng(3)
+    bounds = np.linspace(0, 1200, n_clients + 1).astype(np.int64)
+    X = rng.standard_normal((1200, 64))
+    y = rng.integers(0, 10, 1200)
+    model = LinearSoftmax(64, 10)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, n_clients, 1200)
+    plan = strategy.plan_
+    assert n_clients < 10 or n_clients * plan.modulus > 2**31  # the wrap is exercised
+    params = rng.standard_normal(model.n_params) * 0.05
+    config = {"round": 1, **plan_to_config(plan, CONFIG.clip_norm)}
+    sent = [SecAggDPClient(model, X[lo:hi], y[lo:hi], i, SEED).fit([params], config)[0][0]
+            for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
+    messages = [np.mod((v[:-1] / plan.modulus).astype(np.int64), plan.modulus) for v in sent]
+    handed = _secaggplus_arithmetic(sent, plan.modulus, rng)
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([handed]), 1, {})
+    before = strategy._params.copy()
+    new, _ = strategy.aggregate_fit(1, [(None, fitres)] * n_clients, [])
+    G = decode(aggregate(messages, plan), plan, n_clients) / 1200
+    updates, _ = strategy.method.transform_for(
+        (plan.noise_std(n_clients) / 1200) ** 2).update(
+        G, strategy.transform.init(before), before)
+    assert np.array_equal(parameters_to_ndarrays(new)[0], before + updates)
+
+
+def test_fashion_mnist_shape_fits_secaggplus_and_the_simulator_plans_the_same():
+    """p = 7,850, N = 60,000 (34 bits at the 2^-10 scale): the plan coarsens its scale
+    to fit 2^30 at a rounding inflation within the accounted 2^-6, for K = 20 and 100,
+    and the simulator's plan is the deployment's."""
+    from dpprecond.secagg.fl import ACCOUNTED_INFLATION, FIT_BITS, round_event
+    from dpprecond.secagg.sums import ROUNDING_INFLATION, plan_sum
+
+    model = LinearSoftmax(784, 10)
+    for n_clients in (20, 100):
+        strategy = SecAggDPStrategy(model, "sofim-lagged", CONFIG, n_clients, 60_000)
+        plan = strategy.plan_
+        assert plan.bits == FIT_BITS
+        assert ROUNDING_INFLATION < plan.inflation <= ACCOUNTED_INFLATION
+        finest = plan_sum(plan.dim, plan.sensitivity, plan.noise_multiplier,
+                          n_rows=60_000, n_clients=n_clients, min_clients=n_clients)
+        assert finest.bits == 34 and finest.inflation <= ROUNDING_INFLATION
+        assert plan.scale == finest.scale / 16  # the finest scale that fits
+        bounds = np.linspace(0, 60_000, n_clients + 1).astype(np.int64)
+        data = ClientData(np.zeros((60_000, 784)), np.zeros(60_000, np.int64), bounds, 10)
+        assert secure_plan(model, CONFIG, data, plan.noise_multiplier, n_clients) == plan
+        assert strategy.release_ == round_event(plan.noise_multiplier)
+        assert plan_from_config(plan_to_config(plan, CONFIG.clip_norm))[0] == plan

@@ -29,11 +29,12 @@ from dpprecond.secagg.fl import (
     moment_parts,
     moment_plan,
     moment_sensitivity,
+    round_event,
     secure_moment_sum,
     secure_multipliers,
     simulate_secure,
 )
-from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared, sum_event
+from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared
 from tests.fl.conftest import secure_config
 
 K = 6
@@ -80,7 +81,7 @@ def test_the_epsilon_is_the_composition_of_the_setup_and_round_sums(digits,
     z = res.config["noise_multipliers"]
     assert res.noise_multiplier == z["z_grad"]
     assert z["z_grad"] / z["z_cov"] == pytest.approx(math.sqrt(s * T / (1 - s)), rel=1e-12)
-    assert res.events == [sum_event(z["z_cov"])] + [sum_event(z["z_grad"])] * T
+    assert res.events == [round_event(z["z_cov"])] + [round_event(z["z_grad"])] * T
     spent = epsilon_of(dp_event.ComposedDpEvent(list(res.events)), 1e-5, "rdp")
     assert res.epsilon == pytest.approx(spent, rel=1e-9)
     assert 4.0 * (1 - 1e-3) <= res.epsilon <= 4.0

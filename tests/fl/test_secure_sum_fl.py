@@ -22,13 +22,14 @@ from dpprecond.fl.models import LinearSoftmax
 from dpprecond.secagg import InsufficientNoiseError
 from dpprecond.secagg.fl import (
     part_sensitivity,
+    round_event,
     secure_gradient_sum,
     secure_noise_multiplier,
     secure_plan,
     secure_plan_event,
     simulate_secure,
 )
-from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared, sum_event
+from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared
 
 BOUNDS = np.array([0, 7, 19, 20, 40])  # four clients, one of a single record
 D_FEAT, N_CLASSES = 30, 5
@@ -167,7 +168,7 @@ def test_the_decoded_sums_noise_matches_the_plans_claim(K: int, k_min: int) -> N
 
 
 def test_a_runs_epsilon_is_the_composition_of_its_sum_events() -> None:
-    """Every round records ``sum_event(z)``; the run's epsilon is dp_accounting's RDP
+    """Every round records ``round_event(z)``; the run's epsilon is dp_accounting's RDP
     epsilon of ``T`` of them; ``z`` meets the target within the calibrator's tolerance;
     ``z`` depends on the settings only (the same for another model size); the planned
     event is the recorded composition."""
@@ -180,14 +181,14 @@ def test_a_runs_epsilon_is_the_composition_of_its_sum_events() -> None:
     res = simulate_secure(model, ClientData(X, y, bounds, 3), "fedgd", config,
                           X_test=X[:20], y_test=y[:20], seed=0)
     z = res.noise_multiplier
-    assert res.events == [sum_event(z)] * 4
+    assert res.events == [round_event(z)] * 4
     from dp_accounting.rdp import RdpAccountant
 
     accountant = RdpAccountant()
-    accountant.compose(dp_event.SelfComposedDpEvent(sum_event(z), 4))
+    accountant.compose(dp_event.SelfComposedDpEvent(round_event(z), 4))
     direct = accountant.get_epsilon(1e-5)
     assert res.epsilon == pytest.approx(epsilon_of(
-        dp_event.SelfComposedDpEvent(sum_event(z), 4), 1e-5, "rdp"), rel=1e-12)
+        dp_event.SelfComposedDpEvent(round_event(z), 4), 1e-5, "rdp"), rel=1e-12)
     assert res.epsilon == pytest.approx(direct, rel=1e-3)  # dp_accounting's own orders
     assert 1.5 * (1 - 1e-3) <= res.epsilon <= 1.5
     assert secure_noise_multiplier(config) == z

@@ -26,15 +26,22 @@ rounded parts differ by an integer vector of L2 norm at most ``D2 = gamma Delta 
 ``z D2`` in integer units, i.e. ``z Delta (1 + sqrt(p) / (gamma Delta))`` per coordinate in
 gradient-sum units, at most ``1 + 2^-10`` times the central Gaussian std ``z Delta`` at
 the same noise multiplier ``z`` (with ``min_clients`` shares; ``K`` shares carry
-``K / min_clients`` times the variance).
+``K / min_clients`` times the variance). When that scale needs a modulus above
+``2^30`` (:data:`FIT_BITS`, the largest Flower's SecAgg+ carries), the plan halves
+``gamma`` until the modulus fits, while ``sqrt(p) / (gamma Delta)`` stays at most
+``2^-6`` (:data:`ACCOUNTED_INFLATION`, at most 1.6% more noise; :func:`round_plan`), so
+that a deployment can run what the simulator runs (Fashion-MNIST's shape, ``p = 7,850``
+and ``N = 60,000``: 30 bits at inflation 1.08% instead of 34 bits at 0.07%).
 
-Accounting: every round's sum is dominated by :func:`~dpprecond.secagg.sums.sum_event`
-(a ``ZCDpEvent`` depending only on ``z`` and the rounding inflation, not on the data or on
-``p``); a run composes ``T`` of them with dp_accounting's RDP accountant, and ``z`` is
-calibrated to the target with :func:`~dpprecond.accounting.calibrate_noise` on that
-composition. The guarantee holds against an honest-but-curious server that sees only the
-secure sum (docs/secure_aggregation.md); against the server and ``c`` colluding clients it
-is that of the sum with ``(min_clients - c) / min_clients`` of its variance
+Accounting: every round's sum is dominated by :func:`round_event`, the
+:func:`~dpprecond.secagg.sums.sum_event` at :data:`ACCOUNTED_INFLATION` (a ``ZCDpEvent``
+depending only on ``z``, not on the data, on ``p`` or on the plan's scale: it covers every
+scale :func:`round_plan` may take); a run composes ``T`` of them with dp_accounting's RDP
+accountant, and ``z`` is calibrated to the target with
+:func:`~dpprecond.accounting.calibrate_noise` on that composition. The guarantee holds
+against an honest-but-curious server that sees only the secure sum
+(docs/secure_aggregation.md); against the server and ``c`` colluding clients it is that of
+the sum with ``(min_clients - c) / min_clients`` of its variance
 (:func:`~dpprecond.secagg.skellam.colluding_variance`).
 
 DP-FedFC and DP-FedNew (:class:`~dpprecond.fl.methods.CovarianceMethod`) add one setup
@@ -109,12 +116,42 @@ from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.skellam import check_shares
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
-__all__ = ["check_secure_aggregation", "client_part", "moment_parts", "moment_plan",
-           "moment_sensitivity", "part_sensitivity", "secure_gradient_sum", "secure_info",
+__all__ = ["ACCOUNTED_INFLATION", "FIT_BITS", "check_secure_aggregation", "client_part",
+           "moment_parts", "moment_plan", "moment_sensitivity", "part_sensitivity",
+           "round_event", "round_plan", "secure_gradient_sum", "secure_info",
            "secure_message", "secure_moment_sum", "secure_multipliers",
            "secure_noise_multiplier", "secure_plan", "secure_plan_event", "simulate_secure"]
 
 logger = logging.getLogger(__name__)
+
+#: The largest modulus a federated sum's plan prefers: ``2^30``, the largest that
+#: Flower's SecAgg+ carries exactly (its ``modulus_range`` is a power of two below
+#: ``2^32`` and above the quantization range ``2^bits``;
+#: :mod:`dpprecond.adapters.flower.secagg`). The simulator plans the same sums.
+FIT_BITS = 30
+#: The rounding inflation the federated sums' accounting covers (:func:`round_event`): a
+#: plan starts at :data:`~dpprecond.secagg.sums.ROUNDING_INFLATION` (``2^-10``) and
+#: coarsens its scale up to this bound, ``2^-6`` (the decoded noise std at most 1.6% above
+#: the central Gaussian's), only when that fits the modulus in :data:`FIT_BITS`.
+ACCOUNTED_INFLATION = 2.0**-6
+
+
+def round_plan(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: int,
+               n_clients: int, min_clients: int) -> SumPlan:
+    """The plan of a federated secure sum (a round's gradients or the setup's moments):
+    :func:`~dpprecond.secagg.sums.plan_sum` fitted to :data:`FIT_BITS` within
+    :data:`ACCOUNTED_INFLATION`. The simulator, the SecAgg+ server and its clients all plan
+    with it, so they agree on the scale and the modulus."""
+    return plan_sum(dim, sensitivity, noise_multiplier, n_rows=n_rows, n_clients=n_clients,
+                    min_clients=min_clients, fit_bits=FIT_BITS,
+                    max_inflation=ACCOUNTED_INFLATION)
+
+
+def round_event(noise_multiplier: float) -> dp_event.DpEvent:
+    """The event of a federated secure sum with noise multiplier ``z``:
+    :func:`~dpprecond.secagg.sums.sum_event` at :data:`ACCOUNTED_INFLATION`, which
+    dominates every plan of :func:`round_plan` (its inflation is at most that bound)."""
+    return sum_event(noise_multiplier, ACCOUNTED_INFLATION)
 
 
 def part_sensitivity(model: FLModel, clip_norm: float, max_client_rows: int,
@@ -153,8 +190,8 @@ def secure_plan(model: FLModel, config: FLConfig, data: ClientData, noise_multip
         "max_client_rows", max_client_rows, low=max(largest, 1))
     dtype = np.float32 if config.precision == "float32" else np.float64
     delta = part_sensitivity(model, config.clip_norm, rows, dtype)
-    return plan_sum(model.n_params, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
-                    n_clients=data.n_clients, min_clients=min_clients)
+    return round_plan(model.n_params, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
+                      n_clients=data.n_clients, min_clients=min_clients)
 
 
 def secure_noise_multiplier(config: FLConfig) -> float:
@@ -169,7 +206,7 @@ def secure_noise_multiplier(config: FLConfig) -> float:
     t = config.n_rounds
 
     def event(z: float) -> dp_event.DpEvent:
-        return dp_event.SelfComposedDpEvent(sum_event(z), t)
+        return dp_event.SelfComposedDpEvent(round_event(z), t)
 
     return calibrate_noise(event, config.target_epsilon, config.target_delta, "rdp")
 
@@ -190,7 +227,7 @@ def secure_plan_event(model: FLModel, config: FLConfig,
     if isinstance(method, CovarianceMethod):
         return _covariance_event(method.schedule(config), _covariance_scale(method, config))
     z = secure_noise_multiplier(config)
-    return dp_event.SelfComposedDpEvent(sum_event(z), config.n_rounds)
+    return dp_event.SelfComposedDpEvent(round_event(z), config.n_rounds)
 
 
 def client_part(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
@@ -274,8 +311,9 @@ def moment_plan(method: CovarianceMethod, data: ClientData, noise_multiplier: fl
     d1 = int(data.X.shape[1]) + 1
     sizes = np.diff(data.bounds)
     delta = moment_sensitivity(method.feature_clip(d1 - 1), int(sizes.max(initial=1)))
-    return plan_sum(d1 * (d1 + 1) // 2, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
-                    n_clients=data.n_clients, min_clients=min_clients)
+    return round_plan(d1 * (d1 + 1) // 2, delta, noise_multiplier,
+                      n_rows=int(data.X.shape[0]), n_clients=data.n_clients,
+                      min_clients=min_clients)
 
 
 def secure_moment_sum(X: np.ndarray, bounds: np.ndarray, row_clip: float, plan: SumPlan,
@@ -305,9 +343,9 @@ def secure_moment_sum(X: np.ndarray, bounds: np.ndarray, row_clip: float, plan: 
 def _covariance_event(schedule: Schedule, scale: float) -> dp_event.DpEvent:
     """The setup sum and ``T`` round sums at ``schedule.multipliers(scale)``, composed."""
     z = schedule.multipliers(scale)
-    rounds = sum_event(z["z_grad"])
+    rounds = round_event(z["z_grad"])
     return dp_event.ComposedDpEvent([
-        sum_event(z["z_cov"]),
+        round_event(z["z_cov"]),
         rounds if schedule.n_rounds == 1 else dp_event.SelfComposedDpEvent(rounds,
                                                                            schedule.n_rounds)])
 
@@ -447,7 +485,7 @@ def simulate_secure(model: FLModel, data: ClientData,
                                     ledger, max_client_rows)
     z = secure_noise_multiplier(config)
     plan = secure_plan(model, config, data, z, k_min, max_client_rows)
-    release = sum_event(z)
+    release = round_event(z)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
@@ -529,7 +567,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     z_cov, z_grad = multipliers["z_cov"], multipliers["z_grad"]
     setup_plan = moment_plan(method, data, z_cov, k_min)
     plan = secure_plan(model, config, data, z_grad, k_min, max_client_rows)
-    setup_release, release = sum_event(z_cov), sum_event(z_grad)
+    setup_release, release = round_event(z_cov), round_event(z_grad)
     T = config.n_rounds
     if ledger is not None:  # the whole plan, before any data is touched
         ledger.check(_covariance_event(method.schedule(config),

@@ -320,8 +320,17 @@ class SumPlan:
 
 def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: int,
              n_clients: int, min_clients: int, inflation: float = ROUNDING_INFLATION,
-             max_wrap_probability: float = MAX_WRAP_PROBABILITY) -> SumPlan:
+             max_wrap_probability: float = MAX_WRAP_PROBABILITY,
+             fit_bits: int | None = None, max_inflation: float | None = None) -> SumPlan:
     """The plan of one secure sum: ``gamma`` from the inflation, the smallest modulus.
+
+    With ``fit_bits`` (and ``max_inflation``, at least ``inflation``): when the plan at
+    ``inflation`` needs a modulus above ``2^fit_bits``, ``gamma`` is halved, one bit of
+    the modulus at a time, while the plan's own inflation ``sqrt(m) / (gamma Delta)``
+    stays at most ``max_inflation``; the first plan that fits is returned, and the plan at
+    ``inflation`` when none does. A smaller ``gamma`` costs only noise (the decoded std is
+    ``z Delta (1 + inflation)``); the accounting must cover the largest inflation a plan
+    may take (:func:`sum_event` at ``max_inflation``).
 
     Raises ``ValueError`` naming the quantity when no exact plan exists (a scale that
     overflows, scaled parts beyond ``2^52``, no modulus up to ``2^62``).
@@ -342,6 +351,28 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
     scale = max(1.0, 2.0 ** math.ceil(math.log2(target)))
     while scale * sensitivity * inflation < math.sqrt(dim):  # log2 may round down
         scale *= 2.0
+    plan = _plan_at_scale(dim, sensitivity, z, scale, n_rows, n_clients, min_clients,
+                          max_wrap_probability)
+    if fit_bits is None or plan.bits <= fit_bits:
+        return plan
+    fit_bits = check_int("fit_bits", fit_bits, low=2, high=MAX_BITS)
+    cap = check_inflation(inflation if max_inflation is None else max_inflation)
+    if cap < inflation:
+        raise ValueError(f"Expected max_inflation >= inflation ({inflation!r}), got "
+                         f"max_inflation={max_inflation!r}.")
+    coarser = scale / 2.0
+    while coarser >= 1.0 and math.sqrt(dim) <= cap * coarser * sensitivity:
+        candidate = _plan_at_scale(dim, sensitivity, z, coarser, n_rows, n_clients,
+                                   min_clients, max_wrap_probability)
+        if candidate.bits <= fit_bits:
+            return candidate
+        coarser /= 2.0
+    return plan
+
+
+def _plan_at_scale(dim: int, sensitivity: float, z: float, scale: float, n_rows: int,
+                   n_clients: int, min_clients: int, max_wrap_probability: float) -> SumPlan:
+    """The plan at ``gamma = scale``: the smallest modulus within the wrap bound."""
     plan = SumPlan(dim, sensitivity, z, scale, n_rows, n_clients, min_clients, 2)
     if plan.signal_bound >= EXACT_LIMIT:
         raise ValueError(f"A secure sum of {n_rows} rows at sensitivity {sensitivity:g} "

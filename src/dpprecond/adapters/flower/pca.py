@@ -131,17 +131,19 @@ class SecureAggregationUnavailableError(ValueError):
 
 SECURE_AGGREGATION_REFUSAL = (
     "trust='secure-aggregation' is not available for federated PCA on Flower. Flower's "
-    "SecAgg+ (flwr 1.42 SecAggPlusWorkflow) sums integers modulo modulus_range, a power of "
-    "two of at most 2^32 (its default; quantization_range 2^22 per value by default); "
-    "dpprecond's SecAgg+ rounds need K * 2^bits <= 2^31. A secure sum of the Gram matrix "
-    "(d(d+1)/2 coordinates, sensitivity sqrt(2), scale 2^16 for d = 64 at the 2^-10 "
-    "rounding inflation, wrap-around probability <= 1e-12; dpprecond.secagg.sums.plan_sum) "
-    "needs about log2(n) + 18 bits: 28 bits for the 1,437 training rows of digits (at "
-    "most 8 clients: K * 2^28 <= 2^31), 34 bits for 60,000 rows and 38 bits for 10^6 "
-    "rows, beyond SecAgg+'s 32-bit integers on real data. Run the secure-aggregation fit "
-    "in process, fit_private_pca(X, clients=bounds, trust='secure-aggregation') "
-    "(docs/secure_aggregation.md), or use trust='local' on Flower (every client adds its "
-    "own noise).")
+    "SecAgg+ (flwr 1.42 SecAggPlusWorkflow) runs one masked sum per fit round of its "
+    "legacy workflow, and a private PCA fit is a chain of releases (the Gram matrix, "
+    "auto's probe and second release, the iterations' products) whose shapes and "
+    "broadcast values depend on the releases before them; that chain is not wired into "
+    "SecAgg+'s rounds. Its modulus would also limit the data: dpprecond's SecAgg+ sums "
+    "carry at most 2^30 (dpprecond.secagg.fl.FIT_BITS), and a secure sum of the Gram "
+    "matrix (d(d+1)/2 coordinates, sensitivity sqrt(2), scale 2^16 for d = 64 at the "
+    "2^-10 rounding inflation, wrap-around probability <= 1e-12; "
+    "dpprecond.secagg.sums.plan_sum) needs about log2(n) + 18 bits: 28 bits for the 1,437 "
+    "training rows of digits, 34 bits for 60,000 rows and 38 bits for 10^6 rows. Run the "
+    "secure-aggregation fit in process, fit_private_pca(X, clients=bounds, "
+    "trust='secure-aggregation') (docs/secure_aggregation.md), or use trust='local' on "
+    "Flower (every client adds its own noise).")
 
 
 # ---------------------------------------------------------------------------------------

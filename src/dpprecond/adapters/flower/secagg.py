@@ -20,14 +20,23 @@ SecAgg+ is Flower's legacy fit/evaluate workflow: :class:`SecAggDPStrategy` is a
 ``secaggplus_mod`` (:func:`make_secagg_client_app`).
 
 Making SecAgg+'s own arithmetic exact on the messages: every client reports
-``num_examples = 1`` with ``max_weight = 1`` (no weighting), sends the centred message
-``x_i`` in ``[-m/2, m/2)`` (congruent to its message modulo ``m``) followed by its record
-count ``n_i``, and the workflow runs with ``clipping_range = m/2`` and
-``quantization_range = m``, so its stochastic quantization maps each ``x_i`` to the integer
-``x_i + m/2`` exactly; with ``modulus_range >= K m`` its modular sum does not wrap, and its
-average times the number of survivors is ``sum_i x_i`` exactly (rounded to the nearest
-integer). The server reduces that modulo ``m`` (the secure sum of the messages), decodes it
-(refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size weighting).
+``num_examples = 1`` and the workflow runs with ``max_weight = m`` (``m = 2^bits``, the
+plan's modulus), so each client's weight factor is ``round(1/m * m) = 1`` and the total
+factor the server divides by is the number of survivors ``K'``, not ``K' m`` (which would
+wrap SecAgg+'s modulus). The client sends ``m x_i``: its centred message ``x_i`` in
+``[-m/2, m/2)`` (congruent to its message modulo ``m``) followed by its record count
+``n_i``, times ``m`` (exact: a power of two). SecAgg+ multiplies it by its weight
+``1/m`` (exact) and, with ``clipping_range = m/2`` and ``quantization_range = m``, its
+stochastic quantization maps each ``x_i`` to the integer ``x_i + m/2`` exactly; it sums
+those modulo ``M = 2^31`` (``modulus_range``) and hands the strategy ``(S - K' m/2) m /
+K'`` with ``S`` the modular sum. The strategy recovers the integer ``S - K' m/2``
+(rounded to the nearest integer; the float error is below ``2^-8``), which is congruent
+to ``sum_i x_i`` modulo ``M``, hence modulo ``m`` (``m`` divides ``M``): the wrap of
+SecAgg+'s own sum costs nothing. So a plan needs only ``m < M``: at most 30 bits
+(:data:`~dpprecond.secagg.fl.FIT_BITS`, which the simulator's plans fit when they can),
+whatever ``K``. The server reduces the sum modulo ``m`` (the secure sum of the messages),
+decodes it (refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size
+weighting; the counts' sum, below ``M``, is read modulo ``M``).
 
 Methods: the one-message gradient methods only (:func:`check_secagg_plus_method`). The
 covariance methods (``fedfc``, ``fednew``), which the simulation runs under secure
@@ -91,14 +100,18 @@ from dpprecond.fl.methods import GradientMethod, Method
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.secagg.fl import (
+    ACCOUNTED_INFLATION,
+    FIT_BITS,
     check_secure_aggregation,
     part_sensitivity,
+    round_event,
+    round_plan,
     secure_info,
     secure_message,
     secure_noise_multiplier,
 )
 from dpprecond.secagg.skellam import decode
-from dpprecond.secagg.sums import SumPlan, plan_sum, sum_event
+from dpprecond.secagg.sums import SumPlan
 
 __all__ = ["SecAggDPClient", "SecAggDPStrategy", "check_secagg_plus_method",
            "make_dual_client_app",
@@ -107,7 +120,8 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "check_secagg_plus_method",
 
 logger = logging.getLogger(__name__)
 
-#: SecAgg+'s largest modulus (Flower requires ``modulus_range < 2^32``; a power of two).
+#: SecAgg+'s modulus ``M`` (Flower requires a power of two below ``2^32``, above the
+#: quantization range ``m = 2^bits``): plans of at most 30 bits run on it.
 SECAGG_MODULUS = 1 << 31
 
 
@@ -130,11 +144,11 @@ def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
     """
     try:
         clip_norm = check_positive("plan-clip-norm", float(config["plan-clip-norm"]))
-        plan = plan_sum(int(config["plan-dim"]), float(config["plan-sensitivity"]),
-                        float(config["plan-noise-multiplier"]),
-                        n_rows=int(config["plan-n-rows"]),
-                        n_clients=int(config["plan-n-clients"]),
-                        min_clients=int(config["plan-min-clients"]))
+        plan = round_plan(int(config["plan-dim"]), float(config["plan-sensitivity"]),
+                          float(config["plan-noise-multiplier"]),
+                          n_rows=int(config["plan-n-rows"]),
+                          n_clients=int(config["plan-n-clients"]),
+                          min_clients=int(config["plan-min-clients"]))
         sent = {"plan-scale": float(config["plan-scale"]), "plan-bits": int(config["plan-bits"])}
     except KeyError as exc:
         raise ValueError(f"The fit request has no {exc.args[0]!r}: the server does not run "
@@ -199,8 +213,9 @@ class SecAggDPClient(NumPyClient):
                else client_mod.stream(self.noise_root, t - 1, self.client_id))
         params = np.asarray(parameters[0], dtype=np.float64)
         message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng)
-        vector = np.concatenate([_centred(message, plan.modulus), [self.X.shape[0]]])
-        return [vector.astype(np.float64)], 1, {}
+        m = plan.modulus
+        vector = np.concatenate([_centred(message, m), [self.X.shape[0]]]).astype(np.float64)
+        return [vector * float(m)], 1, {}  # SecAgg+ multiplies by its weight 1/m: exact
 
 
 def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
@@ -330,16 +345,20 @@ class SecAggDPStrategy(Strategy):
             "max_client_rows", max_client_rows, low=1, high=self.n_records)
         self.noise_multiplier_ = secure_noise_multiplier(config)
         dtype = np.float32 if config.precision == "float32" else np.float64
-        self.plan_ = plan_sum(model.n_params,
-                              part_sensitivity(model, config.clip_norm, rows, dtype),
-                              self.noise_multiplier_, n_rows=self.n_records,
-                              n_clients=self.n_clients, min_clients=self.min_clients)
-        self.release_ = sum_event(self.noise_multiplier_)
-        if self.n_clients * self.plan_.modulus > SECAGG_MODULUS:
-            raise ValueError(f"K * 2^{self.plan_.bits} exceeds SecAgg+'s modulus 2^31: too "
-                             f"many records (n_records={self.n_records}) or clients "
-                             f"(n_clients={self.n_clients}) for one secure sum of "
-                             f"{model.n_params} coordinates at scale {self.plan_.scale:g}.")
+        self.plan_ = round_plan(model.n_params,
+                                part_sensitivity(model, config.clip_norm, rows, dtype),
+                                self.noise_multiplier_, n_rows=self.n_records,
+                                n_clients=self.n_clients, min_clients=self.min_clients)
+        self.release_ = round_event(self.noise_multiplier_)
+        if self.plan_.modulus >= SECAGG_MODULUS:
+            raise ValueError(f"A secure sum of {model.n_params} coordinates over "
+                             f"n_records={self.n_records} records needs a modulus of "
+                             f"2^{self.plan_.bits} (scale {self.plan_.scale:g}, rounding "
+                             f"inflation {self.plan_.inflation:.3g}), above the 2^"
+                             f"{FIT_BITS} that SecAgg+'s modulus 2^31 carries even at the "
+                             f"largest accounted inflation {ACCOUNTED_INFLATION:g}: lower "
+                             "the number of records or the model's size, or simulate it "
+                             "with trust='secure-aggregation' (up to 2^62).")
         self.X_test = None if X_test is None else check_array("X_test", X_test)
         self.y_test = None if y_test is None else check_labels(
             "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
@@ -364,7 +383,7 @@ class SecAggDPStrategy(Strategy):
         m = self.plan_.modulus
         return SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=self.min_clients
                                   if self.min_clients < self.n_clients else 1.0,
-                                  max_weight=1.0, clipping_range=float(m // 2),
+                                  max_weight=float(m), clipping_range=float(m // 2),
                                   quantization_range=m, modulus_range=SECAGG_MODULUS,
                                   timeout=timeout)
 
@@ -392,10 +411,11 @@ class SecAggDPStrategy(Strategy):
         if not results:
             return None, {}
         average = parameters_to_ndarrays(results[0][1].parameters)[0]
-        total = np.rint(average * len(results)).astype(np.int64)  # sum of the x_i, exact
         m = self.plan_.modulus
+        # SecAgg+ hands (S - K' m/2) m / K'; the integer S - K' m/2 is = sum_i x_i (mod M)
+        total = np.rint(average * (len(results) / m)).astype(np.int64)
         grad_sum = decode(np.mod(total[:-1], m), self.plan_, len(results))
-        n = int(total[-1])
+        n = int(np.mod(total[-1], SECAGG_MODULUS))
         G = grad_sum / n
         updates, self._state = self.transform.update(G, self._state, self._params)
         self._params = self._params + updates
