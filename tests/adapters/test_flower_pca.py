@@ -159,7 +159,7 @@ def test_flower_fit_is_the_in_process_local_fit(digits, method: str, options: di
 def test_secure_aggregation_is_refused_before_any_message(digits) -> None:
     grid = _seeded_grid(digits)
     with pytest.raises(SecureAggregationUnavailableError,
-                       match=r"SecAgg\+.*2\^32.*28 bits.*in process"):
+                       match=r"SecAgg\+.*not wired.*2\^30.*28 bits.*in process"):
         fit_pca_on_flower(grid, 4, trust="secure-aggregation", **FIT)
     with pytest.raises(SecureAggregationUnavailableError):
         make_pca_server_app(4, trust="secure-aggregation", **FIT)

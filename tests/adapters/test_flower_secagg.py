@@ -117,16 +117,19 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
 
 
 @pytest.mark.slow
-def test_secagg_plus_simulation_releases_the_engines_sums():
+@pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew"])
+def test_secagg_plus_simulation_releases_the_engines_sums(method):
+    """A seeded SecAgg+ run under Ray ends at the simulator's model: the gradient methods'
+    T rounds, and the covariance methods' setup sum (round 1) then their T rounds."""
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     data = _engine_data()
-    ref = simulate_secure(model, data, "fedgd", CONFIG, X_test=ds.X_test, y_test=ds.y_test,
+    ref = simulate_secure(model, data, method, CONFIG, X_test=ds.X_test, y_test=ds.y_test,
                           seed=simulator_seeds(SEED).simulation)  # run_federated(seed=SEED)'s
     holder: dict[str, SecAggDPStrategy] = {}
 
     def strategy_fn(context):  # the defaults: both plan for clients of at most N rows
-        holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+        holder["s"] = SecAggDPStrategy(model, method, CONFIG, K, data.X.shape[0],
                                        X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
         return holder["s"]
 
@@ -143,6 +146,10 @@ def test_secagg_plus_simulation_releases_the_engines_sums():
     assert holder["s"].plan_ == secure_plan(model, CONFIG, data, ref.noise_multiplier, K)
     for key in ("sensitivity", "scale", "modulus_bits", "noise_std", "wrap_probability"):
         assert got.config[key] == ref.config[key], key
+    assert got.events == ref.events
+    if method != "fedgd":
+        assert got.config["setup"] == ref.config["setup"]
+        assert got.config["noise_multipliers"] == ref.config["noise_multipliers"]
 
 
 class _DropsInRound2(SecAggDPClient):
@@ -310,3 +317,40 @@ def test_fashion_mnist_shape_fits_secaggplus_and_the_simulator_plans_the_same():
         assert secure_plan(model, CONFIG, data, plan.noise_multiplier, n_clients) == plan
         assert strategy.release_ == round_event(plan.noise_multiplier)
         assert plan_from_config(plan_to_config(plan, CONFIG.clip_norm))[0] == plan
+
+
+def test_a_moment_request_is_checked_by_the_client():
+    """The setup sum's request: the client answers with the simulator's message, and
+    refuses a plan of the wrong size, one whose sensitivity does not cover its rows, an
+    unknown kind and a quantization range that is not a power of two above its modulus."""
+    from dpprecond.fl.client import stream
+    from dpprecond.fl.methods import FedFC
+    from dpprecond.secagg.fl import moment_parts, moment_plan
+    from dpprecond.secagg.sums import client_message
+
+    data = _engine_data()
+    model = LinearSoftmax(data.X.shape[1], 10)
+    strategy = SecAggDPStrategy(model, "fedfc", CONFIG, K, data.X.shape[0])
+    plan, row_clip = strategy.setup_plan_, strategy.row_clip_
+    assert plan == moment_plan(FedFC(), data, strategy.multipliers_["z_cov"], K)
+    q = strategy.quantization_range
+    config = {"round": 0, "secagg-range": q, **plan_to_config(plan, row_clip, "moment")}
+    lo, hi = data.bounds[0], data.bounds[1]
+    client = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], 0, SEED)
+    sent = client.fit([strategy._params], config)[0][0]
+    part = moment_parts(data.X, data.bounds, row_clip)[0]
+    expected = client_message(part, plan, stream(simulator_seeds(SEED).setup, 0, 0))
+    assert np.array_equal(np.mod((sent[:-1] / q).astype(np.int64), plan.modulus), expected)
+    assert sent[-1] == (hi - lo) * q
+    other = SecAggDPClient(LinearSoftmax(10, 10), data.X[lo:hi, :10], data.y[lo:hi], 0)
+    with pytest.raises(ValueError, match="moment coordinates"):
+        other.fit([np.zeros(110)], config)
+    with pytest.raises(ValueError, match="does not cover"):
+        SecAggDPClient(model, np.tile(data.X[lo:hi], (3000, 1)), np.tile(
+            data.y[lo:hi], 3000), 0).fit([strategy._params], config)
+    for bad, match in (({"plan-kind": "hessian"}, "plan-kind"),
+                       ({"secagg-range": q // 2 ** 12}, "secagg-range"),
+                       ({"secagg-range": q + 1}, "secagg-range"),
+                       ({"secagg-range": 2 ** 31}, "secagg-range")):
+        with pytest.raises(ValueError, match=match):
+            client.fit([strategy._params], {**config, **bad})

@@ -107,7 +107,7 @@ def test_the_callers_ledger_is_checked_first_and_records_every_sum(digits) -> No
     assert roomy.epsilon == pytest.approx(res.epsilon, rel=1e-9)
 
 
-def test_local_step_methods_and_flower_secagg_are_refused_by_name(digits) -> None:
+def test_local_step_methods_are_refused_and_flower_secagg_takes_covariance(digits) -> None:
     for name in ("fedavg", "scaffold", "fedprox"):
         with pytest.raises(ValueError, match=f"'{name}' sends other releases.*local steps"):
             _run(digits, name)
@@ -126,10 +126,12 @@ def test_local_step_methods_and_flower_secagg_are_refused_by_name(digits) -> Non
     rc = {"target-epsilon": 1.0, "noise-multiplier": "", "trust": "secure-aggregation",
           "weighting": "size"}
     check_run_config({**rc, "algorithm": "fedgd"})
-    for name in ("fedfc", "fednew"):
-        with pytest.raises(ValueError, match=f"SecAgg\\+ workflow.*'{name}'"):
-            SecAggDPStrategy(LinearSoftmax(64, 10), name, _config(), K, X.shape[0])
-        with pytest.raises(RunConfigError, match=f"SecAgg\\+ workflow.*'{name}'"):
+    for name in ("fedfc", "fednew"):  # the setup sum is SecAgg+'s round 1
+        strategy = SecAggDPStrategy(LinearSoftmax(64, 10), name, _config(), K, X.shape[0])
+        assert strategy.setup_rounds == 1 and strategy.setup_plan_ is not None
+        check_run_config({**rc, "algorithm": name})
+    for name in ("fedavg", "scaffold"):
+        with pytest.raises(RunConfigError, match=f"'{name}'"):
             check_run_config({**rc, "algorithm": name})
 
 
@@ -175,8 +177,11 @@ def test_worst_case_neighbours_round_within_the_setup_sums_sensitivity(
     c_x = math.sqrt(D_FEAT + 1)  # the default row clip
     data = ClientData(np.zeros((BOUNDS[-1], D_FEAT)), np.zeros(BOUNDS[-1], np.int64),
                       BOUNDS, 2)
-    plan = moment_plan(FedFC(), data, 1.0, 4)
+    plan = moment_plan(FedFC(), data, 1.0, 4, max_client_rows=20)
     delta = moment_sensitivity(c_x, 20)
+    # the default sizes the slack for clients of up to N rows (a SecAgg+ server's bound)
+    assert moment_plan(FedFC(), data, 1.0, 4).sensitivity == moment_sensitivity(
+        c_x, int(BOUNDS[-1]))
     assert plan.dim == (D_FEAT + 1) * (D_FEAT + 2) // 2 and plan.sensitivity == delta
     assert delta == covariance_sensitivity(c_x) * gram_inflation(20)
     for seed in range(4):
@@ -215,7 +220,7 @@ def test_the_decoded_moments_noise_matches_the_plans_claim(k_min: int) -> None:
     X = rng.uniform(-1.0, 1.0, (BOUNDS[-1], d))
     data = ClientData(X, np.zeros(BOUNDS[-1], np.int64), BOUNDS, 2)
     z = 0.8
-    plan = moment_plan(FedFC(), data, z, k_min)
+    plan = moment_plan(FedFC(), data, z, k_min, max_client_rows=20)
     c_x = math.sqrt(d + 1)
     claim = plan.noise_std(4)
     assert claim == pytest.approx(z * moment_sensitivity(c_x, 12) * (1 + plan.inflation)

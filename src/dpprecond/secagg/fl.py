@@ -303,17 +303,25 @@ def moment_parts(X: np.ndarray, bounds: np.ndarray, row_clip: float) -> np.ndarr
 
 
 def moment_plan(method: CovarianceMethod, data: ClientData, noise_multiplier: float,
-                min_clients: int) -> SumPlan:
-    """The plan of the setup sum (:func:`~dpprecond.secagg.sums.plan_sum`): ``m = (d + 1)
-    (d + 2) / 2`` coordinates, sensitivity :func:`moment_sensitivity` at the method's row
-    clip and the data's largest client, ``z_cov``, the modulus sized for ``N`` records (a
-    record adds at most ``C_x^2 <= Delta_cov`` to a coordinate) and ``K`` shares."""
+                min_clients: int, max_client_rows: int | None = None) -> SumPlan:
+    """The plan of the setup sum (:func:`round_plan`): ``m = (d + 1) (d + 2) / 2``
+    coordinates, sensitivity :func:`moment_sensitivity` at the method's row clip for
+    clients of at most ``max_client_rows`` rows, ``z_cov``, the modulus sized for ``N``
+    records (a record adds at most ``C_x^2 <= Delta_cov`` to a coordinate) and ``K``
+    shares.
+
+    ``max_client_rows`` defaults to ``N``, as in :func:`secure_plan` (the public bound a
+    SecAgg+ server has, so a seeded simulation and a deployment plan the same sums); a
+    smaller value must cover the largest client (``ValueError`` otherwise).
+    """
     d1 = int(data.X.shape[1]) + 1
-    sizes = np.diff(data.bounds)
-    delta = moment_sensitivity(method.feature_clip(d1 - 1), int(sizes.max(initial=1)))
-    return round_plan(d1 * (d1 + 1) // 2, delta, noise_multiplier,
-                      n_rows=int(data.X.shape[0]), n_clients=data.n_clients,
-                      min_clients=min_clients)
+    largest = int(np.diff(data.bounds).max(initial=1))
+    n_records = int(data.X.shape[0])
+    rows = max(n_records, 1) if max_client_rows is None else check_int(
+        "max_client_rows", max_client_rows, low=max(largest, 1))
+    delta = moment_sensitivity(method.feature_clip(d1 - 1), rows)
+    return round_plan(d1 * (d1 + 1) // 2, delta, noise_multiplier, n_rows=n_records,
+                      n_clients=data.n_clients, min_clients=min_clients)
 
 
 def secure_moment_sum(X: np.ndarray, bounds: np.ndarray, row_clip: float, plan: SumPlan,
@@ -565,7 +573,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     method.check(config, model)
     multipliers = secure_multipliers(method, config)
     z_cov, z_grad = multipliers["z_cov"], multipliers["z_grad"]
-    setup_plan = moment_plan(method, data, z_cov, k_min)
+    setup_plan = moment_plan(method, data, z_cov, k_min, max_client_rows)
     plan = secure_plan(model, config, data, z_grad, k_min, max_client_rows)
     setup_release, release = round_event(z_cov), round_event(z_grad)
     T = config.n_rounds

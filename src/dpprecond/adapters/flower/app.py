@@ -52,9 +52,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.server import ServerConfig
-from flwr.server.compat import LegacyContext
-from flwr.server.workflow import DefaultWorkflow
 from flwr.serverapp import Grid, ServerApp
 
 from dpprecond._files import atomic_write
@@ -68,6 +65,7 @@ from dpprecond.adapters.flower.secagg import (
     SecAggDPStrategy,
     check_secagg_plus_method,
     make_dual_client_app,
+    run_secagg,
 )
 from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.adaptive_clip import with_adaptive_clip
@@ -384,16 +382,6 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
                             method_from_run_config(rc), config, n_clients,
                             ds.X_train.shape[0], X_test=X_test, y_test=y_test,
                             seed=_noise_seed(rc), min_clients=min_clients, ledger=ledger)
-
-
-def run_secagg(grid: Grid, context: Context, strategy: SecAggDPStrategy,
-               timeout: float) -> FLResult:
-    """Run a :class:`SecAggDPStrategy` with Flower's SecAgg+ workflow; return its result."""
-    legacy = LegacyContext(context=context,
-                           config=ServerConfig(num_rounds=strategy.config.n_rounds),
-                           strategy=strategy)
-    DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
-    return strategy.result()
 
 
 def run_from_run_config(grid: Grid, context: Context) -> FLResult:

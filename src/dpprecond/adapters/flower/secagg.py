@@ -19,29 +19,33 @@ SecAgg+ is Flower's legacy fit/evaluate workflow: :class:`SecAggDPStrategy` is a
 (...))`` (:func:`make_secagg_server_app`), and the client a ``NumPyClient`` wrapped by
 ``secaggplus_mod`` (:func:`make_secagg_client_app`).
 
-Making SecAgg+'s own arithmetic exact on the messages: every client reports
-``num_examples = 1`` and the workflow runs with ``max_weight = m`` (``m = 2^bits``, the
-plan's modulus), so each client's weight factor is ``round(1/m * m) = 1`` and the total
-factor the server divides by is the number of survivors ``K'``, not ``K' m`` (which would
-wrap SecAgg+'s modulus). The client sends ``m x_i``: its centred message ``x_i`` in
-``[-m/2, m/2)`` (congruent to its message modulo ``m``) followed by its record count
-``n_i``, times ``m`` (exact: a power of two). SecAgg+ multiplies it by its weight
-``1/m`` (exact) and, with ``clipping_range = m/2`` and ``quantization_range = m``, its
-stochastic quantization maps each ``x_i`` to the integer ``x_i + m/2`` exactly; it sums
-those modulo ``M = 2^31`` (``modulus_range``) and hands the strategy ``(S - K' m/2) m /
-K'`` with ``S`` the modular sum. The strategy recovers the integer ``S - K' m/2``
+Making SecAgg+'s own arithmetic exact on the messages: let ``m = 2^bits`` be a sum's
+modulus and ``q`` SecAgg+'s quantization range, the largest modulus of the run's plans (a
+covariance method's setup sum may need another; every plan's modulus divides ``q``; the
+requests carry it as ``secagg-range``). Every client reports ``num_examples = 1`` and the
+workflow runs with ``max_weight = q``, so each client's weight factor is ``round(1/q * q)
+= 1`` and the total factor the server divides by is the number of survivors ``K'``, not
+``K' q`` (which would wrap SecAgg+'s modulus). The client sends ``q x_i``: its centred
+message ``x_i`` in ``[-m/2, m/2)`` (congruent to its message modulo ``m``) followed by its
+record count ``n_i``, times ``q`` (exact: a power of two). SecAgg+ multiplies it by its
+weight ``1/q`` (exact) and, with ``clipping_range = q/2`` and ``quantization_range = q``,
+its stochastic quantization maps each ``x_i`` to the integer ``x_i + q/2`` exactly; it
+sums those modulo ``M = 2^31`` (``modulus_range``) and hands the strategy ``(S - K' q/2)
+q / K'`` with ``S`` the modular sum. The strategy recovers the integer ``S - K' q/2``
 (rounded to the nearest integer; the float error is below ``2^-8``), which is congruent
 to ``sum_i x_i`` modulo ``M``, hence modulo ``m`` (``m`` divides ``M``): the wrap of
-SecAgg+'s own sum costs nothing. So a plan needs only ``m < M``: at most 30 bits
+SecAgg+'s own sum costs nothing. So a plan needs only ``q < M``: at most 30 bits
 (:data:`~dpprecond.secagg.fl.FIT_BITS`, which the simulator's plans fit when they can),
 whatever ``K``. The server reduces the sum modulo ``m`` (the secure sum of the messages),
 decodes it (refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size
 weighting; the counts' sum, below ``M``, is read modulo ``M``).
 
-Methods: the one-message gradient methods only (:func:`check_secagg_plus_method`). The
-covariance methods (``fedfc``, ``fednew``), which the simulation runs under secure
-aggregation (a setup sum of the second moments before the rounds), are refused by name:
-their setup sum is not wired into this workflow.
+Methods: the one-message gradient methods and the covariance methods (``fedfc``,
+``fednew``; :func:`check_secagg_plus_method`). A covariance method's run is ``T + 1``
+SecAgg+ rounds: round 1 is the setup sum of the clients' clipped second moments
+(:func:`~dpprecond.secagg.fl.moment_parts`, its plan ``plan-kind = "moment"``, each
+client's message from its setup stream ``(0, i)``), then the ``T`` gradient rounds, as
+:func:`~dpprecond.secagg.fl.simulate_secure` runs them.
 """
 
 from __future__ import annotations
@@ -96,27 +100,31 @@ from dpprecond.adapters.flower.client_app import (
 from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
-from dpprecond.fl.methods import GradientMethod, Method
+from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.secagg.fl import (
     ACCOUNTED_INFLATION,
     FIT_BITS,
     check_secure_aggregation,
+    moment_parts,
+    moment_sensitivity,
     part_sensitivity,
     round_event,
     round_plan,
     secure_info,
     secure_message,
+    secure_multipliers,
     secure_noise_multiplier,
+    secure_plan_event,
 )
 from dpprecond.secagg.skellam import decode
-from dpprecond.secagg.sums import SumPlan
+from dpprecond.secagg.sums import SumPlan, client_message
 
 __all__ = ["SecAggDPClient", "SecAggDPStrategy", "check_secagg_plus_method",
            "make_dual_client_app",
            "make_secagg_client_app",
-           "make_secagg_server_app", "plan_from_config", "plan_to_config"]
+           "make_secagg_server_app", "plan_from_config", "plan_to_config", "run_secagg"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,14 +133,43 @@ logger = logging.getLogger(__name__)
 SECAGG_MODULUS = 1 << 31
 
 
-def plan_to_config(plan: SumPlan, clip_norm: float) -> dict[str, Scalar]:
-    """A round's plan (the clip norm and the sum's plan) as FitIns config entries (every
-    field is public)."""
-    return {"plan-clip-norm": float(clip_norm), "plan-dim": plan.dim,
+#: The two kinds of secure sum a fit request asks for: a round's clipped gradient sums, or
+#: the covariance methods' setup sum of clipped second moments (its clip is the row clip).
+PLAN_KINDS = ("gradient", "moment")
+
+
+def plan_to_config(plan: SumPlan, clip_norm: float, kind: str = "gradient"
+                   ) -> dict[str, Scalar]:
+    """A round's plan (its kind, the clip norm and the sum's plan) as FitIns config entries
+    (every field is public)."""
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"kind={kind!r}: expected one of {PLAN_KINDS}.")
+    return {"plan-kind": kind, "plan-clip-norm": float(clip_norm), "plan-dim": plan.dim,
             "plan-sensitivity": plan.sensitivity, "plan-noise-multiplier": plan.noise_multiplier,
             "plan-n-rows": plan.n_rows, "plan-n-clients": plan.n_clients,
             "plan-min-clients": plan.min_clients, "plan-scale": plan.scale,
             "plan-bits": plan.bits}
+
+
+def plan_kind(config: dict[str, Scalar]) -> str:
+    """The kind of secure sum a fit request asks for (``"gradient"`` when absent)."""
+    kind = str(config.get("plan-kind", "gradient"))
+    if kind not in PLAN_KINDS:
+        raise ValueError(f"The fit request's plan-kind={kind!r} is not one of {PLAN_KINDS}; "
+                         "refusing to answer.")
+    return kind
+
+
+def quantization_range(config: dict[str, Scalar], plan: SumPlan) -> int:
+    """SecAgg+'s quantization range ``q`` of the run (``secagg-range``; the plan's modulus
+    when absent): a power of two, at least the plan's modulus and below SecAgg+'s
+    modulus (``ValueError`` otherwise). ``m`` divides ``q``, so the sum modulo ``q`` gives
+    the sum modulo ``m``."""
+    q = int(config.get("secagg-range", plan.modulus))
+    if q < plan.modulus or q >= SECAGG_MODULUS or q & (q - 1):
+        raise ValueError(f"The fit request's secagg-range={q} is not a power of two in "
+                         f"[2^{plan.bits}, 2^31); refusing to answer.")
+    return q
 
 
 def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
@@ -189,10 +226,12 @@ class SecAggDPClient(NumPyClient):
                  noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
-        self.noise_root = (None if noise_seed is None
-                           else simulator_seeds(check_int("noise_seed", noise_seed,
-                                                          low=0)).noise)
+        seeds = (None if noise_seed is None
+                 else simulator_seeds(check_int("noise_seed", noise_seed, low=0)))
+        self.noise_root = None if seeds is None else seeds.noise
+        self.setup_root = None if seeds is None else seeds.setup
         self.min_noise_multiplier = float(min_noise_multiplier)
+        self._range = 0  # SecAgg+'s quantization range, read from each fit request
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
             ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
@@ -201,6 +240,9 @@ class SecAggDPClient(NumPyClient):
             raise ValueError(f"The plan's noise multiplier {plan.noise_multiplier:g} is below "
                              f"this client's floor {self.min_noise_multiplier:g}; refusing to "
                              "answer.")
+        self._range = quantization_range(config, plan)
+        if plan_kind(config) == "moment":
+            return self._moment_message(plan, clip_norm)
         own = part_sensitivity(self.model, clip_norm, self.X.shape[0], self.X.dtype)
         if own > plan.sensitivity:
             raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} does not cover this "
@@ -213,9 +255,33 @@ class SecAggDPClient(NumPyClient):
                else client_mod.stream(self.noise_root, t - 1, self.client_id))
         params = np.asarray(parameters[0], dtype=np.float64)
         message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng)
-        m = plan.modulus
+        return self._send(message, plan)
+
+    def _moment_message(self, plan: SumPlan, row_clip: float
+                        ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        """The setup sum's message: the upper triangle of the client's clipped second
+        moment (:func:`~dpprecond.secagg.fl.moment_parts`), rounded and noised from its
+        setup stream ``(0, i)``, as :func:`~dpprecond.secagg.fl.secure_moment_sum`."""
+        d1 = int(self.X.shape[1]) + 1
+        if plan.dim != d1 * (d1 + 1) // 2:
+            raise ValueError(f"The setup plan has dim={plan.dim}, but this client's "
+                             f"{d1 - 1} features give {d1 * (d1 + 1) // 2} moment "
+                             "coordinates; refusing to answer.")
+        own = moment_sensitivity(row_clip, max(int(self.X.shape[0]), 1))
+        if own > plan.sensitivity:
+            raise ValueError(f"The setup plan's sensitivity {plan.sensitivity!r} does not "
+                             f"cover this client's second moment of {self.X.shape[0]} rows "
+                             f"({own!r}); refusing to answer.")
+        rng = (np.random.default_rng() if self.setup_root is None
+               else client_mod.stream(self.setup_root, 0, self.client_id))
+        part = moment_parts(self.X, np.array([0, self.X.shape[0]]), row_clip)[0]
+        return self._send(client_message(part, plan, rng), plan)
+
+    def _send(self, message: np.ndarray, plan: SumPlan
+              ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        m, q = plan.modulus, self._range
         vector = np.concatenate([_centred(message, m), [self.X.shape[0]]]).astype(np.float64)
-        return [vector * float(m)], 1, {}  # SecAgg+ multiplies by its weight 1/m: exact
+        return [vector * float(q)], 1, {}  # SecAgg+ multiplies by its weight 1/q: exact
 
 
 def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
@@ -272,20 +338,18 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
 
-def check_secagg_plus_method(method: Method, config: FLConfig) -> GradientMethod:
+def check_secagg_plus_method(method: Method, config: FLConfig
+                             ) -> GradientMethod | CovarianceMethod:
     """The method, if SecAgg+ runs it here: what
-    :func:`~dpprecond.secagg.fl.check_secure_aggregation` accepts, less the covariance
-    methods (``ValueError`` naming the method: their setup sum of second moments has no
-    SecAgg+ round here; :func:`~dpprecond.secagg.fl.simulate_secure` runs them) and at
+    :func:`~dpprecond.secagg.fl.check_secure_aggregation` accepts (the one-message
+    gradient methods, and the covariance methods with their setup sum as round 1) and at
     ``precision="float64"`` (the clients' parts are computed from their float64 records,
     so a float32 simulation would not be the deployment's; ``ValueError`` naming it)."""
     checked = check_secure_aggregation(method, config, secure=False)
-    if not isinstance(checked, GradientMethod):
+    if not isinstance(checked, GradientMethod | CovarianceMethod):
         raise ValueError(f"Flower's SecAgg+ workflow runs the one-message gradient methods "
-                         f"(fedgd, sofim*, adam, yogi); {checked.name!r} releases a second "
-                         "moment in a setup sum first, which this workflow does not run. "
-                         "Simulate it with trust='secure-aggregation' (dpprecond.fl.simulate) "
-                         "or run it on Flower with trust='local'.")
+                         f"(fedgd, sofim*, adam, yogi) and the covariance methods (fedfc, "
+                         f"fednew); {checked.name!r} is neither.")
     if config.precision != "float64":
         raise ValueError(f"Flower's SecAgg+ clients compute their parts from their float64 "
                          f"records; precision={config.precision!r} would make the simulation's "
@@ -343,22 +407,36 @@ class SecAggDPStrategy(Strategy):
             "min_clients", min_clients, low=1, high=self.n_clients)
         rows = self.n_records if max_client_rows is None else check_int(
             "max_client_rows", max_client_rows, low=1, high=self.n_records)
-        self.noise_multiplier_ = secure_noise_multiplier(config)
         dtype = np.float32 if config.precision == "float32" else np.float64
+        self.setup_plan_: SumPlan | None = None
+        self.setup_release_: dp_event.DpEvent | None = None
+        if isinstance(self.method, CovarianceMethod):  # the setup sum, then T rounds
+            self.method.check(config, model)
+            self.multipliers_ = secure_multipliers(self.method, config)
+            self.noise_multiplier_ = self.multipliers_["z_grad"]
+            d = int(getattr(model, "n_features", 0))
+            if d < 1:
+                raise ValueError(f"{self.method.name!r} needs a model with n_features (a "
+                                 f"linear head); {type(model).__name__} has none.")
+            self.row_clip_ = self.method.feature_clip(d)
+            self.setup_plan_ = round_plan((d + 1) * (d + 2) // 2,
+                                          moment_sensitivity(self.row_clip_, rows),
+                                          self.multipliers_["z_cov"], n_rows=self.n_records,
+                                          n_clients=self.n_clients,
+                                          min_clients=self.min_clients)
+            self.setup_release_ = round_event(self.multipliers_["z_cov"])
+        else:
+            self.noise_multiplier_ = secure_noise_multiplier(config)
+            self.multipliers_ = {"z": self.noise_multiplier_}
         self.plan_ = round_plan(model.n_params,
                                 part_sensitivity(model, config.clip_norm, rows, dtype),
                                 self.noise_multiplier_, n_rows=self.n_records,
                                 n_clients=self.n_clients, min_clients=self.min_clients)
         self.release_ = round_event(self.noise_multiplier_)
-        if self.plan_.modulus >= SECAGG_MODULUS:
-            raise ValueError(f"A secure sum of {model.n_params} coordinates over "
-                             f"n_records={self.n_records} records needs a modulus of "
-                             f"2^{self.plan_.bits} (scale {self.plan_.scale:g}, rounding "
-                             f"inflation {self.plan_.inflation:.3g}), above the 2^"
-                             f"{FIT_BITS} that SecAgg+'s modulus 2^31 carries even at the "
-                             f"largest accounted inflation {ACCOUNTED_INFLATION:g}: lower "
-                             "the number of records or the model's size, or simulate it "
-                             "with trust='secure-aggregation' (up to 2^62).")
+        for plan in (self.plan_, self.setup_plan_):
+            if plan is not None and plan.modulus >= SECAGG_MODULUS:
+                self._refuse_modulus(plan)
+
         self.X_test = None if X_test is None else check_array("X_test", X_test)
         self.y_test = None if y_test is None else check_labels(
             "y_test", y_test, getattr(model, "n_classes", 2 ** 31),
@@ -367,20 +445,50 @@ class SecAggDPStrategy(Strategy):
                     else simulator_seeds(check_int("seed", seed, low=0)).init)
         self._params = np.asarray(model.init_params(np.random.default_rng(init_seq)),
                                   dtype=np.float64)
-        noise_var = (self.plan_.noise_std(self.n_clients) / self.n_records) ** 2
-        self.transform = self.method.transform_for(noise_var)
-        self._state = self.transform.init(self._params)
+        self.spec_ = RunSpec(config, dict(self.multipliers_), model, self.n_clients)
+        self._state: Any = None
+        if isinstance(self.method, GradientMethod):
+            noise_var = (self.plan_.noise_std(self.n_clients) / self.n_records) ** 2
+            self.transform = self.method.transform_for(noise_var)
+            self._state = self.transform.init(self._params)
         self.caller_ledger = ledger
         if ledger is not None:  # refuse the whole plan before any message
-            ledger.check(dp_event.SelfComposedDpEvent(self.release_, config.n_rounds))
+            ledger.check(secure_plan_event(model, config, self.method))
         self.ledger = PrivacyLedger(config.target_delta, accountant="rdp")
         self.events: list[dp_event.DpEvent] = []
         self.history_: list[dict[str, Any]] = []
         self._round_start = 0.0
 
+    def _refuse_modulus(self, plan: SumPlan) -> None:
+        raise ValueError(f"A secure sum of {plan.dim} coordinates over "
+                         f"n_records={self.n_records} records needs a modulus of "
+                         f"2^{plan.bits} (scale {plan.scale:g}, rounding "
+                         f"inflation {plan.inflation:.3g}), above the 2^"
+                         f"{FIT_BITS} that SecAgg+'s modulus 2^31 carries even at the "
+                         f"largest accounted inflation {ACCOUNTED_INFLATION:g}: lower "
+                         "the number of records or the model's size, or simulate it "
+                         "with trust='secure-aggregation' (up to 2^62).")
+
+    @property
+    def setup_rounds(self) -> int:
+        """SecAgg+ rounds before the gradient rounds: 1 for a covariance method's setup
+        sum, 0 otherwise (the workflow runs ``n_rounds + setup_rounds`` rounds)."""
+        return 0 if self.setup_plan_ is None else 1
+
+    def _round_plan(self, server_round: int) -> tuple[SumPlan, str]:
+        if server_round <= self.setup_rounds and self.setup_plan_ is not None:
+            return self.setup_plan_, "moment"
+        return self.plan_, "gradient"
+
+    @property
+    def quantization_range(self) -> int:
+        """``q``: SecAgg+'s quantization range, the largest modulus of the run's plans
+        (every plan's modulus divides it; sent to the clients as ``secagg-range``)."""
+        return max(p.modulus for p in (self.plan_, self.setup_plan_) if p is not None)
+
     def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
         """Flower's SecAgg+ workflow with the settings that keep the shares exact."""
-        m = self.plan_.modulus
+        m = self.quantization_range
         return SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=self.min_clients
                                   if self.min_clients < self.n_clients else 1.0,
                                   max_weight=float(m), clipping_range=float(m // 2),
@@ -396,13 +504,18 @@ class SecAggDPStrategy(Strategy):
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         clients = client_manager.sample(num_clients=self.n_clients,
                                         min_num_clients=self.n_clients)
-        self.ledger.spend(self.release_)  # before the shares: charged regardless
-        self.events.append(self.release_)
+        plan, kind = self._round_plan(server_round)
+        release = self.setup_release_ if kind == "moment" else self.release_
+        assert release is not None
+        self.ledger.spend(release)  # before the shares: charged regardless
+        self.events.append(release)
         if self.caller_ledger is not None:
-            self.caller_ledger.spend(self.release_)
+            self.caller_ledger.spend(release)
         self._round_start = time.perf_counter()
-        config: dict[str, Scalar] = {"round": server_round,
-                                     **plan_to_config(self.plan_, self.config.clip_norm)}
+        clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
+        config: dict[str, Scalar] = {"round": server_round - self.setup_rounds,
+                                     "secagg-range": self.quantization_range,
+                                     **plan_to_config(plan, clip, kind)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
         return [(c, fit) for c in clients]
 
@@ -411,21 +524,47 @@ class SecAggDPStrategy(Strategy):
         if not results:
             return None, {}
         average = parameters_to_ndarrays(results[0][1].parameters)[0]
-        m = self.plan_.modulus
-        # SecAgg+ hands (S - K' m/2) m / K'; the integer S - K' m/2 is = sum_i x_i (mod M)
-        total = np.rint(average * (len(results) / m)).astype(np.int64)
-        grad_sum = decode(np.mod(total[:-1], m), self.plan_, len(results))
+        plan, kind = self._round_plan(server_round)
+        q = self.quantization_range
+        # SecAgg+ hands (S - K' q/2) q / K' (q its quantization range); the integer
+        # S - K' q/2 is = sum_i x_i (mod M), hence modulo the plan's m (m divides q and M)
+        total = np.rint(average * (len(results) / q)).astype(np.int64)
+        decoded = decode(np.mod(total[:-1], plan.modulus), plan, len(results))
         n = int(np.mod(total[-1], SECAGG_MODULUS))
-        G = grad_sum / n
-        updates, self._state = self.transform.update(G, self._state, self._params)
+        if kind == "moment":
+            return self._setup(decoded, n, server_round)
+        G = decoded / n
+        if isinstance(self.method, CovarianceMethod):
+            updates, self._state = self.method.server_update(
+                self.spec_, {"message": G[None]}, [0], np.array([n]), self._state,
+                self._params)
+        else:
+            updates, self._state = self.transform.update(G, self._state, self._params)
         self._params = self._params + updates
-        record: dict[str, Any] = {"round": server_round, "epsilon": self.ledger.epsilon,
+        record: dict[str, Any] = {"round": server_round - self.setup_rounds,
+                                  "epsilon": self.ledger.epsilon,
                                   "n_replied": len(results),
                                   "update_norm": float(np.linalg.norm(updates)),
                                   "seconds": time.perf_counter() - self._round_start}
         self.history_.append(record)
         return ndarrays_to_parameters([self._params]), {"epsilon": record["epsilon"],
                                                         "n-replied": len(results)}
+
+    def _setup(self, flat: np.ndarray, n: int, server_round: int
+               ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        """The setup sum's decoded upper triangle: mirrored, divided by the records, handed
+        to the method's server half as the aggregate's one row (as the simulator)."""
+        assert self.setup_plan_ is not None and isinstance(self.method, CovarianceMethod)
+        d1 = int(self.model.n_features) + 1  # type: ignore[attr-defined]
+        S = np.zeros((d1, d1))
+        S[np.triu_indices(d1)] = flat
+        S = S + np.triu(S, 1).T
+        self._state = self.method.server_init(self.spec_, self._params,
+                                              {"moment": (S / n)[None]}, [0])
+        self.setup_ = {"round": server_round, "epsilon": self.ledger.epsilon,
+                       "seconds": time.perf_counter() - self._round_start}
+        return ndarrays_to_parameters([self._params]), {"epsilon": self.ledger.epsilon,
+                                                        "n-replied": self.n_clients}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
@@ -443,17 +582,30 @@ class SecAggDPStrategy(Strategy):
             return None
         params = parameters_to_ndarrays(parameters)[0]
         loss, acc = self.model.evaluate(params, self.X_test, self.y_test)
-        if self.history_ and self.history_[-1]["round"] == server_round:
+        if self.history_ and self.history_[-1]["round"] == server_round - self.setup_rounds:
             self.history_[-1].update(test_accuracy=acc, test_loss=loss)
         return float(loss), {"test-accuracy": float(acc)}
 
     def result(self) -> FLResult:
         """The run's :class:`FLResult` (after the workflow)."""
+        info: dict[str, Any] = {"trust": "secure-aggregation", "engine": "flower-secagg+",
+                                **secure_info(self.plan_, self.n_clients)}
+        if self.setup_plan_ is not None:
+            info.update(noise_multipliers=dict(self.multipliers_),
+                        setup=secure_info(self.setup_plan_, self.n_clients))
         return FLResult(self._params, self.history_, self.noise_multiplier_,
-                        float(self.ledger.epsilon), self.config.target_delta,
-                        {"trust": "secure-aggregation", "engine": "flower-secagg+",
-                         **secure_info(self.plan_, self.n_clients)},
+                        float(self.ledger.epsilon), self.config.target_delta, info,
                         list(self.events))
+
+
+def run_secagg(grid: Grid, context: Context, strategy: SecAggDPStrategy,
+               timeout: float | None = None) -> FLResult:
+    """Run a :class:`SecAggDPStrategy` with Flower's SecAgg+ workflow (``n_rounds`` plus the
+    setup rounds of a covariance method); return its result."""
+    legacy = LegacyContext(context=context, config=ServerConfig(
+        num_rounds=strategy.config.n_rounds + strategy.setup_rounds), strategy=strategy)
+    DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
+    return strategy.result()
 
 
 def make_secagg_server_app(strategy_fn: Any, *, timeout: float | None = None,
@@ -467,11 +619,8 @@ def make_secagg_server_app(strategy_fn: Any, *, timeout: float | None = None,
         if not isinstance(strategy, SecAggDPStrategy):
             raise TypeError(f"strategy_fn must return a SecAggDPStrategy, got "
                             f"{type(strategy).__name__}.")
-        legacy = LegacyContext(context=context,
-                               config=ServerConfig(num_rounds=strategy.config.n_rounds),
-                               strategy=strategy)
-        DefaultWorkflow(fit_workflow=strategy.workflow(timeout))(grid, legacy)
+        result = run_secagg(grid, context, strategy, timeout)
         if on_result is not None:
-            on_result(strategy.result(), context)
+            on_result(result, context)
 
     return app
