@@ -53,13 +53,14 @@ def main() -> None:
     row_norm = math.sqrt(ds.X_train.shape[1])  # pixels in [-1, 1]: the public row bound
     print(f"{args.data} ({args.features}), {args.algorithm}, T={args.rounds}, C={args.clip}, "
           f"weighting=size, delta=1e-5, {args.seeds} seeds, IID")
-    print("| K | epsilon | local acc | secagg acc | local z | secagg z | secagg eps |")
-    print("|---|---|---|---|---|---|---|")
+    print("| K | epsilon | local acc | secagg acc | local z | secagg z | secagg eps "
+          "| bits | inflation |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for k in args.clients:
         for eps in args.epsilons:
             row = {}
             for trust in ("local", "secure-aggregation"):
-                accs, z, spent = [], 0.0, 0.0
+                accs, z, spent, plan = [], 0.0, 0.0, (0, 0.0)
                 for seed in range(args.seeds):
                     # the fixed clip for both (adaptive clipping's count is a release
                     # secure aggregation does not make)
@@ -81,10 +82,12 @@ def main() -> None:
                         total = res.epsilon
                     accs.append(res.history[-1]["test_accuracy"])
                     z, spent = res.noise_multiplier, total
-                row[trust] = (float(np.mean(accs)), z, spent)
+                    plan = (res.config.get("modulus_bits", 0),
+                            res.config.get("rounding_inflation", 0.0))
+                row[trust] = (float(np.mean(accs)), z, spent, plan)
             lo, sa = row["local"], row["secure-aggregation"]
             print(f"| {k} | {eps:g} | {lo[0]:.4f} | {sa[0]:.4f} | {lo[1]:.3f} | {sa[1]:.3f} "
-                  f"| {sa[2]:.4f} |")
+                  f"| {sa[2]:.4f} | {sa[3][0]} | {sa[3][1]:.2e} |")
     for k in args.clients:
         got, claim = measured_noise_std(k, 650)
         print(f"aggregate noise std, K={k}, d=650, 200 sums: measured {got:.6g}, claimed "
