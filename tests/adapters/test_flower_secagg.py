@@ -354,3 +354,37 @@ def test_a_moment_request_is_checked_by_the_client():
                        ({"secagg-range": 2 ** 31}, "secagg-range")):
         with pytest.raises(ValueError, match=match):
             client.fit([strategy._params], {**config, **bad})
+
+
+def test_a_covariance_run_whose_setup_sum_failed_stops_with_a_named_error():
+    """SecAgg+ halted round 1 (the setup sum): round 2 raises before any request, with
+    the setup's epsilon charged; after a completed setup the gradient rounds run."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    from dpprecond.adapters.flower.secagg import SetupSumIncompleteError
+
+    data = _engine_data()
+    model = LinearSoftmax(data.X.shape[1], 10)
+
+    class _Manager:
+        def sample(self, num_clients, min_num_clients):  # type: ignore[no-untyped-def]
+            return list(range(num_clients))
+
+    strategy = SecAggDPStrategy(model, "fednew", CONFIG, K, data.X.shape[0], seed=SEED)
+    params = ndarrays_to_parameters([strategy._params])
+    setup = strategy.configure_fit(1, params, _Manager())
+    assert setup[0][1].config["plan-kind"] == "moment" and strategy.ledger.epsilon > 0
+    with pytest.raises(SetupSumIncompleteError, match=r"setup sum.*charged"):
+        strategy.configure_fit(2, params, _Manager())
+    assert len(strategy.events) == 1  # the failed setup's event only
+    # a completed setup: the clients' messages through SecAgg+'s arithmetic
+    q = strategy.quantization_range
+    sent = [SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+        [strategy._params], dict(setup[0][1].config))[0][0]
+        for i, (lo, hi) in enumerate(itertools.pairwise(data.bounds))]
+    handed = _secaggplus_arithmetic(sent, q, np.random.default_rng(0))
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([handed]), 1, {})
+    strategy.aggregate_fit(1, [(None, fitres)] * K, [])
+    assert strategy._state is not None
+    assert strategy.configure_fit(2, params, _Manager())[0][1].config["plan-kind"] == \
+        "gradient"

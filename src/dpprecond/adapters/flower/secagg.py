@@ -121,7 +121,8 @@ from dpprecond.secagg.fl import (
 from dpprecond.secagg.skellam import decode
 from dpprecond.secagg.sums import SumPlan, client_message
 
-__all__ = ["SecAggDPClient", "SecAggDPStrategy", "check_secagg_plus_method",
+__all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
+           "check_secagg_plus_method",
            "make_dual_client_app",
            "make_secagg_client_app",
            "make_secagg_server_app", "plan_from_config", "plan_to_config", "run_secagg"]
@@ -200,6 +201,11 @@ def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
 
 def _centred(share: np.ndarray, m: int) -> np.ndarray:
     return np.mod(share + m // 2, m) - m // 2
+
+
+class SetupSumIncompleteError(RuntimeError):
+    """A covariance method's setup sum released nothing, so its gradient rounds cannot
+    run (raised before any of their requests; the setup's epsilon stays charged)."""
 
 
 class SecAggDPClient(NumPyClient):
@@ -502,9 +508,16 @@ class SecAggDPStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        plan, kind = self._round_plan(server_round)
+        if kind == "gradient" and self.setup_plan_ is not None and self._state is None:
+            raise SetupSumIncompleteError(
+                f"{self.method.name!r} cannot run its gradient rounds: its setup sum (SecAgg+ "
+                "round 1) released nothing (fewer than min_clients="
+                f"{self.min_clients} shares reached it, or the round failed). Its epsilon "
+                f"({self.ledger.epsilon:.4g}) is charged; rerun with more clients online or "
+                "a lower min_clients.")
         clients = client_manager.sample(num_clients=self.n_clients,
                                         min_num_clients=self.n_clients)
-        plan, kind = self._round_plan(server_round)
         release = self.setup_release_ if kind == "moment" else self.release_
         assert release is not None
         self.ledger.spend(release)  # before the shares: charged regardless
