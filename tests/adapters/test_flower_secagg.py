@@ -388,3 +388,92 @@ def test_a_covariance_run_whose_setup_sum_failed_stops_with_a_named_error():
     assert strategy._state is not None
     assert strategy.configure_fit(2, params, _Manager())[0][1].config["plan-kind"] == \
         "gradient"
+
+
+@pytest.mark.parametrize(("n_clients", "num_shares", "min_clients", "s_flower", "t_flower"), [
+    (5, None, None, 5, 5),     # SecAgg: every client, every share (no dropout recovered)
+    (5, None, 3, 5, 3),        # t = k_min with every client sharing (unchanged)
+    (5, None, 1, 5, 2),        # Flower reads an int threshold of 1 as "all": t >= 2
+    (21, 7, None, 7, 7),       # a ring of 7: all 7 shares needed, as min_clients = K
+    (21, 7, 15, 7, 5),         # t = ceil(7 * 15 / 21) = 5
+    (100, 15, 90, 15, 14),     # ceil(13.5) = 14
+    (20, 20, None, 20, 20),    # s = K (even): every client
+])
+def test_num_shares_sets_flowers_neighbourhood_and_threshold(n_clients, num_shares,
+                                                             min_clients, s_flower, t_flower):
+    """The workflow Flower runs: ``s`` shares per client (Flower's runtime rounding of the
+    fraction gives ``s`` back) and a threshold ``t = ceil(s k_min / K)`` in [2, s]."""
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, n_clients, ds.X_train.shape[0],
+                                min_clients=min_clients, num_shares=num_shares)
+    wf = strategy.workflow()
+    shares = (round(wf.num_shares * n_clients) if isinstance(wf.num_shares, float)
+              else wf.num_shares)
+    threshold = (round(wf.reconstruction_threshold * shares)
+                 if isinstance(wf.reconstruction_threshold, float)
+                 else wf.reconstruction_threshold)
+    assert (shares, threshold) == (s_flower, t_flower)
+    assert strategy.reconstruction_threshold == t_flower
+    # the released sums do not depend on the neighbourhood
+    assert strategy.plan_ == SecAggDPStrategy(model, "fedgd", CONFIG, n_clients,
+                                              ds.X_train.shape[0],
+                                              min_clients=min_clients).plan_
+
+
+@pytest.mark.parametrize(("num_shares", "match"), [
+    (4, "odd num_shares"), (2, "num_shares"), (9, "num_shares"), (3.0, "num_shares")])
+def test_a_bad_num_shares_is_refused_by_name(num_shares, match):
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    with pytest.raises((ValueError, TypeError), match=match):
+        SecAggDPStrategy(model, "fedgd", CONFIG, 7, ds.X_train.shape[0],
+                         num_shares=num_shares)
+
+
+def test_the_run_config_checks_secagg_num_shares_before_anything_starts():
+    from dpprecond.adapters.flower.app import RunConfigError, check_run_config
+
+    rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
+          "trust": "secure-aggregation", "weighting": "size", "adaptive-clip": False,
+          "n-clients": 7}
+    check_run_config({**rc, "secagg-num-shares": 5})
+    check_run_config({**rc, "secagg-num-shares": 0})
+    with pytest.raises(RunConfigError, match="odd num_shares"):
+        check_run_config({**rc, "secagg-num-shares": 4})
+    with pytest.raises(RunConfigError, match="num_shares"):
+        check_run_config({**rc, "secagg-num-shares": 9})  # more than n-clients
+    with pytest.raises(RunConfigError, match="secagg-num-shares=5 applies to"):
+        check_run_config({**rc, "trust": "local", "secagg-num-shares": 5})
+
+
+@pytest.mark.slow
+def test_a_sparse_secagg_plus_ring_releases_the_engines_sums():
+    """K = 5 SuperNodes, each sharing with 2 neighbours of a ring (num_shares = 3): the
+    pairwise masks still cancel in the sum, and the run ends at the simulator's model."""
+    n = 5
+    loader = PartitionedDataset("digits", seed=PART)
+    parts = [loader(ClientInfo(i, n, {}, {})) for i in range(n)]
+    data = ClientData(np.concatenate([p.X for p in parts]),
+                      np.concatenate([p.y for p in parts]),
+                      np.cumsum([0] + [p.X.shape[0] for p in parts]).astype(np.int64), 10)
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    ref = simulate_secure(model, data, "fedgd", CONFIG, X_test=ds.X_test, y_test=ds.y_test,
+                          seed=simulator_seeds(SEED).simulation)
+    holder: dict[str, SecAggDPStrategy] = {}
+
+    def strategy_fn(context):  # type: ignore[no-untyped-def]
+        holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, n, data.X.shape[0],
+                                       X_test=ds.X_test, y_test=ds.y_test, seed=SEED,
+                                       num_shares=3)
+        return holder["s"]
+
+    run_simulation(make_secagg_server_app(strategy_fn, timeout=600.0),
+                   make_secagg_client_app(loader, noise_seed=SEED),
+                   num_supernodes=n, backend_config=RAY)
+    got = holder["s"].result()
+    assert [r["n_replied"] for r in got.history] == [n, n]
+    np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
+    assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
+    assert got.events == ref.events

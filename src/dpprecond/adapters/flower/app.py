@@ -63,6 +63,7 @@ from dpprecond.adapters.flower.protocol import KEYS
 from dpprecond.adapters.flower.records import read_int
 from dpprecond.adapters.flower.secagg import (
     SecAggDPStrategy,
+    check_num_shares,
     check_secagg_plus_method,
     make_dual_client_app,
     run_secagg,
@@ -93,7 +94,8 @@ RUN_CONFIG_KEYS = (
     "target-delta", "max-epsilon", "mechanism", "sampling-rate", "local-steps", "local-lr",
     "weighting", "adaptive-clip", "accountant", "secure", "round-timeout", "connect-timeout",
     "min-replies", "evaluate", "output-dir", "data", "data-path", "features", "partition", "alpha",
-    "partition-seed", "n-features", "n-classes", "noise-seed", "trust", "min-clients")
+    "partition-seed", "n-features", "n-classes", "noise-seed", "trust", "min-clients",
+    "secagg-num-shares")
 
 
 class RunConfigError(ValueError):
@@ -155,16 +157,22 @@ def check_run_config(run_config: dict[str, Any]) -> None:
             check_positive("max-epsilon", max_eps)
         seed = _noise_seed(rc)
         min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0)
+        num_shares = check_int("secagg-num-shares", rc.get("secagg-num-shares", 0), low=0)
         if config.trust == "secure-aggregation":
             check_secure_aggregation(method_from_run_config(rc), config,
                                      _bool(rc, "secure", False))
             check_secagg_plus_method(method_from_run_config(rc), config)
+            if num_shares:  # odd and >= 3; at most n-clients where the config gives it
+                check_num_shares(num_shares, check_int("n-clients", rc.get("n-clients", 0),
+                                                       low=0) or 2**31)
             if rc.get("data", "digits") == "node-file":
                 raise ValueError("Run config trust='secure-aggregation' needs a named dataset "
                                  "(the modulus is sized for its number of records), not "
                                  "data='node-file'.")
-        elif min_clients:
-            raise ValueError(f"Run config min-clients={min_clients} applies to "
+        elif min_clients or num_shares:
+            key, value = (("min-clients", min_clients) if min_clients
+                          else ("secagg-num-shares", num_shares))
+            raise ValueError(f"Run config {key}={value} applies to "
                              "trust='secure-aggregation' only; leave it 0.")
         if _bool(rc, "secure", False) and seed is not None:
             raise ValueError(f"Run config secure=true refuses seeds (got "
@@ -362,7 +370,8 @@ def federation_size(grid: Grid, timeout: float) -> int:
 
 def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecAggDPStrategy:
     """The :class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy` of a run config with
-    ``trust = "secure-aggregation"`` (``min-clients = 0``: all ``n_clients``)."""
+    ``trust = "secure-aggregation"`` (``min-clients = 0`` and ``secagg-num-shares = 0``: all
+    ``n_clients``)."""
     rc = dict(context.run_config)
     check_run_config(rc)
     config = config_from_run_config(rc)
@@ -375,13 +384,15 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
     if _bool(rc, "evaluate", True):
         X_test, y_test = ds.X_test, ds.y_test
     min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
+    num_shares = check_int("secagg-num-shares", rc.get("secagg-num-shares", 0), low=0) or None
     max_eps = _optional_float(rc, "max-epsilon")
     ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps,
                                                         accountant="rdp")
     return SecAggDPStrategy(LinearSoftmax(ds.n_features, ds.n_classes),
                             method_from_run_config(rc), config, n_clients,
                             ds.X_train.shape[0], X_test=X_test, y_test=y_test,
-                            seed=_noise_seed(rc), min_clients=min_clients, ledger=ledger)
+                            seed=_noise_seed(rc), min_clients=min_clients, ledger=ledger,
+                            num_shares=num_shares)
 
 
 def run_from_run_config(grid: Grid, context: Context) -> FLResult:

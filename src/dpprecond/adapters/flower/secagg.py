@@ -51,6 +51,7 @@ client's message from its setup stream ``(0, i)``), then the ``T`` gradient roun
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -344,6 +345,20 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
 
+def check_num_shares(num_shares: Any, n_clients: int) -> int:
+    """SecAgg+'s neighbourhood size: ``None`` (every client) gives ``K``; otherwise an odd
+    integer from 3 to ``K`` (Flower's ring holds a client and ``(s - 1) / 2`` neighbours
+    on each side)."""
+    if num_shares is None:
+        return n_clients
+    s = check_int("num_shares", num_shares, low=3, high=n_clients)
+    if s % 2 == 0 and s != n_clients:
+        raise ValueError(f"Expected an odd num_shares (SecAgg+'s ring holds a client and "
+                         f"(s - 1) / 2 neighbours on each side), got num_shares={s}; use "
+                         f"{s + 1} or {s - 1}, or None for all {n_clients} clients.")
+    return s
+
+
 def check_secagg_plus_method(method: Method, config: FLConfig
                              ) -> GradientMethod | CovarianceMethod:
     """The method, if SecAgg+ runs it here: what
@@ -394,13 +409,24 @@ class SecAggDPStrategy(Strategy):
     ledger : PrivacyLedger, optional
         A caller's ledger: the whole plan is checked against its ``max_epsilon`` here,
         before any message, and every round's sum is recorded in it.
+    num_shares : int, optional
+        SecAgg+'s neighbourhood size ``s``: each client agrees masks with, and splits its
+        secrets among, the ``s - 1`` clients next to it on a ring the server shuffles
+        every round (itself and ``(s - 1) / 2`` on each side), instead of every other
+        client (the default, ``None``: all ``K``, which is Flower's SecAgg). An odd
+        number from 3 to ``K`` (``K`` means all). A client's work per round grows with
+        ``s`` instead of ``K``. The released sums, their noise and their accounting do
+        not change; what changes is who must collude with the server to unmask one
+        client's message: ``t`` of its ``s`` neighbours instead of ``t`` of all ``K``
+        clients (:meth:`reconstruction_threshold`; the threat model in
+        docs/secure_aggregation.md).
     """
 
     def __init__(self, model: FLModel, method: Method | str, config: FLConfig, n_clients: int,
                  n_records: int, *, X_test: np.ndarray | None = None,
                  y_test: np.ndarray | None = None, seed: int | None = None,
                  min_clients: int | None = None, max_client_rows: int | None = None,
-                 ledger: PrivacyLedger | None = None) -> None:
+                 ledger: PrivacyLedger | None = None, num_shares: int | None = None) -> None:
         config = config.validated()
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
@@ -411,6 +437,7 @@ class SecAggDPStrategy(Strategy):
         self.n_records = check_int("n_records", n_records, low=1)
         self.min_clients = self.n_clients if min_clients is None else check_int(
             "min_clients", min_clients, low=1, high=self.n_clients)
+        self.num_shares = check_num_shares(num_shares, self.n_clients)
         rows = self.n_records if max_client_rows is None else check_int(
             "max_client_rows", max_client_rows, low=1, high=self.n_records)
         dtype = np.float32 if config.precision == "float32" else np.float64
@@ -492,11 +519,31 @@ class SecAggDPStrategy(Strategy):
         (every plan's modulus divides it; sent to the clients as ``secagg-range``)."""
         return max(p.modulus for p in (self.plan_, self.setup_plan_) if p is not None)
 
+    @property
+    def reconstruction_threshold(self) -> int:
+        """``t``: the shares of a client's secrets that SecAgg+ needs to recover it.
+
+        The same fraction of a client's ``s`` shares as ``min_clients`` is of ``K``:
+        ``t = ceil(s k_min / K)``, at least 2 (``t = k_min`` with every client sharing;
+        ``t = s`` with ``min_clients = K``, so that no dropout is recovered, as no sum of
+        fewer than ``K`` shares may be released). A round whose dropped client has fewer
+        than ``t`` surviving neighbours halts (nothing released); so does one whose
+        survivors hold fewer than ``min_clients`` shares (the decode refuses it)."""
+        s = self.num_shares
+        return min(s, max(2, math.ceil(s * self.min_clients / self.n_clients)))
+
     def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
-        """Flower's SecAgg+ workflow with the settings that keep the shares exact."""
+        """Flower's SecAgg+ workflow with the settings that keep the shares exact.
+
+        ``num_shares`` is passed as the fraction ``s / K`` (Flower rounds it back to the
+        odd ``s``), so Flower's constructor does not warn of an overflow of its modular
+        sum: the strategy reads that sum modulo the plan's ``m``, which is exact (module
+        docstring)."""
         m = self.quantization_range
-        return SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=self.min_clients
-                                  if self.min_clients < self.n_clients else 1.0,
+        s, t = self.num_shares, self.reconstruction_threshold
+        threshold: int | float = 1.0 if t == s else t  # Flower's int t must be < s
+        return SecAggPlusWorkflow(num_shares=s / self.n_clients,
+                                  reconstruction_threshold=threshold,
                                   max_weight=float(m), clipping_range=float(m // 2),
                                   quantization_range=m, modulus_range=SECAGG_MODULUS,
                                   timeout=timeout)
