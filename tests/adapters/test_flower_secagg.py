@@ -176,44 +176,67 @@ def _dropping_app():
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
 
 
-@pytest.mark.slow
-def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
+def _client_data(n: int) -> ClientData:
+    loader = PartitionedDataset("digits", seed=PART)
+    parts = [loader(ClientInfo(i, n, {}, {})) for i in range(n)]
+    return ClientData(np.concatenate([p.X for p in parts]),
+                      np.concatenate([p.y for p in parts]),
+                      np.cumsum([0] + [p.X.shape[0] for p in parts]).astype(np.int64), 10)
+
+
+def _check_a_dropout(n: int, min_clients: int, num_shares: int | None) -> list[int]:
+    """Client 2 of ``n`` goes offline in round 2 of 2; the run must equal a replay of the
+    engine's pieces on the clients whose shares were released; returns the replies."""
     from dpprecond.fl.client import round_generators
     from dpprecond.secagg.fl import secure_gradient_sum
 
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
-    data = _engine_data()
+    data = _client_data(n)
     sizes = np.diff(data.bounds)
-    for min_clients in (2, K):
-        holder: dict[str, SecAggDPStrategy] = {}
+    holder: dict[str, SecAggDPStrategy] = {}
 
-        def strategy_fn(context, k=min_clients, h=holder):  # type: ignore[no-untyped-def]
-            h["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
-                                      seed=SEED, min_clients=k)
-            return h["s"]
+    def strategy_fn(context):  # type: ignore[no-untyped-def]
+        holder["s"] = SecAggDPStrategy(model, "fedgd", CONFIG, n, data.X.shape[0],
+                                       seed=SEED, min_clients=min_clients,
+                                       num_shares=num_shares)
+        return holder["s"]
 
-        run_simulation(make_secagg_server_app(strategy_fn, timeout=120.0), _dropping_app(),
-                       num_supernodes=K, backend_config=RAY)
-        got = holder["s"]
-        # both rounds are charged, whatever happened to round 2
-        assert len(got.events) == 2 and got.ledger.epsilon > 0
-        replay = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0], seed=SEED,
-                                  min_clients=min_clients)
-        params, state = replay._params, replay._state
-        root = simulator_seeds(SEED).noise  # run_federated(seed=SEED)'s noise root
-        rounds = [[0, 1, 2], [0, 1]] if min_clients == 2 else [[0, 1, 2]]
-        for t, clients in enumerate(rounds):
-            total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
-                                        CONFIG.clip_norm, replay.plan_,
-                                        round_generators(root, t, K), clients)
-            upd, state = replay.transform.update(total / sizes[clients].sum(), state, params)
-            params = params + upd
-        if min_clients == 2:  # SecAgg+ recovered the survivors' sum: 2 shares >= 2
-            assert [r["n_replied"] for r in got.history_] == [3, 2]
-        else:  # fewer shares than the noise needs: round 2 released nothing, model kept
-            assert [r["n_replied"] for r in got.history_] == [3]
-        np.testing.assert_allclose(got._params, params, rtol=1e-12, atol=1e-14)
+    run_simulation(make_secagg_server_app(strategy_fn, timeout=120.0), _dropping_app(),
+                   num_supernodes=n, backend_config=RAY)
+    got = holder["s"]
+    # both rounds are charged, whatever happened to round 2
+    assert len(got.events) == 2 and got.ledger.epsilon > 0
+    replay = SecAggDPStrategy(model, "fedgd", CONFIG, n, data.X.shape[0], seed=SEED,
+                              min_clients=min_clients)
+    params, state = replay._params, replay._state
+    root = simulator_seeds(SEED).noise  # run_federated(seed=SEED)'s noise root
+    replies = [r["n_replied"] for r in got.history_]
+    rounds = [list(range(n)), [i for i in range(n) if i != 2]][:len(replies)]
+    for t, clients in enumerate(rounds):
+        total = secure_gradient_sum(model, params, data.X, data.y, data.bounds,
+                                    CONFIG.clip_norm, replay.plan_,
+                                    round_generators(root, t, n), clients)
+        upd, state = replay.transform.update(total / sizes[clients].sum(), state, params)
+        params = params + upd
+    np.testing.assert_allclose(got._params, params, rtol=1e-12, atol=1e-14)
+    return replies
+
+
+@pytest.mark.slow
+def test_a_dropout_mid_run_meets_the_noise_or_skips_the_round():
+    # SecAgg+ recovered the survivors' sum: 2 shares >= min_clients = 2
+    assert _check_a_dropout(K, 2, None) == [3, 2]
+    # fewer shares than the noise needs: round 2 released nothing, the model is kept
+    assert _check_a_dropout(K, K, None) == [3]
+
+
+@pytest.mark.slow
+def test_a_dropout_in_a_sparse_ring_is_recovered_from_its_neighbours():
+    """K = 5 on a ring of 3 with min_clients = 3: t = ceil(3 * 3 / 5) = 2 of the dropped
+    client's 3 shares (its two neighbours') recover its masks, and the 4 survivors' sum
+    (>= 3 shares) is released."""
+    assert _check_a_dropout(5, 3, 3) == [5, 4]
 
 
 def test_a_callers_ledger_is_checked_before_any_message():
@@ -453,10 +476,7 @@ def test_a_sparse_secagg_plus_ring_releases_the_engines_sums():
     pairwise masks still cancel in the sum, and the run ends at the simulator's model."""
     n = 5
     loader = PartitionedDataset("digits", seed=PART)
-    parts = [loader(ClientInfo(i, n, {}, {})) for i in range(n)]
-    data = ClientData(np.concatenate([p.X for p in parts]),
-                      np.concatenate([p.y for p in parts]),
-                      np.cumsum([0] + [p.X.shape[0] for p in parts]).astype(np.int64), 10)
+    data = _client_data(n)
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     ref = simulate_secure(model, data, "fedgd", CONFIG, X_test=ds.X_test, y_test=ds.y_test,
