@@ -133,6 +133,11 @@ logger = logging.getLogger(__name__)
 #: SecAgg+'s modulus ``M`` (Flower requires a power of two below ``2^32``, above the
 #: quantization range ``m = 2^bits``): plans of at most 30 bits run on it.
 SECAGG_MODULUS = 1 << 31
+#: Largest federation the strategy runs: SecAgg+ hands ``T q / K'`` in float64 (``T = S -
+#: K' q/2``, ``|T| <= K' q/2 + M``), and reading ``T`` back errs by at most ``3 2^-53 |T|``
+#: (three roundings): below ``2^-8`` for ``K' <= 2^14`` at ``q <= 2^30``; at about 10^7
+#: clients the recovered integer would be wrong.
+MAX_SECAGG_CLIENTS = 1 << 14
 
 
 #: The two kinds of secure sum a fit request asks for: a round's clipped gradient sums, or
@@ -434,6 +439,12 @@ class SecAggDPStrategy(Strategy):
         self.method = check_secagg_plus_method(as_method(method), config)
         self.model, self.config = model, config
         self.n_clients = check_int("n_clients", n_clients, low=2)
+        if self.n_clients > MAX_SECAGG_CLIENTS:
+            raise ValueError(f"n_clients={self.n_clients} is above the {MAX_SECAGG_CLIENTS} "
+                             "clients whose SecAgg+ sum the strategy reads back exactly (its "
+                             "float64 average errs by up to 3 2^-53 K' 2^29); run a smaller "
+                             "federation per SecAgg+ run, or simulate it with "
+                             "trust='secure-aggregation'.")
         self.n_records = check_int("n_records", n_records, low=1)
         self.min_clients = self.n_clients if min_clients is None else check_int(
             "min_clients", min_clients, low=1, high=self.n_clients)
@@ -592,7 +603,7 @@ class SecAggDPStrategy(Strategy):
         decoded = decode(np.mod(total[:-1], plan.modulus), plan, len(results))
         n = int(np.mod(total[-1], SECAGG_MODULUS))
         if kind == "moment":
-            return self._setup(decoded, n, server_round)
+            return self._setup(decoded, n, server_round, len(results))
         G = decoded / n
         if isinstance(self.method, CovarianceMethod):
             updates, self._state = self.method.server_update(
@@ -610,7 +621,7 @@ class SecAggDPStrategy(Strategy):
         return ndarrays_to_parameters([self._params]), {"epsilon": record["epsilon"],
                                                         "n-replied": len(results)}
 
-    def _setup(self, flat: np.ndarray, n: int, server_round: int
+    def _setup(self, flat: np.ndarray, n: int, server_round: int, n_replied: int
                ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """The setup sum's decoded upper triangle: mirrored, divided by the records, handed
         to the method's server half as the aggregate's one row (as the simulator)."""
@@ -622,9 +633,10 @@ class SecAggDPStrategy(Strategy):
         self._state = self.method.server_init(self.spec_, self._params,
                                               {"moment": (S / n)[None]}, [0])
         self.setup_ = {"round": server_round, "epsilon": self.ledger.epsilon,
+                       "n_replied": n_replied,
                        "seconds": time.perf_counter() - self._round_start}
         return ndarrays_to_parameters([self._params]), {"epsilon": self.ledger.epsilon,
-                                                        "n-replied": self.n_clients}
+                                                        "n-replied": n_replied}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
