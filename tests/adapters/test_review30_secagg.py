@@ -284,3 +284,38 @@ def test_the_simulator_and_the_strategy_plan_the_same_sums(name):
             assert strategy.setup_release_ == round_event(zs["z_cov"])
         else:
             assert strategy.setup_plan_ is None
+
+
+def test_the_client_refuses_what_the_threat_model_says_it_refuses():
+    """docs/secure_aggregation.md, "What a SecAgg+ client checks": a raised scale, a
+    shrunk modulus, a sensitivity below its rows', the wrong size, an unknown kind, a bad
+    secagg-range, no noise, min_clients above n_clients, a noise multiplier below its
+    floor; the honest request is answered."""
+    model = LinearSoftmax(6, 3)
+    rng = np.random.default_rng(2)
+    X, y = rng.standard_normal((20, 6)), rng.integers(0, 3, 20)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, 4, 80, max_client_rows=20)
+    plan = strategy.plan_
+    good = {"round": 1, "secagg-range": strategy.quantization_range,
+            **plan_to_config(plan, CONFIG.clip_norm)}
+    client = SecAggDPClient(model, X, y, 0, min_noise_multiplier=plan.noise_multiplier)
+    assert client.fit([strategy._params], good)[0][0].shape == (model.n_params + 1,)
+    bad = [({"plan-scale": plan.scale * 2}, "plan-scale"),
+           ({"plan-bits": plan.bits - 1}, "plan-bits"),
+           ({"plan-sensitivity": plan.sensitivity / 2}, "plan-scale|does not cover"),
+           ({"plan-clip-norm": CONFIG.clip_norm * 2}, "does not cover"),
+           ({"plan-kind": "hessian"}, "plan-kind"),
+           ({"secagg-range": plan.modulus // 2}, "secagg-range"),
+           ({"secagg-range": 3 * plan.modulus}, "secagg-range"),
+           ({"plan-noise-multiplier": 0.0}, "noise_multiplier"),
+           ({"plan-min-clients": 5}, "min_clients"),
+           ({"plan-noise-multiplier": plan.noise_multiplier / 2}, "floor")]
+    for change, match in bad:
+        with pytest.raises(ValueError, match=match):
+            client.fit([strategy._params], {**good, **change})
+    # a gradient plan of another size: its scale and modulus re-derived, the part refused
+    other = SecAggDPStrategy(LinearSoftmax(7, 3), "fedgd", CONFIG, 4, 80,
+                             max_client_rows=20).plan_
+    with pytest.raises(ValueError, match="shape"):
+        client.fit([strategy._params], {**good, **plan_to_config(other, CONFIG.clip_norm),
+                                        "secagg-range": other.modulus})

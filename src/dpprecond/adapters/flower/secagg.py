@@ -31,14 +31,17 @@ record count ``n_i``, times ``q`` (exact: a power of two). SecAgg+ multiplies it
 weight ``1/q`` (exact) and, with ``clipping_range = q/2`` and ``quantization_range = q``,
 its stochastic quantization maps each ``x_i`` to the integer ``x_i + q/2`` exactly; it
 sums those modulo ``M = 2^31`` (``modulus_range``) and hands the strategy ``(S - K' q/2)
-q / K'`` with ``S`` the modular sum. The strategy recovers the integer ``S - K' q/2``
-(rounded to the nearest integer; the float error is below ``2^-8``), which is congruent
-to ``sum_i x_i`` modulo ``M``, hence modulo ``m`` (``m`` divides ``M``): the wrap of
-SecAgg+'s own sum costs nothing. So a plan needs only ``q < M``: at most 30 bits
+q / K'`` with ``S`` the modular sum. The strategy recovers the integer ``T = S - K' q/2``
+(rounded to the nearest integer: three float64 roundings err by at most ``3 2^-53 |T|``,
+``|T| <= K' q/2 + M``, below ``2^-8`` for ``K' <= 2^14``, :data:`MAX_SECAGG_CLIENTS`,
+above which the strategy refuses the federation), which is congruent to ``sum_i x_i``
+modulo ``M``, hence modulo ``m`` (``m`` divides ``M``): the wrap of SecAgg+'s own sum
+costs nothing. So a plan needs only ``q < M``: at most 30 bits
 (:data:`~dpprecond.secagg.fl.FIT_BITS`, which the simulator's plans fit when they can),
-whatever ``K``. The server reduces the sum modulo ``m`` (the secure sum of the messages),
-decodes it (refused below ``min_clients`` survivors) and divides by ``sum_i n_i`` (size
-weighting; the counts' sum, below ``M``, is read modulo ``M``).
+for every ``K`` up to :data:`MAX_SECAGG_CLIENTS`. The server reduces the sum modulo ``m``
+(the secure sum of the messages), decodes it (refused below ``min_clients`` survivors)
+and divides by ``sum_i n_i`` (size weighting; the counts' sum, below ``M``, is read
+modulo ``M``).
 
 Methods: the one-message gradient methods and the covariance methods (``fedfc``,
 ``fednew``; :func:`check_secagg_plus_method`). A covariance method's run is ``T + 1``
