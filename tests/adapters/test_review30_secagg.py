@@ -172,7 +172,10 @@ class _Strategy:
 
 
 class _Grid:
-    """Every node answers SecAgg+'s setup with (dummy) public keys."""
+    """Every node answers SecAgg+'s setup with (dummy) public keys; the requests are kept."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
 
     def send_and_receive(self, msgs, timeout=None):  # type: ignore[no-untyped-def]
         from flwr.app import ConfigRecord, Message, RecordDict
@@ -180,14 +183,14 @@ class _Grid:
             RECORD_KEY_CONFIGS,
             Key,
         )
+        msgs = list(msgs)
+        self.sent.extend(msgs)
         return [Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(
             {Key.PUBLIC_KEY_1: b"1", Key.PUBLIC_KEY_2: b"2"})}), reply_to=m) for m in msgs]
 
 
-def test_secaggplus_halts_every_round_below_min_clients(monkeypatch):
-    """Flower's own setup stage and threshold check with the strategy's workflow: a round
-    goes on only with at least ``min_clients`` survivors, for every ``min_clients`` (1
-    means all K: SecAgg+ reads the integer 1 as the fraction 1.0)."""
+def _setup_stage(workflow: Any, K: int, grid: _Grid | None = None) -> Any:
+    """Flower's SecAgg+ setup stage of ``workflow`` for K nodes: its state."""
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.compat.common import recorddict_compat as compat
     from flwr.server import ServerConfig
@@ -195,25 +198,38 @@ def test_secaggplus_halts_every_round_below_min_clients(monkeypatch):
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
     from flwr.server.workflow.constant import Key as WorkflowKey
     from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+
+    ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    legacy = LegacyContext(ctx, ServerConfig(num_rounds=1), _Strategy(K))
+    legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
+        {WorkflowKey.CURRENT_ROUND: 1})
+    legacy.state.array_records[MAIN_PARAMS_RECORD] = \
+        compat.parameters_to_arrayrecord(ndarrays_to_parameters([np.zeros(2)]), True)
+    state = WorkflowState()
+    assert workflow.setup_stage(grid or _Grid(), legacy, state)
+    return state
+
+
+@pytest.fixture()
+def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's Message needs a run and task id outside a running app."""
     from flwr.supercore.task_identity import TaskIdentity
 
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def test_secaggplus_halts_every_round_below_min_clients(_task_identity):
+    """Flower's own setup stage and threshold check with the strategy's workflow: a round
+    goes on only with at least ``min_clients`` survivors, for every ``min_clients`` (1
+    means all K: SecAgg+ reads the integer 1 as the fraction 1.0)."""
     model = LinearSoftmax(4, 2)
     for K in (2, 3, 4, 5, 8, 9):
         for k_min in range(1, K + 1):
             workflow = SecAggDPStrategy(model, "fedgd", CONFIG, K, 1000,
                                         min_clients=k_min).workflow()
-            ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                          run_config={})
-            legacy = LegacyContext(ctx, ServerConfig(num_rounds=1), _Strategy(K))
-            legacy.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
-                {WorkflowKey.CURRENT_ROUND: 1})
-            legacy.state.array_records[MAIN_PARAMS_RECORD] = \
-                compat.parameters_to_arrayrecord(ndarrays_to_parameters([np.zeros(2)]), True)
-            state = WorkflowState()
-            assert workflow.setup_stage(_Grid(), legacy, state)
+            state = _setup_stage(workflow, K)
             ids = sorted(state.sampled_node_ids)
             for survivors in range(1, K + 1):
                 state.active_node_ids = set(ids[:survivors])
@@ -221,6 +237,78 @@ def test_secaggplus_halts_every_round_below_min_clients(monkeypatch):
                     assert survivors >= k_min, (K, k_min, survivors)
             state.active_node_ids = set(ids)
             assert workflow._check_threshold(state)
+
+
+def _client_request(strategy: SecAggDPStrategy, workflow: Any, K: int) -> tuple[Any, Any]:
+    """Node 1's fit request of round 1 as SecAgg+ hands it to the ClientApp, and its
+    context after Flower's ``secaggplus_mod`` ran the setup stage ``workflow`` sent."""
+    from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+    from flwr.compat.common import recorddict_compat as compat
+
+    grid = _Grid()
+    _setup_stage(workflow, K, grid)
+    ctxt = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
+                                                     "num-partitions": K},
+                   state=RecordDict(), run_config={})
+    setup = next(m for m in grid.sent if m.metadata.dst_node_id == 1)
+    secaggplus_mod(setup, ctxt, lambda m, c: m)  # Flower writes this node's SecAgg+ state
+    fit = strategy.configure_fit(1, ndarrays_to_parameters([strategy._params]),
+                                 _Manager())[0][1]
+    content = compat.fitins_to_recorddict(fit, keep_input=True)
+    content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({})  # the collect stage's
+    return Message(content, dst_node_id=1, message_type=MessageType.TRAIN), ctxt
+
+
+class _Manager:
+    def sample(self, num_clients, min_num_clients):  # type: ignore[no-untyped-def]
+        return list(range(num_clients))
+
+
+def test_a_client_answers_only_through_the_strategys_secaggplus(_task_identity):
+    """The dual ClientApp (the example app's) refuses a secure-sum fit request that did
+    not come through SecAgg+ (its share would reach the server unmasked), and every
+    client refuses SecAgg+ settings that are not the strategy's (a rescaled or clipped
+    share, a threshold below min_clients)."""
+    from flwr.app import Context, Message, MessageType, RecordDict
+    from flwr.compat.common import recorddict_compat as compat
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    from dpprecond.adapters.flower import PartitionedDataset
+    from dpprecond.adapters.flower.secagg import (
+        check_secaggplus_request,
+        make_dual_client_app,
+    )
+
+    K, n = 3, 1437
+    model = LinearSoftmax(64, 10)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, n, min_clients=3)
+    fit = strategy.configure_fit(1, ndarrays_to_parameters([strategy._params]),
+                                 _Manager())[0][1]
+    plain = Message(compat.fitins_to_recorddict(fit, keep_input=True), dst_node_id=1,
+                    message_type=MessageType.TRAIN)  # a strategy run without SecAgg+
+    app = make_dual_client_app(PartitionedDataset("digits", seed=5))
+    ctxt = Context(run_id=1, node_id=1, node_config={"partition-id": 0,
+                                                     "num-partitions": K},
+                   state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="unmasked"):
+        app(plain, ctxt)
+    msg, ctxt = _client_request(strategy, strategy.workflow(), K)
+    check_secaggplus_request(msg, ctxt)  # the strategy's own workflow: answered
+    q = strategy.quantization_range
+    for workflow, match in (
+            (SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=1.0), "target_range"),
+            (SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=1.0, max_weight=1.0,
+                                clipping_range=float(q // 2), quantization_range=q,
+                                modulus_range=SECAGG_MODULUS), "max_weight"),
+            (SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=2,
+                                max_weight=float(q), clipping_range=float(q // 2),
+                                quantization_range=q, modulus_range=SECAGG_MODULUS),
+             "threshold")):
+        msg, ctxt = _client_request(strategy, workflow, K)
+        with pytest.raises(ValueError, match=match):
+            check_secaggplus_request(msg, ctxt)
 
 
 def test_a_setup_round_with_dropouts_reports_its_survivors(monkeypatch):
@@ -233,10 +321,6 @@ def test_a_setup_round_with_dropouts_reports_its_survivors(monkeypatch):
     X = rng.standard_normal((sum(sizes), 5))
     strategy = SecAggDPStrategy(model, "fedfc", CONFIG, K, sum(sizes), min_clients=2,
                                 seed=1)
-
-    class _Manager:
-        def sample(self, num_clients, min_num_clients):  # type: ignore[no-untyped-def]
-            return list(range(num_clients))
 
     setup = strategy.configure_fit(1, ndarrays_to_parameters([strategy._params]),
                                    _Manager())

@@ -76,7 +76,10 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import (
+    RECORD_KEY_CONFIGS,
+    RECORD_KEY_STATE,
+)
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig
 from flwr.server.client_manager import ClientManager
@@ -127,6 +130,7 @@ from dpprecond.secagg.sums import SumPlan, client_message
 
 __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
            "check_secagg_plus_method",
+           "check_secaggplus_request",
            "make_dual_client_app",
            "make_secagg_client_app",
            "make_secagg_server_app", "plan_from_config", "plan_to_config", "run_secagg"]
@@ -299,6 +303,58 @@ class SecAggDPClient(NumPyClient):
         return [vector * float(q)], 1, {}  # SecAgg+ multiplies by its weight 1/q: exact
 
 
+def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
+    """Refuse a secure-sum fit request that SecAgg+ would not carry exactly and masked.
+
+    The request must come through ``secaggplus_mod`` (its SecAgg+ record is present:
+    otherwise the reply, a share with ``1 / min_clients`` of the noise, would reach the
+    server unmasked, e.g. from a strategy run without ``SecAggPlusWorkflow``), and the
+    SecAgg+ settings this node received in the setup stage must be the ones
+    :meth:`SecAggDPStrategy.workflow` sets for the request's ``secagg-range`` ``q``
+    (``quantization_range = max_weight = q``, ``clipping_range = q/2``, ``modulus_range =
+    2^31``: otherwise SecAgg+'s quantization clips or rescales each share before the sum)
+    with a reconstruction threshold of at least the plan's ``min_clients`` (fewer
+    survivors would be unmasked). ``ValueError`` naming what differs.
+    """
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        raise ValueError("A secure-sum fit request (fitins with a plan) arrived outside "
+                         "Flower's SecAgg+ (no SecAgg+ record): its reply would reach the "
+                         "server unmasked. Run the server with SecAggPlusWorkflow "
+                         "(make_secagg_server_app / run_secagg); refusing to answer.")
+    fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
+    config = dict(fitins.config)
+    state = ctxt.state.config_records.get(RECORD_KEY_STATE)
+    if state is None:
+        raise ValueError("No SecAgg+ setup state on this node for a secure-sum fit request; "
+                         "refusing to answer.")
+    try:
+        q = int(config["secagg-range"])
+        k_min = int(config["plan-min-clients"])
+    except KeyError as exc:
+        raise ValueError(f"The fit request has no {exc.args[0]!r}: the server does not run "
+                         "dpprecond's SecAggDPStrategy.") from None
+    expected = {"target_range": q, "max_weight": float(q), "clipping_range": float(q // 2),
+                "mod_range": SECAGG_MODULUS}
+    for key, want in expected.items():
+        got = state.get(key)
+        if got != want:
+            raise ValueError(f"SecAgg+'s {key}={got!r} is not the {want!r} that makes this "
+                             f"client's share exact at secagg-range={q} (SecAggDPStrategy."
+                             "workflow()); refusing to answer.")
+    threshold = state.get("threshold")
+    if not isinstance(threshold, int) or threshold < k_min:
+        raise ValueError(f"SecAgg+'s reconstruction threshold {threshold!r} is below the "
+                         f"plan's min_clients={k_min}: a sum of fewer shares than its noise "
+                         "needs could be unmasked; refusing to answer.")
+
+
+def _secaggplus_checked(msg: Message, ctxt: Context, call_next: Any) -> Message:
+    """Inside ``secaggplus_mod``: :func:`check_secaggplus_request` on a fit request."""
+    if msg.metadata.message_type == MessageType.TRAIN:
+        check_secaggplus_request(msg, ctxt)
+    return call_next(msg, ctxt)
+
+
 def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
     """``secaggplus_mod`` for SecAgg+ messages; every other message goes straight on."""
     if msg.metadata.message_type == MessageType.TRAIN \
@@ -324,6 +380,7 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) 
     def _train(message: Message, context: Context) -> Message:
         if "fitins.config" not in message.content.config_records:
             return train_reply(message, context, load_data, noise_seed=noise_seed)
+        check_secaggplus_request(message, context)  # masked, exact, or no answer
         info = client_info(context)
         seed = noise_seed if noise_seed is not None else _run_config_seed(info)
         floor = check_positive("min-noise-multiplier",
@@ -350,7 +407,7 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
         return SecAggDPClient(local.model, local.X, local.y, info.client_id,
                               noise_seed).to_client()
 
-    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+    return ClientApp(client_fn=client_fn, mods=[secaggplus_mod, _secaggplus_checked])
 
 
 def check_num_shares(num_shares: Any, n_clients: int) -> int:
