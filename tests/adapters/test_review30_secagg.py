@@ -222,21 +222,28 @@ def _task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_secaggplus_halts_every_round_below_min_clients(_task_identity):
     """Flower's own setup stage and threshold check with the strategy's workflow: a round
-    goes on only with at least ``min_clients`` survivors, for every ``min_clients`` (1
-    means all K: SecAgg+ reads the integer 1 as the fraction 1.0)."""
+    goes on only with at least ``min_clients`` survivors, for every set of survivors,
+    every ``min_clients`` and neighbourhoods of every ``s`` (the full ring and rings of 3,
+    5, 7); and the clients' own check (:func:`check_secaggplus_request`) accepts every
+    such workflow."""
+    from dpprecond.adapters.flower.secagg import check_secaggplus_request
+
     model = LinearSoftmax(4, 2)
     for K in (2, 3, 4, 5, 8, 9):
-        for k_min in range(1, K + 1):
-            workflow = SecAggDPStrategy(model, "fedgd", CONFIG, K, 1000,
-                                        min_clients=k_min).workflow()
+        for s, k_min in itertools.product(sorted({K, *(x for x in (3, 5, 7) if x < K)}),
+                                          range(1, K + 1)):
+            strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, 1000, min_clients=k_min,
+                                        num_shares=None if s == K else s)
+            workflow = strategy.workflow()
             state = _setup_stage(workflow, K)
             ids = sorted(state.sampled_node_ids)
-            for survivors in range(1, K + 1):
-                state.active_node_ids = set(ids[:survivors])
+            for alive in itertools.product((False, True), repeat=K):
+                state.active_node_ids = {i for i, a in zip(ids, alive, strict=True) if a}
                 if workflow._check_threshold(state):
-                    assert survivors >= k_min, (K, k_min, survivors)
+                    assert sum(alive) >= k_min, (K, s, k_min, alive)
             state.active_node_ids = set(ids)
             assert workflow._check_threshold(state)
+            check_secaggplus_request(*_client_request(strategy, workflow, K))
 
 
 def _client_request(strategy: SecAggDPStrategy, workflow: Any, K: int) -> tuple[Any, Any]:

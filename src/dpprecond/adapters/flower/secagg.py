@@ -313,8 +313,10 @@ def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
     :meth:`SecAggDPStrategy.workflow` sets for the request's ``secagg-range`` ``q``
     (``quantization_range = max_weight = q``, ``clipping_range = q/2``, ``modulus_range =
     2^31``: otherwise SecAgg+'s quantization clips or rescales each share before the sum)
-    with a reconstruction threshold of at least the plan's ``min_clients`` (fewer
-    survivors would be unmasked). ``ValueError`` naming what differs.
+    with a reconstruction threshold ``t`` that keeps at least the plan's ``min_clients``
+    survivors in every round SecAgg+ completes (``t K >= s k_min`` for neighbourhoods of
+    ``s`` in ``K``; fewer survivors would be unmasked). ``ValueError`` naming what
+    differs.
     """
     if RECORD_KEY_CONFIGS not in msg.content.config_records:
         raise ValueError("A secure-sum fit request (fitins with a plan) arrived outside "
@@ -341,11 +343,21 @@ def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
             raise ValueError(f"SecAgg+'s {key}={got!r} is not the {want!r} that makes this "
                              f"client's share exact at secagg-range={q} (SecAggDPStrategy."
                              "workflow()); refusing to answer.")
-    threshold = state.get("threshold")
-    if not isinstance(threshold, int) or threshold < k_min:
-        raise ValueError(f"SecAgg+'s reconstruction threshold {threshold!r} is below the "
-                         f"plan's min_clients={k_min}: a sum of fewer shares than its noise "
-                         "needs could be unmasked; refusing to answer.")
+    # SecAgg+ goes on only if every node has t surviving neighbours; each survivor is a
+    # neighbour of s nodes (Flower's ring: s odd, or raised to odd after sending it), so
+    # K t <= s K': t K >= s k_min gives K' >= k_min survivors
+    t, K, s = state.get("threshold"), state.get("sample_num"), state.get("share_num")
+    if not all(isinstance(v, int) for v in (t, K, s)):
+        raise ValueError("SecAgg+'s setup state has no integer threshold, sample and share "
+                         "numbers; refusing to answer.")
+    assert isinstance(t, int) and isinstance(K, int) and isinstance(s, int)
+    ring = min(K, s + 1 if s != K and s % 2 == 0 else s)
+    if t * K < ring * k_min:
+        raise ValueError(f"SecAgg+'s reconstruction threshold {t} over neighbourhoods of "
+                         f"{ring} in {K} clients lets a round go on with fewer than the "
+                         f"plan's min_clients={k_min} survivors (it needs t >= s k_min / K): "
+                         "a sum of fewer shares than its noise needs could be unmasked; "
+                         "refusing to answer.")
 
 
 def _secaggplus_checked(msg: Message, ctxt: Context, call_next: Any) -> Message:
