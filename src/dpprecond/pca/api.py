@@ -223,17 +223,19 @@ def _secure_epsilon(budget: Budget, delta: float) -> float:
 
 
 def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bool,
-                  diagnostics: bool) -> None:
+                  diagnostics: bool, secure_transport: bool) -> None:
     """What a fit over a network (:mod:`dpprecond.pca.remote`) cannot do, by name."""
     from dpprecond.pca.remote import REMOTE_METHODS
 
     if clients is not None:
         raise ValueError("clients= splits an in-memory X; over a network the federation "
                          "already defines the clients: leave clients=None.")
-    if trust != "local":
-        raise ValueError(f"trust={trust!r} does not run over a network here: every client "
-                         "adds its own noise (trust='local'); the secure-aggregation fit is "
-                         "the in-process simulation, fit_private_pca(X, clients=..., "
+    if trust != "local" and not secure_transport:
+        raise ValueError(f"trust={trust!r} needs a federation that sums securely "
+                         "(RemoteFederation(..., secure_transport=...); on Flower, "
+                         "fit_pca_on_flower(..., trust='secure-aggregation')); this one has "
+                         "every client add its own noise (trust='local'). The in-process "
+                         "simulation is fit_private_pca(X, clients=..., "
                          "trust='secure-aggregation').")
     if method not in REMOTE_METHODS:
         raise ValueError(f"method={method!r} does not run over a network; use one of "
@@ -252,14 +254,16 @@ def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bo
 
 
 def _remote_spent(event: Any, delta: float, accountant: AccountantName,
-                  ledger: PrivacyLedger | None) -> Callable[[int, int], str]:
+                  ledger: PrivacyLedger | None, *,
+                  charged: bool = False) -> Callable[[int, int], str]:
     """What a fit over a network spent when a client goes missing after ``asked`` releases
     (``answered`` of them by every client): at most the plan's event (each release's noise
-    is the plan's), charged to ``ledger``."""
+    is the plan's), charged to ``ledger`` (unless ``charged``: a secure fit charges its
+    plan before the first share)."""
 
     def spent(asked: int, answered: int) -> str:
         eps = epsilon_of(event, delta, accountant)
-        if ledger is not None:
+        if ledger is not None and not charged:
             ledger.spend(event)
         return (f"Privacy already spent: {asked} release(s) were asked for and may have "
                 f"reached the server ({answered} answered by every client), at most the "
@@ -449,7 +453,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                              "source does not provide.")
     if remote:
         _check_remote(spec.name, clients=clients, trust=trust, seed=seed, noise=noise,
-                      diagnostics=diagnostics)
+                      diagnostics=diagnostics,
+                      secure_transport=bool(getattr(X, "secure_aggregation", False)))
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget if noise else None, delta, opts, mean_share)
     if secagg:
@@ -460,8 +465,18 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                             "scale": plan.scale}
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
-    if remote:  # every pass a message round; each client adds its own noise
-        rows: Any = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
+    if remote and secagg:  # every release one secure sum of the clients' messages
+        rows: Any = X.remote_rows(row_norm, spent=_remote_spent(
+            plan.event, delta, "rdp", ledger, charged=True))
+        info.update(n_clients=rows.n_clients, trust=trust)
+        if min_clients is not None:
+            min_clients = check_int("min_clients", min_clients, low=1, high=rows.n_clients)
+        mean_stream, init_stream, main_stream = X.secure_noise_sources(
+            fp=noise_inflation(rows), min_clients=min_clients)
+        if ledger is not None:  # charged before the first share, as in process
+            ledger.spend(plan.event)
+    elif remote:  # every pass a message round; each client adds its own noise
+        rows = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
             plan.event, delta, opts.get("accountant", "pld"), ledger))
         info.update(n_clients=rows.n_clients, trust=trust)
         mean_stream, init_stream, main_stream = X.noise_sources()
@@ -514,7 +529,6 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     accountant: AccountantName = "rdp" if secagg else opts.get("accountant", "pld")
     eps = math.inf if plan.scale == 0 else epsilon_of(event, delta, accountant)
     if secagg:
-        assert isinstance(main_stream, SecureSums)
         info.update(accountant="rdp", secure_aggregation=main_stream.summary())
     elif ledger is not None and noise:
         ledger.spend(event)
