@@ -32,7 +32,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import AccountantName, PrivacyLedger, epsilon_of
 from dpprecond.noise import release
-from dpprecond.pca.budget import Budget, GaussianScale, secure_aggregation_plan
+from dpprecond.pca.budget import Budget, BudgetPlan, GaussianScale, secure_aggregation_plan
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
@@ -41,7 +41,7 @@ from dpprecond.secagg.sums import SecureSums
 from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
-           "fit_private_pca", "planned_event"]
+           "fit_private_pca", "planned_budget", "planned_event"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +192,30 @@ def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
         if trust != "local":
             _refuse_nonprivate_secure_aggregation()
         return dp_event.NonPrivateDpEvent()
+    return planned_budget(method, target_epsilon=target_epsilon, target_delta=target_delta,
+                          center=center, noise_multiplier=noise_multiplier, trust=trust,
+                          **options).event
+
+
+def planned_budget(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
+                   target_delta: float, center: str | np.ndarray | None = None,
+                   noise_multiplier: float | None = None, trust: str = "local",
+                   **options: Any) -> BudgetPlan:
+    """The budget plan of a private fit with these settings (its noise multipliers and
+    event: :func:`planned_event`'s, with the multipliers the kernels draw with)."""
+    spec = METHODS[check_choice("method", method, list(METHODS))]
+    check_choice("trust", trust, TRUST_MODELS)
+    opts = spec.options(options)
+    if not spec.private or not opts.get("add_noise", True):
+        raise ValueError(f"method={method!r} with these options is not private; it has no "
+                         "budget plan.")
     delta = check_target_delta("target_delta", target_delta)
     budget = _budget_of(target_epsilon, noise_multiplier)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget, delta, opts, mean_share)
     if trust != "local":
         plan = secure_aggregation_plan(plan, _secure_epsilon(budget, delta), delta)
-    return plan.event
+    return plan
 
 
 def _budget_of(target_epsilon: float | None, noise_multiplier: float | None) -> Budget:

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
-from flwr.app import Context, Message, MessageType
+from flwr.app import Context, Message
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -72,7 +72,6 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig
 from flwr.server.client_manager import ClientManager
@@ -98,6 +97,13 @@ from dpprecond.adapters.flower.client_app import (
     train_reply,
 )
 from dpprecond.adapters.flower.protocol import simulator_seeds
+from dpprecond.adapters.flower.secaggplus import (
+    SECAGG_MODULUS,
+    exact_vector,
+    exact_workflow,
+    recovered_sum,
+    secaggplus_when_asked,
+)
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
@@ -128,10 +134,6 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
            "make_secagg_server_app", "plan_from_config", "plan_to_config", "run_secagg"]
 
 logger = logging.getLogger(__name__)
-
-#: SecAgg+'s modulus ``M`` (Flower requires a power of two below ``2^32``, above the
-#: quantization range ``m = 2^bits``): plans of at most 30 bits run on it.
-SECAGG_MODULUS = 1 << 31
 
 
 #: The two kinds of secure sum a fit request asks for: a round's clipped gradient sums, or
@@ -197,10 +199,6 @@ def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
                              f"{derived!r} (derived from its dim, sensitivity, noise "
                              "multiplier, rows and clients); refusing to answer.")
     return plan, clip_norm
-
-
-def _centred(share: np.ndarray, m: int) -> np.ndarray:
-    return np.mod(share + m // 2, m) - m // 2
 
 
 class SetupSumIncompleteError(RuntimeError):
@@ -285,17 +283,8 @@ class SecAggDPClient(NumPyClient):
 
     def _send(self, message: np.ndarray, plan: SumPlan
               ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-        m, q = plan.modulus, self._range
-        vector = np.concatenate([_centred(message, m), [self.X.shape[0]]]).astype(np.float64)
-        return [vector * float(q)], 1, {}  # SecAgg+ multiplies by its weight 1/q: exact
-
-
-def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
-    """``secaggplus_mod`` for SecAgg+ messages; every other message goes straight on."""
-    if msg.metadata.message_type == MessageType.TRAIN \
-            and RECORD_KEY_CONFIGS in msg.content.config_records:
-        return secaggplus_mod(msg, ctxt, call_next)
-    return call_next(msg, ctxt)
+        # SecAgg+ multiplies by its weight 1/q: exact (adapters/flower/secaggplus.py)
+        return [exact_vector(message, plan.modulus, self._range, [self.X.shape[0]])], 1, {}
 
 
 def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
@@ -305,7 +294,7 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) 
     ``secaggplus_mod``. The node config's guards apply to both (``allow-seeded-noise``
     for a run-config ``noise-seed``, ``min-noise-multiplier``).
     """
-    app = ClientApp(mods=[_secaggplus_when_asked])
+    app = ClientApp(mods=[secaggplus_when_asked])
 
     @app.query()
     def _query(message: Message, context: Context) -> Message:
@@ -494,12 +483,8 @@ class SecAggDPStrategy(Strategy):
 
     def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
         """Flower's SecAgg+ workflow with the settings that keep the shares exact."""
-        m = self.quantization_range
-        return SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=self.min_clients
-                                  if self.min_clients < self.n_clients else 1.0,
-                                  max_weight=float(m), clipping_range=float(m // 2),
-                                  quantization_range=m, modulus_range=SECAGG_MODULUS,
-                                  timeout=timeout)
+        return exact_workflow(self.quantization_range, min_clients=self.min_clients,
+                              n_clients=self.n_clients, timeout=timeout)
 
     # -- the legacy Strategy interface ---------------------------------------------------
 
@@ -541,7 +526,7 @@ class SecAggDPStrategy(Strategy):
         q = self.quantization_range
         # SecAgg+ hands (S - K' q/2) q / K' (q its quantization range); the integer
         # S - K' q/2 is = sum_i x_i (mod M), hence modulo the plan's m (m divides q and M)
-        total = np.rint(average * (len(results) / q)).astype(np.int64)
+        total = recovered_sum(average, len(results), q)
         decoded = decode(np.mod(total[:-1], plan.modulus), plan, len(results))
         n = int(np.mod(total[-1], SECAGG_MODULUS))
         if kind == "moment":
