@@ -320,9 +320,12 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         block of rows at a time; a dask array is read by its scheduler, one row chunk per
         task (a ``dask.distributed`` cluster included; see ``docs/dask.md``). Or a
         :class:`~dpprecond.pca.remote.RemoteFederation`: clients over a network, every
-        pass a message round and every client adding its own noise (``trust="local"``,
-        methods of :data:`~dpprecond.pca.remote.REMOTE_METHODS`, no ``seed``: the
-        clients hold the noise; :mod:`dpprecond.adapters.flower.pca` on Flower).
+        pass a message round and every client adding its own noise (``trust="local"``)
+        or every release one secure sum of the clients' messages
+        (``trust="secure-aggregation"``, a federation with a ``secure_transport``:
+        :mod:`dpprecond.pca.remote_secure`); methods of
+        :data:`~dpprecond.pca.remote.REMOTE_METHODS`, no ``seed``: the clients hold the
+        noise; :mod:`dpprecond.adapters.flower.pca` on Flower.
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float
@@ -488,8 +491,10 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         info.update(n_clients=rows.n_clients, trust=trust)
         if min_clients is not None:
             min_clients = check_int("min_clients", min_clients, low=1, high=rows.n_clients)
-        mean_stream, init_stream, main_stream = X.secure_noise_sources(
-            fp=noise_inflation(rows), min_clients=min_clients)
+        from dpprecond.pca.remote_secure import secure_noise_sources
+
+        mean_stream, init_stream, main_stream = secure_noise_sources(
+            X, fp=noise_inflation(rows), min_clients=min_clients)
         if ledger is not None:  # charged before the first share, as in process
             ledger.spend(plan.event)
     elif remote:  # every pass a message round; each client adds its own noise

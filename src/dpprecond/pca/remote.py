@@ -524,7 +524,8 @@ class RemoteFederation:
         ``secure_transport(request, arrays, plan) -> (sum modulo 2^bits, shares)``: one
         secure sum of the clients' messages
         (:func:`~dpprecond.pca.remote_secure.client_secure_message`); needed for
-        ``trust="secure-aggregation"`` (:mod:`dpprecond.pca.remote_secure`).
+        ``trust="secure-aggregation"`` (the fit's streams are then
+        :func:`~dpprecond.pca.remote_secure.secure_noise_sources`).
     """
 
     def __init__(self, transport: Transport, n_rows: Sequence[int], n_features: int, *,
@@ -583,19 +584,10 @@ class RemoteFederation:
         """True when the federation sums securely (it has a ``secure_transport``)."""
         return self._session.secure_transport is not None
 
-    def secure_noise_sources(self, *, fp: float, min_clients: int | None) -> tuple[Any, ...]:
-        """The fit's mean, init and main streams as secure sums
-        (:class:`~dpprecond.pca.remote_secure.RemoteSecureSums`, sharing one plan list)."""
-        from dpprecond.pca.remote_secure import RemoteSecureSums
-
-        if not self.secure_aggregation:
-            raise ValueError("This federation has no secure_transport; trust="
-                             "'secure-aggregation' needs one (RemoteFederation(..., "
-                             "secure_transport=...)).")
-        plans: list[Any] = []
-        return tuple(RemoteSecureSums(self._session, j, n_rows=self.shape[0], fp=fp,
-                                      min_clients=min_clients, plans=plans)
-                     for j in range(len(STREAMS)))
+    @property
+    def session(self) -> _Session:
+        """The fit's bookkeeping (its transports, counters and pending draws)."""
+        return self._session
 
 
 # ---------------------------------------------------------------------------------------

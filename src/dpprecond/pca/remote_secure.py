@@ -57,6 +57,7 @@ from dpprecond.pca.remote import (
     STREAMS,
     ClientState,
     DeferredSum,
+    RemoteFederation,
     _client_rows,
     _encode,
     _Session,
@@ -79,7 +80,7 @@ from dpprecond.secagg.sums import (
 
 __all__ = ["SECURE_REMOTE_METHODS", "RemoteSecureSums", "SecureTransport",
            "client_public_draw", "client_secure_message", "plan_from_request",
-           "plan_to_request"]
+           "plan_to_request", "secure_noise_sources"]
 
 #: The methods a secure fit over a network runs: those of the in-process secure fit
 #: whose releases are sums and whose random choices are public draws (``fixed``'s trials
@@ -199,6 +200,21 @@ class RemoteSecureSums:
     def summary(self) -> dict[str, Any]:
         """As :meth:`~dpprecond.secagg.sums.SecureSums.summary`."""
         return plans_summary(self.plans, self.min_clients)
+
+
+def secure_noise_sources(federation: RemoteFederation, *, fp: float,
+                         min_clients: int | None) -> tuple[RemoteSecureSums, ...]:
+    """The fit's mean, init and main streams as secure sums over ``federation`` (sharing
+    one plan list); ``fp`` is the rows' rounding factor
+    (:func:`~dpprecond.pca.rows.noise_inflation` of its remote rows)."""
+    if not federation.secure_aggregation:
+        raise ValueError("This federation has no secure_transport; trust="
+                         "'secure-aggregation' needs one (RemoteFederation(..., "
+                         "secure_transport=...)).")
+    plans: list[SumPlan] = []
+    return tuple(RemoteSecureSums(federation.session, j, n_rows=federation.shape[0], fp=fp,
+                                  min_clients=min_clients, plans=plans)
+                 for j in range(len(STREAMS)))
 
 
 def _stream_index(request: dict[str, Any]) -> int:

@@ -52,10 +52,11 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -63,10 +64,21 @@ from dpprecond._validation import check_choice, check_int, check_positive
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import (
     ClientInfo,
-    LocalData,
     _as_bool,
     _run_config_seed,
     client_info,
+)
+from dpprecond.adapters.flower.pca_common import (
+    SECURE_AGGREGATION_REFUSAL,
+    SecureAggregationUnavailableError,
+    _keep_state,
+    _load_state,
+    _local_rows,
+)
+from dpprecond.adapters.flower.pca_secagg import (
+    SecAggPlusPCATransport,
+    check_modulus,
+    secure_pca_reply,
 )
 from dpprecond.adapters.flower.records import read_array, read_int
 from dpprecond.pca.api import PCAResult, fit_private_pca, planned_budget, planned_event
@@ -75,7 +87,6 @@ from dpprecond.pca.methods import METHODS
 from dpprecond.pca.remote import (
     REMOTE_METHODS,
     ClientMissingError,
-    ClientState,
     RemoteFederation,
     client_answer,
 )
@@ -83,6 +94,7 @@ from dpprecond.pca.remote_secure import client_public_draw
 
 __all__ = [
     "MESSAGE_TYPE",
+    "SECURE_AGGREGATION_REFUSAL",
     "ClientMissingError",
     "FlowerTransport",
     "LoadRows",
@@ -101,7 +113,6 @@ logger = logging.getLogger(__name__)
 #: The Flower message type of every PCA request (``ClientApp.query("pca")``).
 MESSAGE_TYPE = "query.pca"
 _REQUEST, _ARRAYS, _REPLY, _METRICS = "pca-request", "pca-arrays", "pca-reply", "metrics"
-_STATE, _DRAWS = "dpprecond-pca-state", "dpprecond-pca-draws"
 
 #: ``load_rows(info) -> X_i`` (an array of the client's rows, or a
 #: :class:`~dpprecond.adapters.flower.client_app.LocalData`, whose ``X`` is used).
@@ -126,24 +137,6 @@ class SplitRows:
             raise ValueError(f"SplitRows has {b.size - 1} parts, but this SuperNode is one of "
                              f"num-partitions={info.n_clients}.")
         return np.asarray(self.X)[b[info.client_id]:b[info.client_id + 1]]
-
-
-class SecureAggregationUnavailableError(ValueError):
-    """``trust="secure-aggregation"`` for PCA on Flower: the fit's secure sums need a larger
-    modulus than Flower's SecAgg+ carries (or a setting SecAgg+ PCA does not run)."""
-
-
-SECURE_AGGREGATION_REFUSAL = (
-    "Flower's SecAgg+ (flwr 1.42 SecAggPlusWorkflow, modulus_range 2^31) carries secure "
-    "sums of at most 2^30 (dpprecond.secagg.fl.FIT_BITS). A PCA secure sum keeps the "
-    "in-process fit's 2^-10 rounding inflation (dpprecond.secagg.sums.plan_sum, "
-    "wrap-around probability <= 1e-12), and its Gram sum (d(d+1)/2 coordinates) needs "
-    "about log2(n) + log2(sqrt(d(d+1)/2)) + 13 bits: 28 to 29 bits for digits (d = 64, "
-    "1,437 training rows; it runs on SecAgg+), 37 bits for Fashion-MNIST's pixels (d = "
-    "784, 60,000 rows; still 33 bits at the 2^-6 inflation the FL sums may coarsen to, so "
-    "it is refused). Run the secure-aggregation fit in process, fit_private_pca(X, "
-    "clients=bounds, trust='secure-aggregation') (docs/secure_aggregation.md), or use "
-    "trust='local' on Flower (every client adds its own noise).")
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,8 +386,6 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     secagg = trust == "secure-aggregation"
     secure_transport = None
     if secagg:
-        from dpprecond.adapters.flower.pca_secagg import SecAggPlusPCATransport, check_modulus
-
         plan = planned_budget(method, target_epsilon=target_epsilon,
                               target_delta=target_delta, center=center,
                               noise_multiplier=noise_multiplier, trust=trust, **options)
@@ -446,30 +437,6 @@ def make_pca_server_app(n_components: int, *, target_epsilon: float | None,
 # ---------------------------------------------------------------------------------------
 # The client
 # ---------------------------------------------------------------------------------------
-
-
-def _local_rows(data: Any) -> np.ndarray:
-    X = data.X if isinstance(data, LocalData) else data
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"Expected this client's rows as a 2-D array with at least one row, "
-                         f"got shape {X.shape}.")
-    return X
-
-
-def _load_state(context: Context) -> ClientState:
-    if _STATE not in context.state:
-        return ClientState()
-    meta = str(context.state[_STATE]["meta"])
-    saved = cast(ArrayRecord, context.state[_DRAWS]) if _DRAWS in context.state else None
-    draws = {k: np.asarray(v.numpy()) for k, v in saved.items()} if saved is not None else {}
-    return ClientState.load(meta, draws)
-
-
-def _keep_state(context: Context, state: ClientState) -> None:
-    context.state[_STATE] = ConfigRecord({"meta": state.meta()})
-    context.state[_DRAWS] = ArrayRecord({k: Array(np.asarray(v))
-                                         for k, v in state.draws.items()})
 
 
 def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
@@ -550,10 +517,6 @@ def make_pca_client_app(load_rows: LoadRows, *, noise_seed: int | None = None) -
         ``i`` use the streams of ``fit_private_pca(..., seed=noise_seed, clients=bounds,
         trust="local")`` (only for simulations owned by one party).
     """
-    from flwr.client.mod import secaggplus_mod
-
-    from dpprecond.adapters.flower.pca_secagg import secure_pca_reply
-
     app = add_pca_handler(ClientApp(mods=[secaggplus_mod]), load_rows, noise_seed=noise_seed)
 
     @app.train()

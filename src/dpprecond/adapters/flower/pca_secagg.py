@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,12 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
 from dpprecond.adapters.flower.client_app import _run_config_seed, client_info
+from dpprecond.adapters.flower.pca_common import (
+    SecureAggregationUnavailableError,
+    _keep_state,
+    _load_state,
+    _local_rows,
+)
 from dpprecond.adapters.flower.secaggplus import (
     SECAGG_MODULUS,
     exact_vector,
@@ -124,8 +131,6 @@ def check_modulus(plan: BudgetPlan, n_features: int, n_rows: int, n_clients: int
     multiplier) and the in-process alternative; ``ValueError`` for fewer than 2 clients
     (SecAgg+ masks pairwise).
     """
-    from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
-
     if n_clients < 2:
         raise ValueError(f"trust='secure-aggregation' needs at least 2 clients (SecAgg+ masks "
                          f"each message with its neighbours'); got {n_clients}.")
@@ -198,10 +203,6 @@ class SecAggPlusPCATransport:
 
     def __call__(self, request: dict[str, Any], arrays: list[np.ndarray],
                  plan: SumPlan) -> tuple[np.ndarray, int]:
-        import time
-
-        from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
-
         if plan.modulus >= SECAGG_MODULUS:  # the pre-check's bound did not cover it
             raise SecureAggregationUnavailableError(_refusal(
                 plan.bits, f"release {self.rounds + 1} ({plan.dim} coordinates)")
@@ -242,8 +243,6 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
     request :func:`~dpprecond.pca.remote_secure.client_secure_message` refuses. Node config
     ``min-noise-multiplier`` and ``allow-seeded-noise`` apply as for the local path.
     """
-    from dpprecond.adapters.flower.pca import _keep_state, _load_state, _local_rows
-
     if RECORD_KEY_CONFIGS not in message.content.config_records:
         raise ValueError("Refusing a PCA secure release outside SecAgg+: a client's message "
                          "carries only its share of the noise and is sent masked only.")
