@@ -114,8 +114,9 @@ def test_secagg_plus_fit_is_the_in_process_secure_fit(digits, method, options) -
     assert np.array_equal(got.components, ref.components)  # integer sums: bit for bit
     assert got.dp_event == ref.dp_event and got.epsilon == ref.epsilon
     sums = got.info["secure_aggregation"]
-    assert {k: v for k, v in sums.items() if k != "seconds_per_release"} \
+    assert {k: v for k, v in sums.items() if not k.endswith("_per_release")} \
         == ref.info["secure_aggregation"]
+    assert sums["shares_per_release"] == [K] * sums["n_sums"]
     assert max(sums["modulus_bits"]) <= FIT_BITS
     assert len(sums["seconds_per_release"]) == sums["n_sums"]
     # each release one SecAgg+ run: 4 stages of K train messages (nothing else trains)
@@ -145,6 +146,29 @@ def test_the_plan_is_charged_first_and_a_dropout_is_not_released(digits) -> None
     X, bounds = digits
     ref = fit_private_pca(X, 4, method="power", seed=SEED, clients=bounds, **FIT)
     assert ledger.events == [ref.dp_event]  # charged once
+
+
+def test_with_min_clients_a_dropout_is_released_from_the_survivors(digits) -> None:
+    """min_clients = 2: client 2 goes offline in the second release's masked-vector stage;
+    SecAgg+ unmasks the two survivors' sum (2 shares, each of 1/2 of the variance), the
+    fit goes on, and that release is the survivors' statistic."""
+    count = {"n": 0}
+
+    def fails(client: int, msg: Message) -> bool:
+        if client == 2 and "fitins.config" in msg.content.config_records:
+            count["n"] += 1
+            return count["n"] == 2
+        return False
+
+    got = fit_pca_on_flower(_grid(digits, fails=fails), 4, method="power", min_clients=2,
+                            **FIT)
+    shares = got.info["secure_aggregation"]["shares_per_release"]
+    assert shares[1] == 2 and shares[:1] + shares[2:] == [K] * (len(shares) - 1)
+    X, bounds = digits
+    ref = fit_private_pca(X, 4, method="power", seed=SEED, clients=bounds, min_clients=2,
+                          **FIT)
+    assert got.dp_event == ref.dp_event  # the plan does not depend on who answered
+    assert np.abs(got.components - ref.components).max() > 1e-9  # release 2 differs
 
 
 def test_a_client_refuses_a_plan_below_its_floor(digits) -> None:

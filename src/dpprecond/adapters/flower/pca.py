@@ -364,7 +364,9 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     ``trust="secure-aggregation"`` (:mod:`dpprecond.adapters.flower.pca_secagg`): every
     release is one SecAgg+ masked sum of the clients' Skellam-noised messages, the
     in-process secure fit's plan and event, charged to ``ledger`` before the first share;
-    ``min_clients`` (default K) is the fewest shares a released sum holds. A federation
+    ``min_clients`` (default K) is the fewest shares a released sum holds (with fewer than
+    K, a sum SecAgg+ completes without some clients holds only the survivors' rows, at
+    full noise). A federation
     whose sums need more than SecAgg+'s ``2^30`` is refused after registration, before
     any release (:class:`SecureAggregationUnavailableError`, stating the bits).
 
@@ -373,8 +375,8 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     PCAResult
         As the in-process fit: components, explained variance, ``dp_event`` and
         ``epsilon`` (the fit's dp_accounting event), ``info["n_clients"]``,
-        ``info["trust"]`` (and ``info["secure_aggregation"]``: the sums' moduli, and
-        ``seconds_per_release`` of the SecAgg+ rounds).
+        ``info["trust"]`` (and ``info["secure_aggregation"]``: the sums' moduli, the
+        ``seconds_per_release`` of the SecAgg+ rounds and the ``shares_per_release``).
     """
     check_pca_config(
         n_components, target_epsilon=target_epsilon, target_delta=target_delta,
@@ -401,8 +403,9 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
                              noise_multiplier=noise_multiplier, min_clients=min_clients,
                              **options)
     if secure_transport is not None:
-        result.info["secure_aggregation"]["seconds_per_release"] = list(
-            secure_transport.seconds)
+        result.info["secure_aggregation"].update(
+            seconds_per_release=list(secure_transport.seconds),
+            shares_per_release=list(secure_transport.shares))
     return result
 
 

@@ -200,6 +200,7 @@ class SecAggPlusPCATransport:
         self.grid, self.nodes, self.timeout = grid, [int(n) for n in nodes], float(timeout)
         self.rounds = 0
         self.seconds: list[float] = []  # wall time of every SecAgg+ round
+        self.shares: list[int] = []  # the shares in every released sum
 
     def __call__(self, request: dict[str, Any], arrays: list[np.ndarray],
                  plan: SumPlan) -> tuple[np.ndarray, int]:
@@ -230,6 +231,7 @@ class SecAggPlusPCATransport:
                 "sum (a client refused the request, failed or timed out; see the clients' "
                 "logs), so SecAgg+ released nothing.",
                 clients=[], reasons={}, kind="secure-release")
+        self.shares.append(strategy.n_shares)
         return strategy.total, strategy.n_shares
 
 
