@@ -123,6 +123,12 @@ def test_a_client_refuses_a_weaker_plan(data: np.ndarray) -> None:
         client_secure_message(request, [], X, client_id=0, n_clients=K,
                               state=ClientState(), min_noise_multiplier=1e3)
     assert plan_from_request(plan_to_request(plan), K) == plan
+    public = {"kind": "secure-public", "fit": "t", "d": X.shape[1], "stream": 1}
+    assert client_public_draw({**public, "draw_shape": [10, 2]}, X, n_clients=K,
+                              state=ClientState(), noise_seed=5).shape == (10, 2)
+    with pytest.raises(ValueError, match="at most 2 dimensions"):
+        client_public_draw({**public, "draw_shape": [10**4, 10**4]}, X, n_clients=K,
+                           state=ClientState())
 
 
 def test_a_missing_client_states_the_privacy_spent(data: np.ndarray) -> None:

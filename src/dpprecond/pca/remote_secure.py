@@ -92,6 +92,9 @@ SECURE_REMOTE_METHODS = REMOTE_METHODS
 #: :class:`~dpprecond.pca.remote.ClientMissingError` when no sum was formed).
 SecureTransport = Callable[[dict[str, Any], list[np.ndarray], SumPlan], tuple[np.ndarray, int]]
 
+#: The most values a client draws for one public request (a ``(d, k)`` start).
+MAX_PUBLIC_DRAW = 10**7
+
 _PLAN_FIELDS = ("dim", "sensitivity", "noise_multiplier", "n_rows", "n_clients",
                 "min_clients", "scale", "bits")
 
@@ -299,8 +302,10 @@ def client_public_draw(request: dict[str, Any], X: Any, *, n_clients: int,
     j = _stream_index(request)
     shape = request.get("draw_shape")
     if not isinstance(shape, list) or len(shape) > 2 or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10**6 for v in shape):
-        raise ValueError(f"Refusing a public draw of shape {shape!r}.")
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape) \
+            or math.prod(shape) > MAX_PUBLIC_DRAW:
+        raise ValueError(f"Refusing a public draw of shape {shape!r}: expected at most 2 "
+                         f"dimensions and {MAX_PUBLIC_DRAW} values.")
     key = f"public-{j}"
     gen = _generator(state, key, noise_seed, j, n_clients)
     out = np.asarray(gen.standard_normal(None if not shape else tuple(shape)))

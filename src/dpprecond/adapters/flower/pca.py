@@ -490,7 +490,9 @@ def add_pca_handler(app: ClientApp, load_rows: LoadRows, *,
     """Register the PCA handler (``query.pca``) on an existing ClientApp and return it.
 
     The FL ClientApp (:func:`~dpprecond.adapters.flower.make_client_app`) answers
-    ``query`` and ``train``; with this it also answers federated PCA on the same nodes.
+    ``query`` and ``train``; with this it also answers federated PCA on the same nodes,
+    under ``trust="local"`` (a secure fit's SecAgg+ rounds are ``train`` messages, which
+    :func:`make_pca_client_app` answers behind ``secaggplus_mod``).
     """
     if noise_seed is not None:
         check_int("noise_seed", noise_seed, low=0)

@@ -151,6 +151,7 @@ class _ReleaseStrategy(Strategy):
         self.request, self.arrays, self.plan, self.proxies = request, arrays, plan, proxies
         self.total: np.ndarray | None = None
         self.n_shares = 0
+        self.malformed = ""  # why a sum SecAgg+ handed over was not read
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return None
@@ -170,6 +171,9 @@ class _ReleaseStrategy(Strategy):
             if total.shape == (self.plan.dim,):
                 self.total = np.mod(total, self.plan.modulus)
                 self.n_shares = len(results)
+            else:
+                self.malformed = (f"SecAgg+ handed a sum of shape {total.shape}, expected "
+                                  f"({self.plan.dim},)")
         return None, {}
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
@@ -225,12 +229,13 @@ class SecAggPlusPCATransport:
                        timeout=self.timeout)(self.grid, context)
         self.seconds.append(time.perf_counter() - start)
         if strategy.total is None:
-            raise ClientMissingError(
-                f"Federated PCA secure sum {self.rounds} (SecAgg+): fewer than min_clients="
-                f"{plan.min_clients} of the {len(self.nodes)} clients completed the masked "
-                "sum (a client refused the request, failed or timed out; see the clients' "
-                "logs), so SecAgg+ released nothing.",
-                clients=[], reasons={}, kind="secure-release")
+            why = strategy.malformed or (
+                f"fewer than min_clients={plan.min_clients} of the {len(self.nodes)} clients "
+                "completed the masked sum (a client refused the request, failed or timed "
+                "out; see the clients' logs), so SecAgg+ released nothing")
+            raise ClientMissingError(f"Federated PCA secure sum {self.rounds} (SecAgg+): "
+                                     f"{why}.", clients=[], reasons={},
+                                     kind="secure-release")
         self.shares.append(strategy.n_shares)
         return strategy.total, strategy.n_shares
 
