@@ -57,6 +57,11 @@ was asked for; otherwise at most the fit's planned event, charged to its ``ledge
 whatever the transport. A client keeps every noise draw of the fit in its state until the
 fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
+Under ``trust="secure-aggregation"`` (a federation with a ``secure_transport``) every
+release is instead one secure sum of the clients' encoded messages
+(:mod:`dpprecond.pca.remote_secure`); the rows, the rounding bounds and the checks of the
+deferred expressions are this module's.
+
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
 ``fit_private_pca(X, ..., seed=noise_seed, clients=bounds)`` gives its client ``i``
