@@ -691,9 +691,17 @@ class FlowerPCARow(EntryPoint):
 
     def trust(self, c: Cell) -> None:
         assert self.run(trust="local").info["trust"] == "local"
+        from dpprecond.adapters.flower.pca import SplitRows, make_pca_client_app
+        from tests.adapters.test_flower_pca_secagg import Grid
+
+        secagg = Grid(make_pca_client_app(SplitRows(PCA_X, BOUNDS)), n_nodes=len(BOUNDS) - 1)
+        got = self.run(secagg, trust="secure-aggregation")  # one SecAgg+ sum per release
+        assert got.info["trust"] == "secure-aggregation"
+        assert max(got.info["secure_aggregation"]["modulus_bits"]) <= 30
+        assert secagg.types["train"] == 4 * (len(BOUNDS) - 1)  # analyze_gauss: 1 release
         grid = self.grid()
-        with refused(ValueError, "trust='secure-aggregation'", "SecAgg+"):
-            self.run(grid, trust="secure-aggregation")
+        with refused(ValueError, "trust='secure-aggregation'", "Poisson"):
+            self.run(grid, trust="secure-aggregation", secure=True)
         assert grid.sent == 0
 
 

@@ -156,32 +156,35 @@ def test_flower_fit_is_the_in_process_local_fit(digits, method: str, options: di
     assert np.abs(other.components - ref.components).max() > 1e-6
 
 
-def test_secure_aggregation_is_refused_before_any_message(digits) -> None:
+def test_secure_mode_with_secure_aggregation_is_refused_before_any_message(digits) -> None:
     grid = _seeded_grid(digits)
-    with pytest.raises(SecureAggregationUnavailableError,
-                       match=r"SecAgg\+.*not wired.*2\^30.*28 bits.*in process"):
-        fit_pca_on_flower(grid, 4, trust="secure-aggregation", **FIT)
+    with pytest.raises(SecureAggregationUnavailableError, match="Poisson"):
+        fit_pca_on_flower(grid, 4, trust="secure-aggregation", secure=True, **FIT)
     with pytest.raises(SecureAggregationUnavailableError):
-        make_pca_server_app(4, trust="secure-aggregation", **FIT)
+        make_pca_server_app(4, trust="secure-aggregation", secure=True, **FIT)
     assert grid.sent == 0
 
 
 def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
-    """The numbers of the refusal are plan_sum's (Gram of d = 64, noise multiplier 1)."""
+    """The numbers of the refusal are plan_sum's (Gram sums at noise multiplier 1, and at
+    the worst scale for digits: tests/adapters/test_flower_pca_secagg.py)."""
     import math
 
     from dpprecond.adapters.flower.pca import SECURE_AGGREGATION_REFUSAL
     from dpprecond.adapters.flower.secagg import SECAGG_MODULUS
-    from dpprecond.secagg.fl import FIT_BITS
+    from dpprecond.secagg.fl import ACCOUNTED_INFLATION, FIT_BITS
     from dpprecond.secagg.sums import plan_sum
 
-    for n, bits in ((1437, 28), (60_000, 34), (10**6, 38)):
-        plan = plan_sum(64 * 65 // 2, math.sqrt(2.0), 1.0, n_rows=n, n_clients=5,
+    for d, n, bits in ((64, 1437, 28), (784, 60_000, 37)):
+        plan = plan_sum(d * (d + 1) // 2, math.sqrt(2.0), 1.0, n_rows=n, n_clients=5,
                         min_clients=5)
-        assert plan.bits == bits and plan.scale == 2.0**16
-        assert f"{bits} bits" in SECURE_AGGREGATION_REFUSAL
+        assert plan.bits == bits
+        assert f"{bits}" in SECURE_AGGREGATION_REFUSAL
+    coarse = plan_sum(784 * 785 // 2, math.sqrt(2.0), 1.0, n_rows=60_000, n_clients=5,
+                      min_clients=5, inflation=ACCOUNTED_INFLATION)
+    assert coarse.bits == 33 and "33 bits at the 2^-6" in SECURE_AGGREGATION_REFUSAL
     assert SECAGG_MODULUS == 2**31 and FIT_BITS == 30  # a 2^30 quantization range at most
-    assert "2^30" in SECURE_AGGREGATION_REFUSAL
+    assert "2^30" in SECURE_AGGREGATION_REFUSAL and "not wired" not in SECURE_AGGREGATION_REFUSAL
 
 
 @pytest.mark.parametrize(("settings", "error", "match"), [

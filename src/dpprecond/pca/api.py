@@ -32,7 +32,7 @@ from dpprecond._validation import (
 )
 from dpprecond.accounting import AccountantName, PrivacyLedger, epsilon_of
 from dpprecond.noise import release
-from dpprecond.pca.budget import Budget, GaussianScale, secure_aggregation_plan
+from dpprecond.pca.budget import Budget, BudgetPlan, GaussianScale, secure_aggregation_plan
 from dpprecond.pca.core import flip_signs
 from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
 from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
@@ -41,7 +41,7 @@ from dpprecond.secagg.sums import SecureSums
 from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
-           "fit_private_pca", "planned_event"]
+           "fit_private_pca", "planned_budget", "planned_event"]
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +192,30 @@ def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
         if trust != "local":
             _refuse_nonprivate_secure_aggregation()
         return dp_event.NonPrivateDpEvent()
+    return planned_budget(method, target_epsilon=target_epsilon, target_delta=target_delta,
+                          center=center, noise_multiplier=noise_multiplier, trust=trust,
+                          **options).event
+
+
+def planned_budget(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
+                   target_delta: float, center: str | np.ndarray | None = None,
+                   noise_multiplier: float | None = None, trust: str = "local",
+                   **options: Any) -> BudgetPlan:
+    """The budget plan of a private fit with these settings (its noise multipliers and
+    event: :func:`planned_event`'s, with the multipliers the kernels draw with)."""
+    spec = METHODS[check_choice("method", method, list(METHODS))]
+    check_choice("trust", trust, TRUST_MODELS)
+    opts = spec.options(options)
+    if not spec.private or not opts.get("add_noise", True):
+        raise ValueError(f"method={method!r} with these options is not private; it has no "
+                         "budget plan.")
     delta = check_target_delta("target_delta", target_delta)
     budget = _budget_of(target_epsilon, noise_multiplier)
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget, delta, opts, mean_share)
     if trust != "local":
         plan = secure_aggregation_plan(plan, _secure_epsilon(budget, delta), delta)
-    return plan.event
+    return plan
 
 
 def _budget_of(target_epsilon: float | None, noise_multiplier: float | None) -> Budget:
@@ -223,17 +240,19 @@ def _secure_epsilon(budget: Budget, delta: float) -> float:
 
 
 def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bool,
-                  diagnostics: bool) -> None:
+                  diagnostics: bool, secure_transport: bool) -> None:
     """What a fit over a network (:mod:`dpprecond.pca.remote`) cannot do, by name."""
     from dpprecond.pca.remote import REMOTE_METHODS
 
     if clients is not None:
         raise ValueError("clients= splits an in-memory X; over a network the federation "
                          "already defines the clients: leave clients=None.")
-    if trust != "local":
-        raise ValueError(f"trust={trust!r} does not run over a network here: every client "
-                         "adds its own noise (trust='local'); the secure-aggregation fit is "
-                         "the in-process simulation, fit_private_pca(X, clients=..., "
+    if trust != "local" and not secure_transport:
+        raise ValueError(f"trust={trust!r} needs a federation that sums securely "
+                         "(RemoteFederation(..., secure_transport=...); on Flower, "
+                         "fit_pca_on_flower(..., trust='secure-aggregation')); this one has "
+                         "every client add its own noise (trust='local'). The in-process "
+                         "simulation is fit_private_pca(X, clients=..., "
                          "trust='secure-aggregation').")
     if method not in REMOTE_METHODS:
         raise ValueError(f"method={method!r} does not run over a network; use one of "
@@ -252,14 +271,16 @@ def _check_remote(method: str, *, clients: Any, trust: str, seed: Any, noise: bo
 
 
 def _remote_spent(event: Any, delta: float, accountant: AccountantName,
-                  ledger: PrivacyLedger | None) -> Callable[[int, int], str]:
+                  ledger: PrivacyLedger | None, *,
+                  charged: bool = False) -> Callable[[int, int], str]:
     """What a fit over a network spent when a client goes missing after ``asked`` releases
     (``answered`` of them by every client): at most the plan's event (each release's noise
-    is the plan's), charged to ``ledger``."""
+    is the plan's), charged to ``ledger`` (unless ``charged``: a secure fit charges its
+    plan before the first share)."""
 
     def spent(asked: int, answered: int) -> str:
         eps = epsilon_of(event, delta, accountant)
-        if ledger is not None:
+        if ledger is not None and not charged:
             ledger.spend(event)
         return (f"Privacy already spent: {asked} release(s) were asked for and may have "
                 f"reached the server ({answered} answered by every client), at most the "
@@ -299,9 +320,12 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         block of rows at a time; a dask array is read by its scheduler, one row chunk per
         task (a ``dask.distributed`` cluster included; see ``docs/dask.md``). Or a
         :class:`~dpprecond.pca.remote.RemoteFederation`: clients over a network, every
-        pass a message round and every client adding its own noise (``trust="local"``,
-        methods of :data:`~dpprecond.pca.remote.REMOTE_METHODS`, no ``seed``: the
-        clients hold the noise; :mod:`dpprecond.adapters.flower.pca` on Flower).
+        pass a message round and every client adding its own noise (``trust="local"``)
+        or every release one secure sum of the clients' messages
+        (``trust="secure-aggregation"``, a federation with a ``secure_transport``:
+        :mod:`dpprecond.pca.remote_secure`); methods of
+        :data:`~dpprecond.pca.remote.REMOTE_METHODS`, no ``seed``: the clients hold the
+        noise; :mod:`dpprecond.adapters.flower.pca` on Flower.
     n_components : int
         Number of components ``k``, ``1 <= k <= d``.
     target_epsilon : float
@@ -449,7 +473,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                              "source does not provide.")
     if remote:
         _check_remote(spec.name, clients=clients, trust=trust, seed=seed, noise=noise,
-                      diagnostics=diagnostics)
+                      diagnostics=diagnostics,
+                      secure_transport=bool(getattr(X, "secure_aggregation", False)))
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget if noise else None, delta, opts, mean_share)
     if secagg:
@@ -460,8 +485,20 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                             "scale": plan.scale}
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
-    if remote:  # every pass a message round; each client adds its own noise
-        rows: Any = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
+    if remote and secagg:  # every release one secure sum of the clients' messages
+        rows: Any = X.remote_rows(row_norm, spent=_remote_spent(
+            plan.event, delta, "rdp", ledger, charged=True))
+        info.update(n_clients=rows.n_clients, trust=trust)
+        if min_clients is not None:
+            min_clients = check_int("min_clients", min_clients, low=1, high=rows.n_clients)
+        from dpprecond.pca.remote_secure import secure_noise_sources
+
+        mean_stream, init_stream, main_stream = secure_noise_sources(
+            X, fp=noise_inflation(rows), min_clients=min_clients)
+        if ledger is not None:  # charged before the first share, as in process
+            ledger.spend(plan.event)
+    elif remote:  # every pass a message round; each client adds its own noise
+        rows = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
             plan.event, delta, opts.get("accountant", "pld"), ledger))
         info.update(n_clients=rows.n_clients, trust=trust)
         mean_stream, init_stream, main_stream = X.noise_sources()
@@ -514,7 +551,6 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     accountant: AccountantName = "rdp" if secagg else opts.get("accountant", "pld")
     eps = math.inf if plan.scale == 0 else epsilon_of(event, delta, accountant)
     if secagg:
-        assert isinstance(main_stream, SecureSums)
         info.update(accountant="rdp", secure_aggregation=main_stream.summary())
     elif ledger is not None and noise:
         ledger.spend(event)

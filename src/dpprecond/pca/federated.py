@@ -56,7 +56,11 @@ and the server adds the parts. Who adds the noise is the trust model:
 
 Over a network (:mod:`dpprecond.pca.remote`, on Flower :mod:`dpprecond.adapters.flower.pca`)
 the same fit runs under ``trust="local"`` with each client adding its own draw to its own
-part on its machine (the streams :class:`LocalNoise` would give it).
+part on its machine (the streams :class:`LocalNoise` would give it), and under
+``trust="secure-aggregation"`` with each client sending its encoded message to a secure
+sum (:mod:`dpprecond.pca.remote_secure`; on Flower's SecAgg+
+:mod:`dpprecond.adapters.flower.pca_secagg`), from the streams
+:class:`~dpprecond.secagg.sums.SecureSums` gives it.
 
 Methods: every release of ``auto``, ``analyze_gauss``, ``fixed``, ``power`` (and ``exact``)
 is a sum over rows (``auto``'s probe is a histogram: a sum of per-row indicator vectors),

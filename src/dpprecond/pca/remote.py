@@ -57,6 +57,11 @@ was asked for; otherwise at most the fit's planned event, charged to its ``ledge
 whatever the transport. A client keeps every noise draw of the fit in its state until the
 fit ends (a later release may combine them, as ``auto``'s coupled pair does).
 
+Under ``trust="secure-aggregation"`` (a federation with a ``secure_transport``) every
+release is instead one secure sum of the clients' encoded messages
+(:mod:`dpprecond.pca.remote_secure`); the rows, the rounding bounds and the checks of the
+deferred expressions are this module's.
+
 Seeds: with ``noise_seed`` client ``i`` draws stream ``j`` (0 mean, 1 init, 2 main) from
 ``keyed_stream(noise_seed, j, i)``, which is the stream
 ``fit_private_pca(X, ..., seed=noise_seed, clients=bounds)`` gives its client ``i``
@@ -309,6 +314,9 @@ class _Session:
     #: ``spent(asked, answered) -> sentence``: the privacy spent when the fit stops after
     #: ``asked`` releases were sent (it charges the fit's ledger); set by the fit
     spent: Callable[[int, int], str] | None = None
+    #: secure aggregation: ``secure_transport(request, arrays, plan) -> (sum modulo the
+    #: plan's modulus, number of shares)`` (:mod:`dpprecond.pca.remote_secure`)
+    secure_transport: Any = None
 
     def _stopped(self, exc: ClientMissingError) -> ClientMissingError:
         """The error that stops the fit: ``exc``, the reason, and the privacy spent."""
@@ -321,13 +329,34 @@ class _Session:
             f"so the fit stopped. {spent}", clients=exc.clients, reasons=exc.reasons,
             kind=exc.kind, releases_made=self.releases)
 
+    def request(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """A request of this fit: its kind, the fit's public settings, ``fields``."""
+        return {"kind": kind, "fit": self.fit_id, "row_norm": self.row_norm,
+                "secure": self.secure, "d": self.d, "pending": list(self.pending), **fields}
+
+    def secure_call(self, arrays: list[np.ndarray], sum_plan: Any,
+                    **fields: Any) -> tuple[np.ndarray, int]:
+        """One secure sum (``kind="secure-release"``): ``(the sum modulo 2^bits, shares)``."""
+        self.asked += 1
+        request = self.request("secure-release", **fields)
+        try:
+            total, n_shares = self.secure_transport(request, list(arrays), sum_plan)
+        except ClientMissingError as exc:
+            raise self._stopped(exc) from exc
+        total = np.asarray(total)
+        if total.shape != (sum_plan.dim,) or total.dtype.kind not in "iu" or (total < 0).any() \
+                or (total >= sum_plan.modulus).any():
+            raise self._stopped(ClientMissingError(
+                f"Federated PCA secure sum: the transport returned {total.shape} values of "
+                f"dtype {total.dtype}, expected {sum_plan.dim} integers in [0, 2^{sum_plan.bits}).",
+                clients=[], reasons={}, kind="secure-release"))
+        return total.astype(np.int64), int(n_shares)
+
     def call(self, kind: str, shape: tuple[int, ...], arrays: list[np.ndarray] | None = None,
              **fields: Any) -> list[np.ndarray]:
         """One round: the pending draws, then ``kind``; every client's array of ``shape``
         (finite), in client order."""
-        request = {"kind": kind, "fit": self.fit_id, "row_norm": self.row_norm,
-                   "secure": self.secure, "d": self.d, "pending": list(self.pending),
-                   **fields}
+        request = self.request(kind, **fields)
         if kind == "release":
             self.asked += 1
         try:
@@ -496,14 +525,21 @@ class RemoteFederation:
         ``d``, the same on every client.
     fit_id : str
         Names the fit in every request (a client starts its streams afresh for a new one).
+    secure_transport : callable, optional
+        ``secure_transport(request, arrays, plan) -> (sum modulo 2^bits, shares)``: one
+        secure sum of the clients' messages
+        (:func:`~dpprecond.pca.remote_secure.client_secure_message`); needed for
+        ``trust="secure-aggregation"`` (the fit's streams are then
+        :func:`~dpprecond.pca.remote_secure.secure_noise_sources`).
     """
 
     def __init__(self, transport: Transport, n_rows: Sequence[int], n_features: int, *,
-                 fit_id: str) -> None:
+                 fit_id: str, secure_transport: Any = None) -> None:
         if len(n_rows) < 1 or min(n_rows) < 1:
             raise ValueError(f"Expected every client to hold at least one row, got n_rows="
                              f"{list(n_rows)}.")
-        self._session = _Session(transport, str(fit_id), n_clients=len(n_rows))
+        self._session = _Session(transport, str(fit_id), n_clients=len(n_rows),
+                                 secure_transport=secure_transport)
         self.n_rows = [int(v) for v in n_rows]
         self.n_features = int(n_features)
 
@@ -547,6 +583,16 @@ class RemoteFederation:
         """The fit's mean, init and main streams (:data:`STREAMS`)."""
         return tuple(RemoteNoise(self._session, j, self.n_clients)  # type: ignore[return-value]
                      for j in range(len(STREAMS)))
+
+    @property
+    def secure_aggregation(self) -> bool:
+        """True when the federation sums securely (it has a ``secure_transport``)."""
+        return self._session.secure_transport is not None
+
+    @property
+    def session(self) -> _Session:
+        """The fit's bookkeeping (its transports, counters and pending draws)."""
+        return self._session
 
 
 # ---------------------------------------------------------------------------------------
@@ -837,18 +883,11 @@ def _client_rows(X: Any, row_norm: float, block_bytes: int) -> ClippedRows:
                          "must remove or impute them (positions are not sent).") from None
 
 
-def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any, *,
-                  client_id: int, state: ClientState, noise_seed: int | None = None,
-                  secure: bool = False, min_noise_multiplier: float = 0.0,
-                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> np.ndarray:
-    """One client's answer to one request of a fit over a network (Flower-free).
-
-    ``request["kind"]`` is ``"slack"`` (its rounding bound for ``n`` terms),
-    ``"public"`` (its raw draw for public randomness) or ``"release"`` (its part of a
-    deferred sum plus its own noise). The request's pending draws are made first, in
-    order, from this client's streams. ``state`` is updated in place (the caller stores
-    it). Raises ``ValueError`` for a request it refuses (module docstring).
-    """
+def begin_request(request: dict[str, Any], X: Any, state: ClientState,
+                  noise_seed: int | None) -> None:
+    """A client's first checks of any request: its rows are a 2-D array of the fit's
+    ``d`` columns; a new fit id starts a fresh state (refused for a seeded client that
+    has answered another fit: the same seed would draw the same noise twice)."""
     shape = np.shape(X)
     if len(shape) != 2 or shape[0] < 1:
         raise ValueError(f"This client's rows must be a 2-D array with at least one row, got "
@@ -867,6 +906,49 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
                              "a new client state (a new run) for another seeded fit.")
         state.__init__()  # type: ignore[misc]
         state.fit = str(request.get("fit"))
+
+
+def request_row_norm(request: dict[str, Any]) -> float:
+    """The request's public ``row_norm``: a finite number > 0 (``ValueError`` otherwise)."""
+    row_norm = request.get("row_norm")
+    if isinstance(row_norm, bool) or not isinstance(row_norm, (int, float)) \
+            or not (math.isfinite(row_norm) and row_norm > 0):
+        raise ValueError(f"Refusing a request with row_norm={row_norm!r}: expected a finite "
+                         "number > 0 (the public bound on the rows' norms).")
+    return float(row_norm)
+
+
+def evaluate_part(value: dict[str, Any], arrays: Sequence[np.ndarray],
+                  base: ClippedRows) -> tuple[np.ndarray, float]:
+    """``(this client's part of a deferred sum, a bound on its l2 sensitivity)``: the
+    encoded ``value`` evaluated on the client's rows ``base`` (centered at a broadcast
+    mean where a pass names one), every node checked (module docstring)."""
+    centered: dict[bytes, ClippedRows] = {}
+
+    def rows_of(mean: Any) -> ClippedRows:
+        if mean is None:
+            return base
+        key = np.asarray(mean).tobytes()
+        if key not in centered:
+            centered[key] = base.centered(np.asarray(mean))
+        return centered[key]
+
+    return _evaluate_value(value, arrays, rows_of, {})
+
+
+def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any, *,
+                  client_id: int, state: ClientState, noise_seed: int | None = None,
+                  secure: bool = False, min_noise_multiplier: float = 0.0,
+                  block_bytes: int = DEFAULT_BLOCK_BYTES) -> np.ndarray:
+    """One client's answer to one request of a fit over a network (Flower-free).
+
+    ``request["kind"]`` is ``"slack"`` (its rounding bound for ``n`` terms),
+    ``"public"`` (its raw draw for public randomness) or ``"release"`` (its part of a
+    deferred sum plus its own noise). The request's pending draws are made first, in
+    order, from this client's streams. ``state`` is updated in place (the caller stores
+    it). Raises ``ValueError`` for a request it refuses (module docstring).
+    """
+    begin_request(request, X, state, noise_seed)
     secure = secure or bool(request.get("secure", False))
     if secure and noise_seed is not None:
         raise ValueError("Secure mode refuses seeds: a seeded stream can be regenerated.")
@@ -891,12 +973,7 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
     if noise_seed is not None:
         for j, gen in gens.items():
             state.streams[str(j)] = gen.bit_generator.state
-    row_norm = request.get("row_norm")
-    if isinstance(row_norm, bool) or not isinstance(row_norm, (int, float)) \
-            or not (math.isfinite(row_norm) and row_norm > 0):
-        raise ValueError(f"Refusing a request with row_norm={row_norm!r}: expected a finite "
-                         "number > 0 (the public bound on the rows' norms).")
-    row_norm = float(row_norm)
+    row_norm = request_row_norm(request)
     kind = request["kind"]
     if kind == "slack":
         rows = _client_rows(X, row_norm, block_bytes)
@@ -908,18 +985,8 @@ def client_answer(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any,
         return state.draws.pop(key)
     if kind != "release":
         raise ValueError(f"Unknown request kind {kind!r}.")
-    base = _client_rows(X, row_norm, block_bytes)
-    centered: dict[bytes, ClippedRows] = {}
-
-    def rows_of(mean: Any) -> ClippedRows:
-        if mean is None:
-            return base
-        key = np.asarray(mean).tobytes()
-        if key not in centered:
-            centered[key] = base.centered(np.asarray(mean))
-        return centered[key]
-
-    part, sens = _evaluate_value(request["value"], arrays, rows_of, {})
+    part, sens = evaluate_part(request["value"], arrays,
+                               _client_rows(X, row_norm, block_bytes))
     noise, coefs = _evaluate_noise(request["noise"], state.draws, state.draw_std)
     var = _covariance(coefs, coefs, state.draw_std)
     if not var > 0:

@@ -96,11 +96,16 @@ __all__ = [
     "SecureSums",
     "SumPlan",
     "client_message",
+    "flatten_release",
     "plan_sum",
+    "plans_summary",
+    "release_dim",
+    "release_plan",
     "round_shared",
     "secure_sum",
     "skellam_release_events",
     "sum_event",
+    "unflatten_release",
 ]
 
 #: Default bound on the rounding's relative inflation of a release's noise std:
@@ -473,6 +478,68 @@ def skellam_release_events(event: dp_event.DpEvent, factor: float = 1.0,
                      "(only unsampled Gaussian sums are).")
 
 
+# -- a PCA release as a secure sum: its plan, its layout, its summary ----------------------
+
+
+def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows: int,
+                 n_clients: int, min_clients: int, inflation: float = ROUNDING_INFLATION,
+                 max_wrap_probability: float = MAX_WRAP_PROBABILITY) -> SumPlan:
+    """The plan of a PCA release of ``dim`` coordinates with central noise std ``std``.
+
+    The sum's sensitivity is ``Delta fp`` (the release's central sensitivity times the
+    rows' rounding factor, :func:`~dpprecond.pca.rows.noise_inflation`) and its noise
+    multiplier ``z = std / (Delta fp)``, nudged up by ``2^-40`` (``std`` was formed as
+    ``(z fp) Delta`` in floating point, and the sum must carry at least the accounted
+    ``z``). The one derivation of :class:`SecureSums` and of a fit over a network
+    (:mod:`dpprecond.pca.remote_secure`), so both plan the same sums.
+    """
+    delta_fp = float(sensitivity) * fp
+    z = std / delta_fp * (1.0 + 2.0**-40)
+    return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
+                        min_clients=min_clients, inflation=inflation,
+                        max_wrap_probability=max_wrap_probability)
+
+
+def release_dim(shape: tuple[int, ...], symmetric: bool) -> int:
+    """Coordinates a release of ``shape`` sends: the upper triangle (diagonal included)
+    of a symmetric ``(d, d)`` statistic, else every entry."""
+    shape = tuple(int(s) for s in shape)
+    if symmetric:
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise ValueError(f"Expected a square value for symmetric=True, got shape {shape}.")
+        return shape[0] * (shape[0] + 1) // 2
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def flatten_release(part: np.ndarray, symmetric: bool) -> np.ndarray:
+    """One client's part as the sum's coordinates (the upper triangle when ``symmetric``)."""
+    part = np.asarray(part, dtype=np.float64)
+    if symmetric:
+        release_dim(part.shape, True)
+        return part[np.triu_indices(part.shape[0])]
+    return part.reshape(-1)
+
+
+def unflatten_release(flat: np.ndarray, shape: tuple[int, ...], symmetric: bool
+                      ) -> np.ndarray:
+    """The decoded sum in the release's shape (a symmetric one mirrored from its upper
+    triangle: post-processing)."""
+    if symmetric:
+        M = np.zeros(shape)
+        M[np.triu_indices(shape[0])] = flat
+        return M + np.triu(M, 1).T
+    return np.asarray(flat).reshape(shape)
+
+
+def plans_summary(plans: Sequence[SumPlan], min_clients: int) -> dict[str, Any]:
+    """Public facts of a fit's secure sums: count, modulus bits, wrap bound (union over
+    the sums), largest rounding inflation."""
+    return {"min_clients": min_clients, "n_sums": len(plans),
+            "modulus_bits": [p.bits for p in plans],
+            "wrap_probability": float(sum(p.wrap_probability() for p in plans)),
+            "rounding_inflation": max((p.inflation for p in plans), default=0.0)}
+
+
 # -- the noise source of the PCA kernels ---------------------------------------------------
 
 
@@ -551,20 +618,12 @@ class SecureSums:
             flat = parts[:, iu[0], iu[1]]
         else:
             flat = parts.reshape(K, -1)
-        delta_fp = float(sensitivity) * self.fp
-        # z = std / (Delta fp), nudged up by 2^-40: std was formed as (z fp) Delta in
-        # floating point, and the sum must carry at least the accounted z
-        z = std / delta_fp * (1.0 + 2.0**-40)
-        plan = _cached_plan(flat.shape[1], delta_fp, z, n_rows=self.n_rows,
-                        n_clients=K, min_clients=self.min_clients, inflation=self.inflation,
-                        max_wrap_probability=self.max_wrap_probability)
+        plan = release_plan(flat.shape[1], std, sensitivity, fp=self.fp, n_rows=self.n_rows,
+                            n_clients=K, min_clients=self.min_clients,
+                            inflation=self.inflation,
+                            max_wrap_probability=self.max_wrap_probability)
         self.plans.append(plan)
-        out = secure_sum(flat, plan, self.streams)
-        if symmetric:
-            M = np.zeros(value.shape)
-            M[iu] = out
-            return M + np.triu(M, 1).T
-        return out.reshape(value.shape)
+        return unflatten_release(secure_sum(flat, plan, self.streams), value.shape, symmetric)
 
     def spawn(self, n_children: int) -> list[SecureSums]:
         """Children with one independent stream per client (and a public one), sharing
@@ -579,10 +638,7 @@ class SecureSums:
     def summary(self) -> dict[str, Any]:
         """Public facts of the sums made: count, modulus bits, scales, wrap bound (union
         over the sums), largest rounding inflation."""
-        return {"min_clients": self.min_clients, "n_sums": len(self.plans),
-                "modulus_bits": [p.bits for p in self.plans],
-                "wrap_probability": float(sum(p.wrap_probability() for p in self.plans)),
-                "rounding_inflation": max((p.inflation for p in self.plans), default=0.0)}
+        return plans_summary(self.plans, self.min_clients)
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"SecureSums has no {name!r}: under trust='secure-aggregation' "

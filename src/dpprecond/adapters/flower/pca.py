@@ -11,15 +11,17 @@ computes its part on its own rows with the passes in-process federated PCA uses
 :class:`~dpprecond.pca.rows.ClippedRows`), adds its own noise and replies; the server sums
 the noisy parts in client order (client ids ``0 .. K-1`` from the SuperNodes' node config).
 
-Trust model: ``trust="local"`` only (no trusted party): every client adds Gaussian noise
+Trust model ``trust="local"`` (no trusted party): every client adds Gaussian noise
 with the central std to its part, so each message is by itself the Gaussian mechanism
 with the fit's noise multiplier on that client's records, against the server, the
 SuperLink and the network; the accounting is the central one (the fit's plan, its
 dp_accounting event and epsilon, equal to the in-process ``trust="local"`` fit's).
 Privacy unit: one row (record) of one client, replace-one adjacency, rows of norm at most
-``row_norm`` (clipped after division by it). ``trust="secure-aggregation"`` is refused
-(:class:`SecureAggregationUnavailableError`): Flower's SecAgg+ sums integers modulo at
-most ``2^32``, fewer bits than a secure Gram sum needs on real data.
+``row_norm`` (clipped after division by it). ``trust="secure-aggregation"``: every release
+is one SecAgg+ masked sum of the clients' Skellam-noised integer messages
+(:mod:`dpprecond.adapters.flower.pca_secagg`), the in-process secure fit's plan and
+releases; refused (:class:`SecureAggregationUnavailableError`) when the fit's sums need
+more than the ``2^30`` SecAgg+ carries (:data:`SECURE_AGGREGATION_REFUSAL`).
 
 A pass cannot drop a client: a release is a sum over every client's rows, and a sum
 without one client is neither the statistic nor calibrated for it. A client that fails,
@@ -50,10 +52,11 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -61,25 +64,37 @@ from dpprecond._validation import check_choice, check_int, check_positive
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import (
     ClientInfo,
-    LocalData,
     _as_bool,
     _run_config_seed,
     client_info,
 )
+from dpprecond.adapters.flower.pca_common import (
+    SECURE_AGGREGATION_REFUSAL,
+    SecureAggregationUnavailableError,
+    _keep_state,
+    _load_state,
+    _local_rows,
+)
+from dpprecond.adapters.flower.pca_secagg import (
+    SecAggPlusPCATransport,
+    check_modulus,
+    secure_pca_reply,
+)
 from dpprecond.adapters.flower.records import read_array, read_int
-from dpprecond.pca.api import PCAResult, fit_private_pca, planned_event
+from dpprecond.pca.api import PCAResult, fit_private_pca, planned_budget, planned_event
 from dpprecond.pca.federated import TRUST_MODELS
 from dpprecond.pca.methods import METHODS
 from dpprecond.pca.remote import (
     REMOTE_METHODS,
     ClientMissingError,
-    ClientState,
     RemoteFederation,
     client_answer,
 )
+from dpprecond.pca.remote_secure import client_public_draw
 
 __all__ = [
     "MESSAGE_TYPE",
+    "SECURE_AGGREGATION_REFUSAL",
     "ClientMissingError",
     "FlowerTransport",
     "LoadRows",
@@ -98,7 +113,6 @@ logger = logging.getLogger(__name__)
 #: The Flower message type of every PCA request (``ClientApp.query("pca")``).
 MESSAGE_TYPE = "query.pca"
 _REQUEST, _ARRAYS, _REPLY, _METRICS = "pca-request", "pca-arrays", "pca-reply", "metrics"
-_STATE, _DRAWS = "dpprecond-pca-state", "dpprecond-pca-draws"
 
 #: ``load_rows(info) -> X_i`` (an array of the client's rows, or a
 #: :class:`~dpprecond.adapters.flower.client_app.LocalData`, whose ``X`` is used).
@@ -125,27 +139,6 @@ class SplitRows:
         return np.asarray(self.X)[b[info.client_id]:b[info.client_id + 1]]
 
 
-class SecureAggregationUnavailableError(ValueError):
-    """``trust="secure-aggregation"`` for PCA on Flower: SecAgg+'s integers are too short."""
-
-
-SECURE_AGGREGATION_REFUSAL = (
-    "trust='secure-aggregation' is not available for federated PCA on Flower. Flower's "
-    "SecAgg+ (flwr 1.42 SecAggPlusWorkflow) runs one masked sum per fit round of its "
-    "legacy workflow, and a private PCA fit is a chain of releases (the Gram matrix, "
-    "auto's probe and second release, the iterations' products) whose shapes and "
-    "broadcast values depend on the releases before them; that chain is not wired into "
-    "SecAgg+'s rounds. Its modulus would also limit the data: dpprecond's SecAgg+ sums "
-    "carry at most 2^30 (dpprecond.secagg.fl.FIT_BITS), and a secure sum of the Gram "
-    "matrix (d(d+1)/2 coordinates, sensitivity sqrt(2), scale 2^16 for d = 64 at the "
-    "2^-10 rounding inflation, wrap-around probability <= 1e-12; "
-    "dpprecond.secagg.sums.plan_sum) needs about log2(n) + 18 bits: 28 bits for the 1,437 "
-    "training rows of digits, 34 bits for 60,000 rows and 38 bits for 10^6 rows. Run the "
-    "secure-aggregation fit in process, fit_private_pca(X, clients=bounds, "
-    "trust='secure-aggregation') (docs/secure_aggregation.md), or use trust='local' on "
-    "Flower (every client adds its own noise).")
-
-
 # ---------------------------------------------------------------------------------------
 # The server: validation, registration, transport, fit
 # ---------------------------------------------------------------------------------------
@@ -157,12 +150,15 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
                      noise_multiplier: float | None = None,
                      ledger: PrivacyLedger | None = None, n_clients: int | None = None,
                      connect_timeout: float = 120.0, timeout: float = 600.0,
+                     min_clients: int | None = None, secure: bool = False,
                      **options: Any) -> Any:
     """Check a Flower PCA fit's settings without sending anything; return its planned event.
 
-    Raises :class:`SecureAggregationUnavailableError` for ``trust="secure-aggregation"``,
-    ``ValueError``/``TypeError`` naming any other bad setting (method, options, budget,
-    ``row_norm``, ``center``, timeouts) and
+    Raises :class:`SecureAggregationUnavailableError` for a ``trust="secure-aggregation"``
+    setting SecAgg+ PCA does not run (``secure=True``; a method other than
+    :data:`~dpprecond.pca.remote_secure.SECURE_REMOTE_METHODS` is a ``ValueError`` as for
+    local trust), ``ValueError``/``TypeError`` naming any other bad setting (method,
+    options, budget, ``row_norm``, ``center``, timeouts, ``min_clients``) and
     :class:`~dpprecond.PrivacyBudgetExceededError` when ``ledger`` cannot afford the plan.
     """
     for name in ("seed", "clients", "diagnostics"):
@@ -177,7 +173,16 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
                                                "rows, which the server never sees."}[name])
     check_choice("trust", trust, TRUST_MODELS)
     if trust == "secure-aggregation":
-        raise SecureAggregationUnavailableError(SECURE_AGGREGATION_REFUSAL)
+        if secure:
+            raise SecureAggregationUnavailableError(
+                "secure=True is not available with trust='secure-aggregation': the clients' "
+                "Skellam shares need Poisson draws, which the secure noise source lacks.")
+        if min_clients is not None:
+            check_int("min_clients", min_clients, low=2,
+                      high=n_clients if n_clients is not None else None)
+    elif min_clients is not None:
+        raise ValueError(f"min_clients={min_clients!r} applies to trust='secure-aggregation' "
+                         "only (the fewest noise shares a secure sum may hold).")
     check_choice("method", method, list(METHODS))
     if method not in REMOTE_METHODS:
         raise ValueError(f"method={method!r} does not run on Flower; use one of "
@@ -200,7 +205,8 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(f"Expected ledger to be a PrivacyLedger, got {type(ledger).__name__}.")
     event = planned_event(method, target_epsilon=target_epsilon, target_delta=target_delta,
-                          center=center, noise_multiplier=noise_multiplier, **options)
+                          center=center, noise_multiplier=noise_multiplier, trust=trust,
+                          **options)
     if options.get("add_noise", True) is False:
         raise ValueError("add_noise=False would send every client's exact part to the "
                          "server; PCA on Flower is private only.")
@@ -337,8 +343,9 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
                       noise_multiplier: float | None = None,
                       ledger: PrivacyLedger | None = None, secure: bool = False,
                       n_clients: int | None = None, connect_timeout: float = 120.0,
-                      timeout: float = 600.0, **options: Any) -> PCAResult:
-    """Differentially private PCA of the rows held by the Flower clients (``trust="local"``).
+                      timeout: float = 600.0, min_clients: int | None = None,
+                      **options: Any) -> PCAResult:
+    """Differentially private PCA of the rows held by the Flower clients.
 
     The settings are :func:`~dpprecond.pca.fit_private_pca`'s (``method`` one of
     :data:`~dpprecond.pca.remote.REMOTE_METHODS`; no ``seed``: the clients hold the
@@ -354,27 +361,52 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     no release had been asked for; otherwise at most the fit's planned event (its epsilon
     at ``target_delta``), which is then charged to ``ledger``.
 
+    ``trust="secure-aggregation"`` (:mod:`dpprecond.adapters.flower.pca_secagg`): every
+    release is one SecAgg+ masked sum of the clients' Skellam-noised messages, the
+    in-process secure fit's plan and event, charged to ``ledger`` before the first share;
+    ``min_clients`` (default K) is the fewest shares a released sum holds (with fewer than
+    K, a sum SecAgg+ completes without some clients holds only the survivors' rows, at
+    full noise). A federation
+    whose sums need more than SecAgg+'s ``2^30`` is refused after registration, before
+    any release (:class:`SecureAggregationUnavailableError`, stating the bits).
+
     Returns
     -------
     PCAResult
         As the in-process fit: components, explained variance, ``dp_event`` and
         ``epsilon`` (the fit's dp_accounting event), ``info["n_clients"]``,
-        ``info["trust"] = "local"``.
+        ``info["trust"]`` (and ``info["secure_aggregation"]``: the sums' moduli, the
+        ``seconds_per_release`` of the SecAgg+ rounds and the ``shares_per_release``).
     """
     check_pca_config(
         n_components, target_epsilon=target_epsilon, target_delta=target_delta,
         row_norm=row_norm, method=method, center=center, trust=trust,
         noise_multiplier=noise_multiplier, ledger=ledger, n_clients=n_clients,
-        connect_timeout=connect_timeout, timeout=timeout, **options)
+        connect_timeout=connect_timeout, timeout=timeout, min_clients=min_clients,
+        secure=secure, **options)
     nodes, n_rows, d = _register(grid, n_clients, connect_timeout, timeout)
+    secagg = trust == "secure-aggregation"
+    secure_transport = None
+    if secagg:
+        plan = planned_budget(method, target_epsilon=target_epsilon,
+                              target_delta=target_delta, center=center,
+                              noise_multiplier=noise_multiplier, trust=trust, **options)
+        check_modulus(plan, d, sum(n_rows), len(nodes), min_clients)
+        secure_transport = SecAggPlusPCATransport(grid, nodes, timeout)
     federation = RemoteFederation(FlowerTransport(grid, nodes, timeout), n_rows, d,
-                                  fit_id=uuid.uuid4().hex)
+                                  fit_id=uuid.uuid4().hex, secure_transport=secure_transport)
     # A missing client stops the fit with a ClientMissingError stating the privacy spent
     # (fit_private_pca charges the ledger with the plan once a release was asked for).
-    return fit_private_pca(federation, n_components, target_epsilon=target_epsilon,
-                           target_delta=target_delta, row_norm=row_norm, method=method,
-                           center=center, ledger=ledger, secure=secure,
-                           noise_multiplier=noise_multiplier, **options)
+    result = fit_private_pca(federation, n_components, target_epsilon=target_epsilon,
+                             target_delta=target_delta, row_norm=row_norm, method=method,
+                             center=center, ledger=ledger, secure=secure, trust=trust,
+                             noise_multiplier=noise_multiplier, min_clients=min_clients,
+                             **options)
+    if secure_transport is not None:
+        result.info["secure_aggregation"].update(
+            seconds_per_release=list(secure_transport.seconds),
+            shares_per_release=list(secure_transport.shares))
+    return result
 
 
 def make_pca_server_app(n_components: int, *, target_epsilon: float | None,
@@ -389,17 +421,16 @@ def make_pca_server_app(n_components: int, *, target_epsilon: float | None,
     :class:`~dpprecond.pca.PCAResult`.
     """
     check_pca_config(n_components, target_epsilon=target_epsilon,
-                     target_delta=target_delta, row_norm=row_norm,
-                     **{k: v for k, v in settings.items() if k != "secure"})
+                     target_delta=target_delta, row_norm=row_norm, **settings)
     app = ServerApp()
 
     @app.main()
     def _main(grid: Grid, context: Context) -> None:
         result = fit_pca_on_flower(grid, n_components, target_epsilon=target_epsilon,
                                    target_delta=target_delta, row_norm=row_norm, **settings)
-        logger.info("federated PCA (%s, %d clients, trust=local): epsilon=%.6g at delta=%g "
-                    "(event %s)", result.method, result.info["n_clients"], result.epsilon,
-                    result.delta, result.dp_event)
+        logger.info("federated PCA (%s, %d clients, trust=%s): epsilon=%.6g at delta=%g "
+                    "(event %s)", result.method, result.info["n_clients"],
+                    result.info["trust"], result.epsilon, result.delta, result.dp_event)
         if on_result is not None:
             on_result(result, context)
 
@@ -409,30 +440,6 @@ def make_pca_server_app(n_components: int, *, target_epsilon: float | None,
 # ---------------------------------------------------------------------------------------
 # The client
 # ---------------------------------------------------------------------------------------
-
-
-def _local_rows(data: Any) -> np.ndarray:
-    X = data.X if isinstance(data, LocalData) else data
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"Expected this client's rows as a 2-D array with at least one row, "
-                         f"got shape {X.shape}.")
-    return X
-
-
-def _load_state(context: Context) -> ClientState:
-    if _STATE not in context.state:
-        return ClientState()
-    meta = str(context.state[_STATE]["meta"])
-    saved = cast(ArrayRecord, context.state[_DRAWS]) if _DRAWS in context.state else None
-    draws = {k: np.asarray(v.numpy()) for k, v in saved.items()} if saved is not None else {}
-    return ClientState.load(meta, draws)
-
-
-def _keep_state(context: Context, state: ClientState) -> None:
-    context.state[_STATE] = ConfigRecord({"meta": state.meta()})
-    context.state[_DRAWS] = ArrayRecord({k: Array(np.asarray(v))
-                                         for k, v in state.draws.items()})
 
 
 def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
@@ -466,8 +473,13 @@ def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
     record: Any = message.content[_ARRAYS] if _ARRAYS in message.content else {}
     arrays = [read_array(record, str(i), "request") for i in range(len(record))]
     state = _load_state(context)
-    out = client_answer(request, arrays, X, client_id=info.client_id, state=state,
-                        noise_seed=seed, secure=secure, min_noise_multiplier=float(floor))
+    if request.get("kind") == "secure-public":  # the server's public draw (secure fit)
+        out = client_public_draw(request, X, n_clients=info.n_clients, state=state,
+                                 noise_seed=seed)
+    else:
+        out = client_answer(request, arrays, X, client_id=info.client_id, state=state,
+                            noise_seed=seed, secure=secure,
+                            min_noise_multiplier=float(floor))
     _keep_state(context, state)
     return Message(RecordDict({_REPLY: ArrayRecord({"part": Array(np.asarray(out))}),
                                _METRICS: MetricRecord(metrics)}), reply_to=message)
@@ -478,7 +490,9 @@ def add_pca_handler(app: ClientApp, load_rows: LoadRows, *,
     """Register the PCA handler (``query.pca``) on an existing ClientApp and return it.
 
     The FL ClientApp (:func:`~dpprecond.adapters.flower.make_client_app`) answers
-    ``query`` and ``train``; with this it also answers federated PCA on the same nodes.
+    ``query`` and ``train``; with this it also answers federated PCA on the same nodes,
+    under ``trust="local"`` (a secure fit's SecAgg+ rounds are ``train`` messages, which
+    :func:`make_pca_client_app` answers behind ``secaggplus_mod``).
     """
     if noise_seed is not None:
         check_int("noise_seed", noise_seed, low=0)
@@ -491,7 +505,12 @@ def add_pca_handler(app: ClientApp, load_rows: LoadRows, *,
 
 
 def make_pca_client_app(load_rows: LoadRows, *, noise_seed: int | None = None) -> ClientApp:
-    """A ClientApp answering federated PCA requests (``query.pca``).
+    """A ClientApp answering federated PCA requests under both trust models.
+
+    ``query.pca`` (:func:`pca_reply`: registration, rounding bounds, public draws, the
+    local path's noisy parts) and, behind Flower's ``secaggplus_mod``, the SecAgg+ fit
+    rounds of a secure fit (:func:`~dpprecond.adapters.flower.pca_secagg.secure_pca_reply`:
+    one masked message per release).
 
     Parameters
     ----------
@@ -503,4 +522,10 @@ def make_pca_client_app(load_rows: LoadRows, *, noise_seed: int | None = None) -
         ``i`` use the streams of ``fit_private_pca(..., seed=noise_seed, clients=bounds,
         trust="local")`` (only for simulations owned by one party).
     """
-    return add_pca_handler(ClientApp(), load_rows, noise_seed=noise_seed)
+    app = add_pca_handler(ClientApp(mods=[secaggplus_mod]), load_rows, noise_seed=noise_seed)
+
+    @app.train()
+    def _secure(message: Message, context: Context) -> Message:
+        return secure_pca_reply(message, context, load_rows, noise_seed=noise_seed)
+
+    return app

@@ -54,7 +54,6 @@ client's message from its setup stream ``(0, i)``), then the ``T`` gradient roun
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -78,7 +77,6 @@ from flwr.common import (
 )
 from flwr.common.secure_aggregation.secaggplus_constants import (
     RECORD_KEY_CONFIGS,
-    RECORD_KEY_STATE,
 )
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import ServerConfig
@@ -105,6 +103,15 @@ from dpprecond.adapters.flower.client_app import (
     train_reply,
 )
 from dpprecond.adapters.flower.protocol import simulator_seeds
+from dpprecond.adapters.flower.secaggplus import (
+    SECAGG_MODULUS,
+    check_secaggplus_state,
+    exact_vector,
+    exact_workflow,
+    recovered_sum,
+    ring_threshold,
+    secaggplus_when_asked,
+)
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
@@ -137,9 +144,6 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
 
 logger = logging.getLogger(__name__)
 
-#: SecAgg+'s modulus ``M`` (Flower requires a power of two below ``2^32``, above the
-#: quantization range ``m = 2^bits``): plans of at most 30 bits run on it.
-SECAGG_MODULUS = 1 << 31
 #: Largest federation the strategy runs: SecAgg+ hands ``T q / K'`` in float64 (``T = S -
 #: K' q/2``, ``|T| <= K' q/2 + M``), and reading ``T`` back errs by at most ``3 2^-53 |T|``
 #: (three roundings): below ``2^-8`` for ``K' <= 2^14`` at ``q <= 2^30``; at about 10^7
@@ -210,10 +214,6 @@ def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
                              f"{derived!r} (derived from its dim, sensitivity, noise "
                              "multiplier, rows and clients); refusing to answer.")
     return plan, clip_norm
-
-
-def _centred(share: np.ndarray, m: int) -> np.ndarray:
-    return np.mod(share + m // 2, m) - m // 2
 
 
 class SetupSumIncompleteError(RuntimeError):
@@ -298,9 +298,8 @@ class SecAggDPClient(NumPyClient):
 
     def _send(self, message: np.ndarray, plan: SumPlan
               ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-        m, q = plan.modulus, self._range
-        vector = np.concatenate([_centred(message, m), [self.X.shape[0]]]).astype(np.float64)
-        return [vector * float(q)], 1, {}  # SecAgg+ multiplies by its weight 1/q: exact
+        # SecAgg+ multiplies by its weight 1/q: exact (adapters/flower/secaggplus.py)
+        return [exact_vector(message, plan.modulus, self._range, [self.X.shape[0]])], 1, {}
 
 
 def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
@@ -325,53 +324,19 @@ def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
                          "(make_secagg_server_app / run_secagg); refusing to answer.")
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     config = dict(fitins.config)
-    state = ctxt.state.config_records.get(RECORD_KEY_STATE)
-    if state is None:
-        raise ValueError("No SecAgg+ setup state on this node for a secure-sum fit request; "
-                         "refusing to answer.")
     try:
         q = int(config["secagg-range"])
         k_min = int(config["plan-min-clients"])
     except KeyError as exc:
         raise ValueError(f"The fit request has no {exc.args[0]!r}: the server does not run "
                          "dpprecond's SecAggDPStrategy.") from None
-    expected = {"target_range": q, "max_weight": float(q), "clipping_range": float(q // 2),
-                "mod_range": SECAGG_MODULUS}
-    for key, want in expected.items():
-        got = state.get(key)
-        if got != want:
-            raise ValueError(f"SecAgg+'s {key}={got!r} is not the {want!r} that makes this "
-                             f"client's share exact at secagg-range={q} (SecAggDPStrategy."
-                             "workflow()); refusing to answer.")
-    # SecAgg+ goes on only if every node has t surviving neighbours; each survivor is a
-    # neighbour of s nodes (Flower's ring: s odd, or raised to odd after sending it), so
-    # K t <= s K': t K >= s k_min gives K' >= k_min survivors
-    t, K, s = state.get("threshold"), state.get("sample_num"), state.get("share_num")
-    if not all(isinstance(v, int) for v in (t, K, s)):
-        raise ValueError("SecAgg+'s setup state has no integer threshold, sample and share "
-                         "numbers; refusing to answer.")
-    assert isinstance(t, int) and isinstance(K, int) and isinstance(s, int)
-    ring = min(K, s + 1 if s != K and s % 2 == 0 else s)
-    if t * K < ring * k_min:
-        raise ValueError(f"SecAgg+'s reconstruction threshold {t} over neighbourhoods of "
-                         f"{ring} in {K} clients lets a round go on with fewer than the "
-                         f"plan's min_clients={k_min} survivors (it needs t >= s k_min / K): "
-                         "a sum of fewer shares than its noise needs could be unmasked; "
-                         "refusing to answer.")
+    check_secaggplus_state(ctxt, q, k_min)
 
 
 def _secaggplus_checked(msg: Message, ctxt: Context, call_next: Any) -> Message:
     """Inside ``secaggplus_mod``: :func:`check_secaggplus_request` on a fit request."""
     if msg.metadata.message_type == MessageType.TRAIN:
         check_secaggplus_request(msg, ctxt)
-    return call_next(msg, ctxt)
-
-
-def _secaggplus_when_asked(msg: Message, ctxt: Context, call_next: Any) -> Message:
-    """``secaggplus_mod`` for SecAgg+ messages; every other message goes straight on."""
-    if msg.metadata.message_type == MessageType.TRAIN \
-            and RECORD_KEY_CONFIGS in msg.content.config_records:
-        return secaggplus_mod(msg, ctxt, call_next)
     return call_next(msg, ctxt)
 
 
@@ -382,7 +347,7 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) 
     ``secaggplus_mod``. The node config's guards apply to both (``allow-seeded-noise``
     for a run-config ``noise-seed``, ``min-noise-multiplier``).
     """
-    app = ClientApp(mods=[_secaggplus_when_asked])
+    app = ClientApp(mods=[secaggplus_when_asked])
 
     @app.query()
     def _query(message: Message, context: Context) -> Message:
@@ -604,32 +569,18 @@ class SecAggDPStrategy(Strategy):
 
     @property
     def reconstruction_threshold(self) -> int:
-        """``t``: the shares of a client's secrets that SecAgg+ needs to recover it.
-
-        The same fraction of a client's ``s`` shares as ``min_clients`` is of ``K``:
-        ``t = ceil(s k_min / K)``, at least 2 (``t = k_min`` with every client sharing;
-        ``t = s`` with ``min_clients = K``, so that no dropout is recovered, as no sum of
-        fewer than ``K`` shares may be released). A round whose dropped client has fewer
-        than ``t`` surviving neighbours halts (nothing released); so does one whose
-        survivors hold fewer than ``min_clients`` shares (the decode refuses it)."""
-        s = self.num_shares
-        return min(s, max(2, math.ceil(s * self.min_clients / self.n_clients)))
+        """``t``: the shares of a client's secrets that SecAgg+ needs to recover it
+        (:func:`~dpprecond.adapters.flower.secaggplus.ring_threshold`: ``ceil(s k_min /
+        K)``, at least 2; ``t = s`` with ``min_clients = K``)."""
+        return ring_threshold(self.num_shares, self.min_clients, self.n_clients)
 
     def workflow(self, timeout: float | None = None) -> SecAggPlusWorkflow:
-        """Flower's SecAgg+ workflow with the settings that keep the shares exact.
-
-        ``num_shares`` is passed as the fraction ``s / K`` (Flower rounds it back to the
-        odd ``s``), so Flower's constructor does not warn of an overflow of its modular
-        sum: the strategy reads that sum modulo the plan's ``m``, which is exact (module
-        docstring)."""
-        m = self.quantization_range
-        s, t = self.num_shares, self.reconstruction_threshold
-        threshold: int | float = 1.0 if t == s else t  # Flower's int t must be < s
-        return SecAggPlusWorkflow(num_shares=s / self.n_clients,
-                                  reconstruction_threshold=threshold,
-                                  max_weight=float(m), clipping_range=float(m // 2),
-                                  quantization_range=m, modulus_range=SECAGG_MODULUS,
-                                  timeout=timeout)
+        """Flower's SecAgg+ workflow with the settings that keep the shares exact
+        (:func:`~dpprecond.adapters.flower.secaggplus.exact_workflow`, on this
+        strategy's neighbourhood and threshold)."""
+        return exact_workflow(self.quantization_range, min_clients=self.min_clients,
+                              n_clients=self.n_clients, num_shares=self.num_shares,
+                              timeout=timeout)
 
     # -- the legacy Strategy interface ---------------------------------------------------
 
@@ -671,7 +622,7 @@ class SecAggDPStrategy(Strategy):
         q = self.quantization_range
         # SecAgg+ hands (S - K' q/2) q / K' (q its quantization range); the integer
         # S - K' q/2 is = sum_i x_i (mod M), hence modulo the plan's m (m divides q and M)
-        total = np.rint(average * (len(results) / q)).astype(np.int64)
+        total = recovered_sum(average, len(results), q)
         decoded = decode(np.mod(total[:-1], plan.modulus), plan, len(results))
         n = int(np.mod(total[-1], SECAGG_MODULUS))
         if kind == "moment":

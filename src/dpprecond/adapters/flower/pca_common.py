@@ -1,0 +1,59 @@
+"""What the two trust models of PCA on Flower share: the client's state, its rows, the
+refusal of a secure fit that SecAgg+ cannot carry (:mod:`dpprecond.adapters.flower.pca`,
+:mod:`dpprecond.adapters.flower.pca_secagg`)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+
+from dpprecond.adapters.flower.client_app import LocalData
+from dpprecond.pca.remote import ClientState
+
+__all__ = ["SECURE_AGGREGATION_REFUSAL", "SecureAggregationUnavailableError"]
+
+_STATE, _DRAWS = "dpprecond-pca-state", "dpprecond-pca-draws"
+
+
+class SecureAggregationUnavailableError(ValueError):
+    """``trust="secure-aggregation"`` for PCA on Flower: the fit's secure sums need a larger
+    modulus than Flower's SecAgg+ carries (or a setting SecAgg+ PCA does not run)."""
+
+
+SECURE_AGGREGATION_REFUSAL = (
+    "Flower's SecAgg+ (flwr 1.42 SecAggPlusWorkflow, modulus_range 2^31) carries secure "
+    "sums of at most 2^30 (dpprecond.secagg.fl.FIT_BITS). A PCA secure sum keeps the "
+    "in-process fit's 2^-10 rounding inflation (dpprecond.secagg.sums.plan_sum, "
+    "wrap-around probability <= 1e-12), and its Gram sum (d(d+1)/2 coordinates) needs "
+    "about log2(n) + log2(sqrt(d(d+1)/2)) + 13 bits: 28 to 29 bits for digits (d = 64, "
+    "1,437 training rows; it runs on SecAgg+), 37 bits for Fashion-MNIST's pixels (d = "
+    "784, 60,000 rows; still 33 bits at the 2^-6 inflation the FL sums may coarsen to, so "
+    "it is refused). Run the secure-aggregation fit in process, fit_private_pca(X, "
+    "clients=bounds, trust='secure-aggregation') (docs/secure_aggregation.md), or use "
+    "trust='local' on Flower (every client adds its own noise).")
+
+
+def _local_rows(data: Any) -> np.ndarray:
+    X = data.X if isinstance(data, LocalData) else data
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"Expected this client's rows as a 2-D array with at least one row, "
+                         f"got shape {X.shape}.")
+    return X
+
+
+def _load_state(context: Context) -> ClientState:
+    if _STATE not in context.state:
+        return ClientState()
+    meta = str(context.state[_STATE]["meta"])
+    saved = cast(ArrayRecord, context.state[_DRAWS]) if _DRAWS in context.state else None
+    draws = {k: np.asarray(v.numpy()) for k, v in saved.items()} if saved is not None else {}
+    return ClientState.load(meta, draws)
+
+
+def _keep_state(context: Context, state: ClientState) -> None:
+    context.state[_STATE] = ConfigRecord({"meta": state.meta()})
+    context.state[_DRAWS] = ArrayRecord({k: Array(np.asarray(v))
+                                         for k, v in state.draws.items()})

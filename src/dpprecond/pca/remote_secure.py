@@ -1,0 +1,313 @@
+"""Federated private PCA over a network under ``trust="secure-aggregation"``.
+
+The in-process secure fit (:mod:`dpprecond.pca.federated`, ``trust="secure-aggregation"``)
+makes every release a secure sum with distributed Skellam noise
+(:class:`~dpprecond.secagg.sums.SecureSums`). Here the same fit runs with the clients far
+away (:class:`~dpprecond.pca.remote.RemoteFederation` with a ``secure_transport``; on
+Flower's SecAgg+ :mod:`dpprecond.adapters.flower.pca_secagg`):
+
+- :class:`RemoteSecureSums` is the fit's noise source (one per stream: mean, init, main).
+  :func:`dpprecond.noise.release` hands it each release (a
+  :class:`~dpprecond.pca.remote.DeferredSum`, its central std and sensitivity); it plans
+  the sum with :func:`~dpprecond.secagg.sums.release_plan` (the derivation of
+  :class:`~dpprecond.secagg.sums.SecureSums`), sends the deferred expression and the plan
+  in one ``secure-release`` request, receives only the modular sum of the clients'
+  messages and decodes it with :func:`~dpprecond.secagg.skellam.decode` (refused below
+  ``min_clients`` shares: :class:`~dpprecond.secagg.skellam.InsufficientNoiseError`);
+- :func:`client_secure_message` is the client's half: it evaluates the expression on its
+  own rows with the passes the local path uses
+  (:func:`~dpprecond.pca.remote.evaluate_part`), checks the plan, and encodes its part with
+  :func:`~dpprecond.secagg.sums.client_message` (scale ``gamma``, shared-uniform
+  stochastic rounding, its Skellam share, modulo ``2^bits``) from its own stream;
+- :func:`client_public_draw` gives the server's public randomness (the power method's
+  random start): client 0's draw from its public stream is used (a data-independent
+  value; seeded, every client's public stream is the in-process fit's public stream).
+
+Privacy unit, sensitivities and accounting are the in-process secure fit's (one row,
+replace-one, rows clipped to norm 1 after division by ``row_norm``; the plan's Skellam
+events, charged to a ledger before the first share). The client refuses a request whose
+plan is not the one :func:`~dpprecond.secagg.sums.plan_sum` derives from its public inputs
+(scale and modulus), whose sum would not cover the client's own bound on its part's
+sensitivity (the leaf sensitivities times the public maps' norms, times its rounding
+factor), whose coordinates are not the declared release's, whose federation size is not
+its own, or whose noise multiplier, with the fit's earlier releases, falls below its
+``min_noise_multiplier`` (the precisions ``1/z^2`` add).
+
+Seeds: a client with ``noise_seed`` draws release ``r`` of stream ``j`` from
+``keyed_stream(noise_seed, j, i)`` (rounding uniforms, then Skellam share) and public
+values from ``keyed_stream(noise_seed, j, K)``: the streams
+``fit_private_pca(X, ..., seed=noise_seed, clients=bounds, trust="secure-aggregation")``
+gives its client ``i`` and its public source (``default_rng(seed).spawn(3)[j].spawn(K +
+1)``), so a seeded fit over a network releases the in-process fit's sums exactly (integer
+sums: bit for bit). Without a seed every message draws fresh OS entropy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dpprecond.noise import keyed_stream
+from dpprecond.pca.remote import (
+    COV_TOL,
+    REMOTE_METHODS,
+    STREAMS,
+    ClientState,
+    DeferredSum,
+    RemoteFederation,
+    _client_rows,
+    _encode,
+    _Session,
+    begin_request,
+    evaluate_part,
+    request_row_norm,
+)
+from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES
+from dpprecond.secagg.skellam import InsufficientNoiseError, decode
+from dpprecond.secagg.sums import (
+    SumPlan,
+    client_message,
+    flatten_release,
+    plan_sum,
+    plans_summary,
+    release_dim,
+    release_plan,
+    unflatten_release,
+)
+
+__all__ = ["SECURE_REMOTE_METHODS", "RemoteSecureSums", "SecureTransport",
+           "client_public_draw", "client_secure_message", "plan_from_request",
+           "plan_to_request", "secure_noise_sources"]
+
+#: The methods a secure fit over a network runs: those of the in-process secure fit
+#: whose releases are sums and whose random choices are public draws (``fixed``'s trials
+#: spawn streams; ``select`` needs the exact ``A^T A``).
+SECURE_REMOTE_METHODS = REMOTE_METHODS
+
+#: ``secure_transport(request, arrays, plan) -> (sum modulo 2^bits, number of shares)``:
+#: one secure sum of the clients' :func:`client_secure_message` replies (it raises
+#: :class:`~dpprecond.pca.remote.ClientMissingError` when no sum was formed).
+SecureTransport = Callable[[dict[str, Any], list[np.ndarray], SumPlan], tuple[np.ndarray, int]]
+
+#: The most values a client draws for one public request (a ``(d, k)`` start).
+MAX_PUBLIC_DRAW = 10**7
+
+_PLAN_FIELDS = ("dim", "sensitivity", "noise_multiplier", "n_rows", "n_clients",
+                "min_clients", "scale", "bits")
+
+
+def plan_to_request(plan: SumPlan) -> dict[str, Any]:
+    """A sum's plan as request fields (every field is public)."""
+    return {key: getattr(plan, key) for key in _PLAN_FIELDS}
+
+
+def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
+    """The plan a client accepts: re-derived from the sent inputs with
+    :func:`~dpprecond.secagg.sums.plan_sum` (which validates them); a sent scale or modulus
+    that differs from the derived one, or a federation of another size than the client's
+    ``n_clients``, is refused (``ValueError``)."""
+    if not isinstance(fields, dict) or set(fields) != set(_PLAN_FIELDS):
+        raise ValueError(f"Refusing a secure release whose plan has fields "
+                         f"{sorted(fields) if isinstance(fields, dict) else fields!r}; "
+                         f"expected {list(_PLAN_FIELDS)}.")
+    for key in ("dim", "n_rows", "n_clients", "min_clients", "bits"):
+        if isinstance(fields[key], bool) or not isinstance(fields[key], int):
+            raise ValueError(f"Refusing a plan with {key}={fields[key]!r}: expected an int.")
+    if fields["n_clients"] != n_clients:
+        raise ValueError(f"Refusing a plan for n_clients={fields['n_clients']}: this client "
+                         f"is one of num-partitions={n_clients} (the shares' variance and the "
+                         "modulus depend on it).")
+    plan = plan_sum(fields["dim"], float(fields["sensitivity"]),
+                    float(fields["noise_multiplier"]), n_rows=fields["n_rows"],
+                    n_clients=fields["n_clients"], min_clients=fields["min_clients"])
+    for key in ("scale", "bits"):
+        if fields[key] != getattr(plan, key):
+            raise ValueError(f"Refusing a plan whose {key}={fields[key]!r} is not the "
+                             f"{getattr(plan, key)!r} derived from its dim, sensitivity, noise "
+                             "multiplier, rows and clients.")
+    return plan
+
+
+class RemoteSecureSums:
+    """One of the fit's streams (:data:`~dpprecond.pca.remote.STREAMS`) as secure sums of
+    the clients' messages: :class:`~dpprecond.secagg.sums.SecureSums` over a network.
+
+    Every release is one ``secure-release`` request through the federation's secure
+    transport; ``plans`` (shared by the fit's three sources) lists every sum's plan.
+    """
+
+    def __init__(self, session: _Session, stream: int, *, n_rows: int, fp: float,
+                 min_clients: int | None = None, plans: list[SumPlan] | None = None) -> None:
+        self._session, self.stream = session, int(stream)
+        self.n_clients = int(session.n_clients)
+        self.n_rows, self.fp = int(n_rows), float(fp)
+        self.min_clients = self.n_clients if min_clients is None else int(min_clients)
+        self.plans: list[SumPlan] = [] if plans is None else plans
+
+    @property
+    def noise_amplification(self) -> float:
+        """``sqrt(K / min_clients)``, as :class:`~dpprecond.secagg.sums.SecureSums`."""
+        return math.sqrt(self.n_clients / self.min_clients)
+
+    @property
+    def secure(self) -> bool:
+        """False: the Skellam shares come from numpy generators (no secure mode)."""
+        return False
+
+    def standard_normal(self, size: Any = None) -> Any:
+        """Public randomness (never a release's noise): client 0's draw from its public
+        stream (module docstring)."""
+        shape = () if size is None else tuple(int(v) for v in np.atleast_1d(size))
+        parts = self._session.call("secure-public", shape, stream=self.stream,
+                                   draw_shape=list(shape))
+        return float(parts[0]) if size is None else parts[0]
+
+    def release_sum(self, value: Any, std: float, *, symmetric: bool = False,
+                    sensitivity: float | None = None) -> np.ndarray:
+        """The release of ``value`` (a :class:`~dpprecond.pca.remote.DeferredSum`) as one
+        secure sum; the decoded sum in the value's shape (mirrored when ``symmetric``)."""
+        if not isinstance(value, DeferredSum):
+            raise TypeError(f"Over a network a release is a pass over the clients' rows; got "
+                            f"a {type(value).__name__} (the server holds no private value).")
+        if sensitivity is None:
+            raise TypeError("A secure sum needs the release's sensitivity "
+                            "(release(..., sensitivity=...)).")
+        if not std > 0:
+            raise ValueError(f"Expected a noise std > 0 under trust='secure-aggregation', "
+                             f"got std={std!r}.")
+        plan = release_plan(release_dim(value.shape, symmetric), std, sensitivity,
+                            fp=self.fp, n_rows=self.n_rows, n_clients=self.n_clients,
+                            min_clients=self.min_clients)
+        self.plans.append(plan)
+        arrays: list[np.ndarray] = []
+        encoded = _encode(value, arrays)
+        s = self._session
+        total, n_shares = s.secure_call(arrays, plan, stream=self.stream,
+                                        symmetric=bool(symmetric), value=encoded,
+                                        plan=plan_to_request(plan))
+        try:
+            out = decode(total, plan, n_shares)
+        except InsufficientNoiseError as exc:
+            spent = s.spent(s.asked, s.releases) if s.spent is not None else ""
+            raise InsufficientNoiseError(f"{exc} {spent}".strip()) from None
+        s.releases += 1
+        return unflatten_release(out, value.shape, symmetric)
+
+    def spawn(self, n_children: int) -> Any:
+        raise TypeError(f"A method that spawns streams (trials) does not run over a network; "
+                        f"use one of {list(SECURE_REMOTE_METHODS)}.")
+
+    def summary(self) -> dict[str, Any]:
+        """As :meth:`~dpprecond.secagg.sums.SecureSums.summary`."""
+        return plans_summary(self.plans, self.min_clients)
+
+
+def secure_noise_sources(federation: RemoteFederation, *, fp: float,
+                         min_clients: int | None) -> tuple[RemoteSecureSums, ...]:
+    """The fit's mean, init and main streams as secure sums over ``federation`` (sharing
+    one plan list); ``fp`` is the rows' rounding factor
+    (:func:`~dpprecond.pca.rows.noise_inflation` of its remote rows)."""
+    if not federation.secure_aggregation:
+        raise ValueError("This federation has no secure_transport; trust="
+                         "'secure-aggregation' needs one (RemoteFederation(..., "
+                         "secure_transport=...)).")
+    plans: list[SumPlan] = []
+    return tuple(RemoteSecureSums(federation.session, j, n_rows=federation.shape[0], fp=fp,
+                                  min_clients=min_clients, plans=plans)
+                 for j in range(len(STREAMS)))
+
+
+def _stream_index(request: dict[str, Any]) -> int:
+    j = request.get("stream")
+    if isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(STREAMS):
+        raise ValueError(f"Refusing a request for stream {j!r}; expected 0..{len(STREAMS) - 1}.")
+    return j
+
+
+def _generator(state: ClientState, key: str, seed: int | None, *spawn_key: int) -> Any:
+    """Fresh OS entropy, or the seeded stream ``spawn_key`` where this fit left it."""
+    if seed is None:
+        return np.random.default_rng()
+    gen = keyed_stream(seed, *spawn_key)
+    if key in state.streams:
+        gen.bit_generator.state = state.streams[key]
+    return gen
+
+
+def _keep(state: ClientState, key: str, gen: Any, seed: int | None) -> None:
+    if seed is not None:
+        state.streams[key] = gen.bit_generator.state
+
+
+def client_secure_message(request: dict[str, Any], arrays: Sequence[np.ndarray], X: Any, *,
+                          client_id: int, n_clients: int, state: ClientState,
+                          noise_seed: int | None = None, min_noise_multiplier: float = 0.0,
+                          block_bytes: int = DEFAULT_BLOCK_BYTES) -> tuple[np.ndarray, SumPlan]:
+    """One client's message of a ``secure-release`` request, and the plan it follows.
+
+    The message is :func:`~dpprecond.secagg.sums.client_message` of the client's part
+    (int64 in ``[0, 2^bits)``); ``state`` is updated in place. Raises ``ValueError`` for a
+    request it refuses (module docstring).
+    """
+    begin_request(request, X, state, noise_seed)
+    if request.get("kind") != "secure-release":
+        raise ValueError(f"Expected a 'secure-release' request, got {request.get('kind')!r}.")
+    if request.get("secure", False):
+        raise ValueError("Refusing secure=True under secure aggregation: the Skellam shares "
+                         "need Poisson draws, which the secure noise source lacks.")
+    plan = plan_from_request(request.get("plan"), n_clients)
+    j = _stream_index(request)
+    symmetric = request.get("symmetric")
+    if not isinstance(symmetric, bool):
+        raise ValueError(f"Refusing symmetric={symmetric!r}: expected a bool.")
+    base = _client_rows(X, request_row_norm(request), block_bytes)
+    part, sens = evaluate_part(request["value"], arrays, base)
+    flat = flatten_release(part, symmetric)
+    if flat.size != plan.dim:
+        raise ValueError(f"Refusing a plan of dim={plan.dim} for a release of shape "
+                         f"{np.shape(part)} (symmetric={symmetric}): it sends {flat.size} "
+                         "coordinates.")
+    if not (math.isfinite(sens) and np.all(np.isfinite(flat))):
+        raise ValueError(f"Refusing a release whose sensitivity bound is {sens!r} or whose "
+                         "part is not finite.")
+    own = sens * (1.0 + base.rounding_slack(plan.n_rows))
+    if not own <= plan.sensitivity:
+        raise ValueError(f"Refusing a plan of sensitivity {plan.sensitivity!r}: this "
+                         f"client's part moves by up to {own!r} (its bound {sens!r} times its "
+                         "rounding factor); the Skellam noise would not cover it.")
+    z = plan.noise_multiplier
+    floor = float(min_noise_multiplier)
+    precision = state.precision + 1.0 / (z * z)
+    if floor > 0 and not precision * floor * floor <= 1.0 + COV_TOL:
+        raise ValueError(f"The plan's noise multiplier {z:.4g}, with this fit's "
+                         f"{len(state.released)} earlier release(s), makes the fit a mechanism "
+                         f"of noise multiplier {precision ** -0.5:.4g}, below this client's "
+                         f"min-noise-multiplier={floor:g}; refusing.")
+    gen = _generator(state, str(j), noise_seed, j, client_id)
+    message = client_message(flat, plan, gen)
+    _keep(state, str(j), gen, noise_seed)
+    state.precision = precision
+    state.released.append({})
+    return message, plan
+
+
+def client_public_draw(request: dict[str, Any], X: Any, *, n_clients: int,
+                       state: ClientState, noise_seed: int | None = None) -> np.ndarray:
+    """A ``secure-public`` request's standard normal draw of the requested shape, from the
+    client's public stream ``(j, K)`` (seeded) or fresh OS entropy; never noise."""
+    begin_request(request, X, state, noise_seed)
+    j = _stream_index(request)
+    shape = request.get("draw_shape")
+    if not isinstance(shape, list) or len(shape) > 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape) \
+            or math.prod(shape) > MAX_PUBLIC_DRAW:
+        raise ValueError(f"Refusing a public draw of shape {shape!r}: expected at most 2 "
+                         f"dimensions and {MAX_PUBLIC_DRAW} values.")
+    key = f"public-{j}"
+    gen = _generator(state, key, noise_seed, j, n_clients)
+    out = np.asarray(gen.standard_normal(None if not shape else tuple(shape)))
+    _keep(state, key, gen, noise_seed)
+    return out
