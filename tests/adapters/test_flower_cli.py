@@ -183,6 +183,21 @@ def test_flwr_run_of_the_pca_app_from_a_fresh_home(flower: LocalFlower) -> None:
     assert np.load(out / "components.npy").shape == (3, 64)
     _only_the_superlink_left(flower)
 
+    # secure aggregation: every release one SecAgg+ masked sum, on the same 3 SuperNodes
+    sec_out = flower.root / "out-secure"
+    sec = flower.run("--run-config", f"n-components=3 output-dir='{sec_out}' "
+                     "trust='secure-aggregation'",
+                     "--federation-config", "num-supernodes=3", app=PCA_APP)
+    log = sec.stdout + sec.stderr
+    assert sec.returncode == 0, log
+    assert re.search(r"federated PCA \(auto, k=3, 3 clients, trust=secure-aggregation\): "
+                     r"epsilon=[0-9.]+ at delta=1e-06", log), log
+    saved = json.loads((sec_out / "result.json").read_text(encoding="utf-8"))
+    assert saved["trust"] == "secure-aggregation" and 0.99 < saved["epsilon"] <= 1.0
+    n_sums = saved["info"]["secure_aggregation"]["n_sums"]
+    assert log.count("Secure aggregation completed") == n_sums >= 3, log  # auto's releases
+    _only_the_superlink_left(flower)
+
     # a typo in a value: the app's named error with a suggestion, before any message
     bad = flower.run("--run-config", "method='analyse_gauss'", app=PCA_APP)
     log = bad.stdout + bad.stderr

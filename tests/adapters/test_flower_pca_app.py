@@ -81,6 +81,12 @@ def test_overrides_are_parsed_as_flwr_run_parses_them() -> None:
     ({"partition": "skewed"}, "partition"),
     ({"round-timeout": 0.0}, "round-timeout > 0"),
     ({"max-epsilon": 0.5}, "max_epsilon=0.5"),  # the plan (epsilon 1) is above the cap
+    ({"trust": "secure_aggregation"}, "did you mean 'secure-aggregation'"),
+    ({"min-clients": 2}, "applies to trust='secure-aggregation'"),
+    ({"min-clients": -1}, "min-clients"),
+    ({"trust": "secure-aggregation", "method": "fixed"}, "does not run on Flower"),
+    ({"trust": "secure-aggregation", "noise-seed": 3, "secure": True},
+     "secure=true refuses seeds"),
 ])
 def test_every_bad_key_or_value_is_a_named_error(change: dict[str, Any], match: str) -> None:
     with pytest.raises(RunConfigError, match=match):
@@ -143,6 +149,37 @@ def test_a_whole_run_is_the_in_process_fit_and_writes_its_files(tmp_path: Path) 
     np.testing.assert_array_equal(np.load(tmp_path / "explained_variance.npy"),
                                   result.explained_variance)
     assert not (tmp_path / "mean.npy").exists()  # no centering: nothing released
+
+
+def test_a_secure_aggregation_run_is_the_in_process_secure_fit(tmp_path: Path) -> None:
+    """trust = "secure-aggregation" in the run config: every release through SecAgg+ (the
+    stand-in Grid runs Flower's workflow and secaggplus_mod), the same components, event
+    and epsilon as the in-process secure fit with the same seed; result.json says so."""
+    from tests.adapters.test_flower_pca_secagg import Grid
+
+    K, seed = 3, 11
+    rc = {**BASE, "n-components": 3, "method": "analyze_gauss", "target-epsilon": 2.0,
+          "output-dir": str(tmp_path), "noise-seed": seed, "trust": "secure-aggregation"}
+    settings = check_pca_run_config(rc)
+    assert settings.trust == "secure-aggregation" and settings.min_clients is None
+    grid = Grid(make_pca_client_app(load_pca_rows), n_nodes=K,
+                node_config=lambda i: {"partition-id": i, "num-partitions": K,
+                                       "allow-seeded-noise": True})
+    for ctx in grid.contexts.values():
+        ctx.run_config.update(rc)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    result = run_pca_from_run_config(grid, context)  # type: ignore[arg-type]
+
+    parts = [load_pca_rows(_info(i, K, rc)) for i in range(K)]
+    X = np.vstack(parts)
+    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
+    ref = fit_private_pca(X, 3, method="analyze_gauss", target_epsilon=2.0, target_delta=1e-6,
+                          row_norm=8.0, seed=seed, clients=bounds, trust="secure-aggregation")
+    assert result.dp_event == ref.dp_event and result.epsilon == ref.epsilon
+    assert np.array_equal(result.components, ref.components)  # integer sums: bit for bit
+    assert grid.types["train"] > 0  # the releases went through SecAgg+'s train messages
+    saved = json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
+    assert saved["trust"] == "secure-aggregation" and saved["epsilon"] == result.epsilon
 
 
 def test_the_preflight_check_exits_non_zero_on_a_bad_run_config() -> None:

@@ -24,7 +24,7 @@ def main(grid: Grid, context: Context) -> None:
     settings = check_pca_run_config(dict(context.run_config))
     # n-clients = 0: every SuperNode of the federation (partition-id 0 .. num-partitions - 1)
     result = fit_pca_on_flower(grid, **settings.fit_kwargs())
-    log(INFO, "federated PCA (%s, k=%d, %d clients, trust=local): epsilon=%.6g at delta=%g",
-        result.method, settings.n_components, result.info["n_clients"], result.epsilon,
-        result.delta)
+    log(INFO, "federated PCA (%s, k=%d, %d clients, trust=%s): epsilon=%.6g at delta=%g",
+        result.method, settings.n_components, result.info["n_clients"], settings.trust,
+        result.epsilon, result.delta)
     save_pca_result(result, settings)  # result.json, components.npy, ... in output-dir, if set

@@ -18,10 +18,14 @@ the FL app uses (:meth:`~dpprecond.adapters.flower.data.PartitionedDataset.indic
 Noise: ``noise-seed`` (testing only, honoured only by SuperNodes whose node config has
 ``allow-seeded-noise=true``, as for the FL app).
 
-Trust: ``"local"`` only (every client adds its full noise; see
-:mod:`dpprecond.adapters.flower.pca`). Privacy unit: one row of one client, replace-one
-adjacency, rows of norm at most ``row-norm`` after clipping; the accounting is the fit's
-central plan (its ``dp_event`` and epsilon at ``target-delta``).
+Trust: ``trust`` (``"local"``, the default: every client adds its full noise; or
+``"secure-aggregation"``: every release one SecAgg+ masked sum, each client adding its
+Skellam share; see :mod:`dpprecond.adapters.flower.pca` and
+:mod:`dpprecond.adapters.flower.pca_secagg`) and ``min-clients`` (secure aggregation only:
+the fewest shares a released sum holds, ``0`` for every client). Privacy unit: one row of
+one client, replace-one adjacency, rows of norm at most ``row-norm`` after clipping; the
+accounting is the fit's plan (its ``dp_event`` and epsilon at ``target-delta``: the
+central Gaussian plan under local trust, the Skellam plan under secure aggregation).
 
 :func:`check_pca_run_config` checks every key and value before anything starts (a bad one
 raises :class:`~dpprecond.adapters.flower.app.RunConfigError` naming it, with the closest
@@ -51,6 +55,7 @@ from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.data import PartitionedDataset
 from dpprecond.adapters.flower.pca import check_pca_config, fit_pca_on_flower, make_pca_client_app
 from dpprecond.pca.api import PCAResult
+from dpprecond.pca.federated import TRUST_MODELS
 from dpprecond.pca.remote import REMOTE_METHODS
 
 __all__ = ["PCA_RUN_CONFIG_KEYS", "PCARunSettings", "check_pca_app", "check_pca_run_config",
@@ -63,7 +68,8 @@ logger = logging.getLogger(__name__)
 PCA_RUN_CONFIG_KEYS = (
     "n-components", "method", "target-epsilon", "target-delta", "row-norm", "center",
     "secure", "max-epsilon", "n-clients", "connect-timeout", "round-timeout", "output-dir",
-    "data", "data-path", "partition", "alpha", "partition-seed", "noise-seed")
+    "data", "data-path", "partition", "alpha", "partition-seed", "noise-seed", "trust",
+    "min-clients")
 
 _CENTERS = {"": None, "private": "private"}
 
@@ -86,6 +92,8 @@ class PCARunSettings:
     output_dir: str | None
     data: PartitionedDataset
     noise_seed: int | None
+    trust: str = "local"
+    min_clients: int | None = None
 
     def ledger(self) -> PrivacyLedger | None:
         """A fresh ledger capped at ``max-epsilon`` (``None`` when unset)."""
@@ -100,7 +108,8 @@ class PCARunSettings:
                     target_epsilon=self.target_epsilon, target_delta=self.target_delta,
                     row_norm=self.row_norm, center=self.center, secure=self.secure,
                     ledger=self.ledger(), n_clients=self.n_clients,
-                    connect_timeout=self.connect_timeout, timeout=self.round_timeout)
+                    connect_timeout=self.connect_timeout, timeout=self.round_timeout,
+                    trust=self.trust, min_clients=self.min_clients)
 
 
 def _suggest(value: Any, choices: Sequence[str]) -> str:
@@ -157,6 +166,11 @@ def pca_settings_from_run_config(run_config: dict[str, Any]) -> PCARunSettings:
         raise ValueError(f"Run config secure=true refuses seeds (got noise-seed={noise_seed}); "
                          "leave noise-seed empty.")
     output_dir = str(rc.get("output-dir", "")) or None
+    trust = str(rc.get("trust", "local"))
+    if trust not in TRUST_MODELS:
+        raise ValueError(f"Run config trust={trust!r}{_suggest(trust, TRUST_MODELS)}: expected "
+                         f"one of {list(TRUST_MODELS)}.")
+    min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
     return PCARunSettings(
         n_components=check_int("n-components", rc.get("n-components", 5), low=1),
         method=method,
@@ -172,7 +186,7 @@ def pca_settings_from_run_config(run_config: dict[str, Any]) -> PCARunSettings:
         round_timeout=_number(rc, "round-timeout", 600.0),
         output_dir=output_dir,
         data=PartitionedDataset.from_run_config({**rc, "features": "pixels"}),
-        noise_seed=noise_seed)
+        noise_seed=noise_seed, trust=trust, min_clients=min_clients)
 
 
 def check_pca_run_config(run_config: dict[str, Any]) -> PCARunSettings:
@@ -228,7 +242,7 @@ def save_pca_result(result: PCAResult, settings: PCARunSettings) -> None:
         "epsilon": result.epsilon, "delta": result.delta, "dp_event": repr(result.dp_event),
         "row_norm": settings.row_norm, "center": settings.center,
         "privacy_unit": "one row of one client (replace-one), rows of norm <= row_norm",
-        "trust": "local", "n_samples": result.n_samples,
+        "trust": settings.trust, "n_samples": result.n_samples,
         "components": result.components, "explained_variance": result.explained_variance,
         "explained_variance_ratio": result.explained_variance_ratio,
         "mean": result.mean, "info": info})
@@ -246,9 +260,9 @@ def run_pca_from_run_config(grid: Grid, context: Context) -> PCAResult:
     """The whole run: check the run config, register the clients, fit, log, save."""
     settings = check_pca_run_config(dict(context.run_config))  # before anything starts
     result = fit_pca_on_flower(grid, **settings.fit_kwargs())
-    logger.info("federated PCA (%s, k=%d, %d clients, trust=local): epsilon=%.6g at "
+    logger.info("federated PCA (%s, k=%d, %d clients, trust=%s): epsilon=%.6g at "
                 "delta=%g", result.method, settings.n_components, result.info["n_clients"],
-                result.epsilon, result.delta)
+                settings.trust, result.epsilon, result.delta)
     save_pca_result(result, settings)
     return result
 
