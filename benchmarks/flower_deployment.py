@@ -22,7 +22,13 @@ Usage::
 
 ``--algorithm scaffold`` checks that each SuperNode keeps its control variate in its
 Flower context across the per-message ``flwr-clientapp`` processes; ``fedfc``/``fednew``
-run the setup round through the deployment.
+run the setup round through the deployment. ``--app pca`` submits
+``examples/flower-pca-app`` instead (``auto``, k = 5, epsilon 1 on digits' raw pixels) and
+checks its components against the in-process ``fit_private_pca(..., clients=...)`` with
+the same seed and trust (``--trust secure-aggregation``: every release one SecAgg+ sum,
+bit for bit; local trust: within 1e-12, the clients add their noise before the sum).
+
+    PYTHONPATH=src python benchmarks/flower_deployment.py --app pca --trust secure-aggregation
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "flower-app"
+PCA_APP = ROOT / "examples" / "flower-pca-app"
 SEED = 7
 
 
@@ -91,6 +98,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--algorithm", default="sofim")
     parser.add_argument("--keep-logs", default=None, help="copy the daemons' logs here")
+    parser.add_argument("--app", default="fl", choices=["fl", "pca"],
+                        help="pca: the federated PCA app (examples/flower-pca-app)")
     parser.add_argument("--trust", default="local", choices=["local", "secure-aggregation"],
                         help="secure-aggregation: the rounds run through SecAgg+ (size "
                              "weights), checked against the simulator's secure run")
@@ -130,32 +139,41 @@ def main() -> int:
                 "--node-config", f"partition-id={i} num-partitions=2 allow-seeded-noise=true"])
         time.sleep(3)
         out = work / "out"
-        run_config = (f"algorithm='{args.algorithm}' n-clients=2 n-rounds={args.rounds} "
-                      "noise-multiplier=1.3 "
-                      f"target-epsilon='' clip-norm=1.0 noise-seed={SEED} "
-                      f"partition-seed={SEED} round-timeout=300.0 output-dir='{out}'"
-                      + ("" if args.trust == "local"
-                         else " trust='secure-aggregation' weighting='size'"))
+        if args.app == "pca":
+            app, done = PCA_APP, out / "components.npy"
+            run_config = (f"n-clients=2 noise-seed={SEED} round-timeout=300.0 "
+                          f"output-dir='{out}' trust='{args.trust}'")
+        else:
+            app, done = APP, out / "params.npy"
+            run_config = (f"algorithm='{args.algorithm}' n-clients=2 n-rounds={args.rounds} "
+                          "noise-multiplier=1.3 "
+                          f"target-epsilon='' clip-norm=1.0 noise-seed={SEED} "
+                          f"partition-seed={SEED} round-timeout=300.0 output-dir='{out}'"
+                          + ("" if args.trust == "local"
+                             else " trust='secure-aggregation' weighting='size'"))
         t1 = time.perf_counter()
-        run = subprocess.run([str(bindir / "flwr"), "run", str(APP), "loopback", "--stream",
+        run = subprocess.run([str(bindir / "flwr"), "run", str(app), "loopback", "--stream",
                               "--run-config", run_config], env=env, capture_output=True,
                              text=True, timeout=900)
         (work / "flwr-run.log").write_text(run.stdout + run.stderr)
         deadline = time.monotonic() + 60
-        while not (out / "params.npy").exists() and time.monotonic() < deadline:
+        while not done.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         t2 = time.perf_counter()
-        if not (out / "params.npy").exists():
+        if not done.exists():
             print(f"FAILED: no result; flwr run exit {run.returncode}; logs in {work}")
             return 1
-        params = np.load(out / "params.npy")
-        history = json.loads((out / "result.json").read_text())["history"]
+        result = json.loads((out / "result.json").read_text())
+        got = np.load(done)
     finally:
         stop(procs)
         for log in logs:
             log.close()
         if args.keep_logs:
             shutil.copytree(work, args.keep_logs, dirs_exist_ok=True)
+    if args.app == "pca":
+        return _check_pca(got, result, args.trust, t1 - t0, t2 - t1, work)
+    params, history = got, result["history"]
 
     from dpprecond.adapters.flower.data import featurized_dataset
     from dpprecond.fl import FLConfig, run_federated
@@ -179,6 +197,34 @@ def main() -> int:
           f"{np.abs(ref.params).max():.3g})")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if diff <= 1e-10 * max(1.0, float(np.abs(ref.params).max())) else 1
+
+
+def _check_pca(components: np.ndarray, result: dict, trust: str, startup: float,
+               seconds: float, work: Path) -> int:
+    """The deployed PCA fit against the in-process fit on the same rows, seed and trust."""
+    from dpprecond.adapters.flower.client_app import ClientInfo
+    from dpprecond.adapters.flower.pca_app import load_pca_rows
+    from dpprecond.pca import fit_private_pca
+
+    rc = {"row-norm": 8.0}
+    parts = [load_pca_rows(ClientInfo(i, 2, rc, {"partition-id": i, "num-partitions": 2}))
+             for i in range(2)]
+    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
+    ref = fit_private_pca(np.vstack(parts), 5, method="auto", target_epsilon=1.0,
+                          target_delta=1e-6, row_norm=8.0, seed=SEED, clients=bounds,
+                          trust=trust)
+    diff = float(np.abs(components - ref.components).max())
+    sums = result["info"].get("secure_aggregation", {})
+    print(f"deployment: 1 SuperLink + 2 SuperNodes on loopback, federated PCA (auto, k=5, "
+          f"epsilon {result['epsilon']:.6g} at delta {result['delta']:g}, trust={trust}, "
+          f"{sums.get('n_sums', '-')} secure sums)")
+    print(f"start-up {startup:.1f} s, flwr run until result {seconds:.1f} s")
+    print(f"max |components - in-process fit's| = {diff:.3g}; epsilon in-process "
+          f"{ref.epsilon:.6g}")
+    shutil.rmtree(work, ignore_errors=True)
+    ok = result["epsilon"] == ref.epsilon and (
+        diff == 0.0 if trust == "secure-aggregation" else diff <= 1e-12)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
