@@ -55,6 +55,13 @@ def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.Capture
     (["pca", "--data", "mnist"], "Unknown --data 'mnist'"),
     (["pca", "--data", "data.npz"], "--data 'data.npz': no such file"),
     (["pca", "--row-norm", "-1"], "--row-norm must be a finite public bound > 0"),
+    (["pca", "--trust", "secure-aggregation"], "--trust secure-aggregation applies to "
+     "federated PCA only: give --clients K"),
+    (["pca", "--clients", "1"], "--clients >= 2"),
+    (["pca", "--clients", "3", "--method", "select"], "--method select does not run "
+     "federated"),
+    (["pca", "--clients", "3", "--trust", "secure-aggregation", "--secure"],
+     "--secure is not available with --trust secure-aggregation"),
 ])
 def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,
                                          capsys: pytest.CaptureFixture) -> None:
@@ -150,3 +157,44 @@ def test_pca_json_names_the_centering_mode(tmp_path: Path) -> None:
                  "--seed", "0", "--json", str(out)]) == 0
     payload = load_strict(out)
     assert payload["centering"] == "private" == payload["center"]
+
+
+@pytest.mark.parametrize("trust", ["local", "secure-aggregation"])
+def test_pca_with_clients_is_the_federated_fit(tmp_path: Path, trust: str,
+                                               capsys: pytest.CaptureFixture) -> None:
+    """``--clients K --trust T``: every row of the table is ``fit_private_pca(X,
+    clients=bounds, trust=T)`` with the same seed (contiguous blocks in row order), and
+    the JSON says who held the rows; ``--max-epsilon`` checks the trust model's plan."""
+    import re
+
+    out = tmp_path / "f.json"
+    assert main(["pca", "-k", "3", "--method", "all", "--epsilon", "2", "--seed", "4",
+                 "--clients", "3", "--trust", trust, "--max-epsilon", "8",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"3 clients (contiguous blocks of 599-599 rows), trust={trust}" in text
+    total = float(re.search(r"spend epsilon ([0-9.]+) in total", text).group(1))  # type: ignore[union-attr]
+    payload = load_strict(out)
+    assert payload["n_clients"] == 3 and payload["trust"] == trust
+    from dpprecond.cli.pca import client_bounds, load_pca_matrix
+    from dpprecond.pca import fit_private_pca
+
+    X, row_norm, _ = load_pca_matrix("digits")
+    bounds = client_bounds(X.shape[0], 3)
+    assert bounds.tolist() == [0, 599, 1198, 1797]
+    fits = payload["results"][1:]
+    assert [r["method"] for r in fits] == ["auto", "analyze_gauss", "fixed", "power"]
+    for r in fits:
+        ref = fit_private_pca(X, 3, method=r["method"], target_epsilon=2.0,
+                              target_delta=1e-6, row_norm=row_norm, seed=4, clients=bounds,
+                              trust=trust)  # type: ignore[arg-type]
+        assert r["epsilon"] == ref.epsilon
+        np.testing.assert_allclose(np.array(r["components"]), ref.components, atol=1e-12)
+    # the composition of the trust model's four plans: a cap below it refuses before any
+    # fit (the secure plans are Skellam events, a little above the Gaussian ones)
+    assert 2.0 < total < 8.0
+    assert main(["pca", "-k", "3", "--method", "all", "--epsilon", "2", "--clients", "3",
+                 "--trust", trust, "--max-epsilon", f"{0.99 * total}"]) == 2
+    err = capsys.readouterr().err
+    assert f"total epsilon to {total:.3f} > --max-epsilon" in err
+    assert "nothing was released" in err

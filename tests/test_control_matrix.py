@@ -402,10 +402,16 @@ class CliPcaRow(CliRow):
         with warns_delta():
             assert c.cli(self.argv(c, "--delta", "0.01"))[0] == 0
 
-    def trust(self, c: Cell) -> None:  # central PCA: no trust model to choose
-        with pytest.raises(SystemExit):
-            c.cli(self.argv(c, "--trust", "local"))
-        assert "--trust" in c.capsys.readouterr().err
+    def trust(self, c: Cell) -> None:  # federated PCA's trust model, with --clients
+        assert_cli_refused(c.cli(self.argv(c, "--trust", "local")),
+                           "--trust local applies to federated PCA only")
+        for trust in ("local", "secure-aggregation"):
+            out = c.tmp / f"{trust}.json"
+            rc, _ = c.cli(self.argv(c, "--clients", "3", "--trust", trust, "--json", str(out)))
+            assert rc == 0 and json.loads(out.read_text())["trust"] == trust
+        assert_cli_refused(c.cli(self.argv(c, "--clients", "3", "--trust",
+                                           "secure-aggregation", "--secure")),
+                           "--secure is not available with --trust secure-aggregation")
 
 
 class CliFlRow(CliRow):

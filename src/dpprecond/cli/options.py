@@ -225,6 +225,20 @@ OPTIONS: dict[str, Option] = {
                             help="refuse to start unless the whole table (every fit is a "
                                  "release on the same rows: their composition) spends at "
                                  "most this; prints the total"),
+    "pca_clients": _opt("--clients", type=int, default=0, unit="clients", param="clients",
+                        shown="0, one data holder (central PCA)",
+                        help="split the rows over K clients (contiguous blocks in row order) "
+                             "and fit federated PCA: every pass a sum over the clients, the "
+                             "noise added as --trust says; methods auto, analyze_gauss, "
+                             "fixed, power"),
+    "pca_trust": _opt("--trust", default=None, shown="local (with --clients)",
+                      choices=tuple(TRUST_MODELS), param="trust",
+                      help="who adds the noise of federated PCA. local: every client adds "
+                           "the full noise to its own part (each message meets the target; "
+                           "sqrt(K) times the central noise in the sum). "
+                           "secure-aggregation: every release a secure sum, each client "
+                           "adding a Skellam share, so only the sum meets the target "
+                           "(honest-but-curious server; docs/secure_aggregation.md)"),
     # -- fl --------------------------------------------------------------------------
     "fl_data": _opt("--data", default="digits", metavar="NAME|FILE",
                     help="one of digits, fashion-mnist, cifar10, pathmnist, or a labelled "

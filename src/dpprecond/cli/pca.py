@@ -48,8 +48,12 @@ def load_pca_matrix(data: str,
 def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[float],
                   delta: float, row_norm: float, seed: int | None,
                   center: str | None = None, options: dict[str, Any] | None = None,
-                  secure: bool = False, ledger: Any = None) -> list[dict[str, Any]]:
+                  secure: bool = False, ledger: Any = None, clients: np.ndarray | None = None,
+                  trust: str = "local") -> list[dict[str, Any]]:
     """Fit every (method, epsilon) and return one record per fit, with its metrics.
+
+    ``clients`` (row bounds, ``fit_private_pca``'s) fits federated PCA under ``trust``;
+    the reference stays the exact top-k subspace of all the rows.
 
     The reference is the exact top-k subspace of the same preprocessed rows (same row
     scaling, no centering noise), so the errors measure the privacy noise alone. This is an
@@ -96,8 +100,9 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
         from dpprecond.pca.api import planned_event
 
         ledger.check(compose([planned_event(m, target_epsilon=e, target_delta=delta,
-                                            center=fit_center, **options_of(m))
+                                            center=fit_center, trust=trust, **options_of(m))
                               for m in methods for e in epsilons]))
+    federated: dict[str, Any] = {} if clients is None else {"clients": clients, "trust": trust}
     for method in methods:
         for eps in epsilons:
             method_opts = options_of(method)
@@ -105,7 +110,7 @@ def run_pca_table(X: np.ndarray, k: int, methods: list[str], epsilons: list[floa
             res = fit(X, k, method=method, target_epsilon=eps,
                                   target_delta=delta, row_norm=row_norm,
                                   center=fit_center, seed=seed, diagnostics=True,
-                                  secure=secure, ledger=ledger, **method_opts)
+                                  secure=secure, ledger=ledger, **federated, **method_opts)
             seconds = time.perf_counter() - t0
             records.append({
                 "method": method, "epsilon_target": eps, "epsilon": res.epsilon,
@@ -199,7 +204,41 @@ def register(subparsers: Any) -> None:
     add(p, "pca_json")
     add(p, "secure")
     add(p, "pca_max_epsilon")
+    add(p, "pca_clients")
+    add(p, "pca_trust")
     p.set_defaults(func=run)
+
+
+def client_bounds(n_rows: int, n_clients: int) -> np.ndarray:
+    """Row bounds of ``n_clients`` contiguous blocks of ``n_rows`` rows (sizes differ by at
+    most one): client ``i`` holds rows ``bounds[i]:bounds[i + 1]``."""
+    from dpprecond._validation import check_int
+
+    k = check_int("--clients", n_clients, low=2, high=n_rows)
+    return np.array([i * n_rows // k for i in range(k + 1)], dtype=np.int64)
+
+
+def _check_federated(args: argparse.Namespace, methods: list[str]) -> list[str]:
+    """The methods of a ``--clients`` table (``all``: the federated ones), refusing what
+    federated PCA cannot run before the data is read."""
+    from dpprecond.pca.methods import FEDERATED_METHODS
+
+    if args.clients == 0:
+        if args.trust is not None:
+            raise ValueError(f"--trust {args.trust} applies to federated PCA only: give "
+                             "--clients K (K >= 2) too, or drop --trust.")
+        return methods
+    if "all" in methods:
+        return [m for m in PRIVATE_METHODS if m in FEDERATED_METHODS]
+    bad = [m for m in methods if m not in FEDERATED_METHODS]
+    if bad:
+        raise ValueError(f"--method {bad[0]} does not run federated (its selection score "
+                         "needs the exact A^T A, which no party of a federation holds); "
+                         f"with --clients use one of {list(FEDERATED_METHODS)}.")
+    if args.trust == "secure-aggregation" and args.secure:
+        raise ValueError("--secure is not available with --trust secure-aggregation (there "
+                         "is no secure Poisson sampler for the Skellam shares); drop one.")
+    return methods
 
 
 def run(args: argparse.Namespace) -> int:
@@ -217,14 +256,17 @@ def run(args: argparse.Namespace) -> int:
     from dpprecond.cli.options import check_row_norm
 
     check_row_norm(args.row_norm)  # before the data is read
+    methods = _check_federated(args, args.method or [])
     X, domain_bound, desc = load_pca_matrix(args.data, args.data_path)
+    bounds = None if args.clients == 0 else client_bounds(X.shape[0], args.clients)
+    trust = args.trust or "local"
     row_norm = args.row_norm if args.row_norm is not None else domain_bound
     if row_norm is None:
         raise ValueError(f"--row-norm is required for {args.data}: give a public bound on the "
                          "l2 norm of its rows (never derived from the data).")
     from dpprecond.pca import DEFAULT_METHOD
 
-    methods = args.method or [DEFAULT_METHOD]
+    methods = methods or [DEFAULT_METHOD]
     if "all" in methods:
         methods = list(PRIVATE_METHODS)
     options = {key: val for key, val in (("clip_radius", args.clip_radius),
@@ -233,10 +275,13 @@ def run(args: argparse.Namespace) -> int:
     center = None if args.center == "none" else "private"
     print(f"data: {desc}, k={args.n_components}, delta={args.delta:g}, row_norm={row_norm:g}, "
           f"center={args.center}, "
-          f"seed={'fresh OS entropy' if args.seed is None else args.seed}")
+          f"seed={'fresh OS entropy' if args.seed is None else args.seed}"
+          + ("" if bounds is None else f", {args.clients} clients (contiguous blocks of "
+             f"{X.shape[0] // args.clients}-{-(-X.shape[0] // args.clients)} rows), "
+             f"trust={trust}"))
     records = run_pca_table(X, args.n_components, methods, epsilons, args.delta, row_norm,
                             args.seed, center=center, options=options, secure=args.secure,
-                            ledger=ledger)
+                            ledger=ledger, clients=bounds, trust=trust)
     print(format_table(records))
     print(LEGEND)
     if ledger is not None:
@@ -253,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
 
         payload = {"data": desc, "k": args.n_components, "delta": args.delta,
                    "row_norm": row_norm, "seed": args.seed, "centering": args.center,
+                   "n_clients": args.clients or None,
+                   "trust": None if bounds is None else trust,
                    # deprecated: the same mode under its old name (it is not a centre)
                    "center": args.center,
                    "results": records}
