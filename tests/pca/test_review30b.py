@@ -124,6 +124,24 @@ def test_malformed_requests_are_refused(attack: str) -> None:
         _ask(value, plan, arrays, **changes)
 
 
+@pytest.mark.parametrize("kind", ["rescaled_gram", "clipped_step"])
+def test_whether_a_pass_runs_does_not_depend_on_the_rows(kind: str) -> None:
+    """``row_sq=True`` on a block function that takes no squared norms: before, the
+    client's fast path called it with ``sq=`` (a TypeError) on rows that need no
+    prescaling, and answered for rows that all do (entries near 1e200): its refusal, seen
+    by the server, told which. It is refused by name, whatever the rows."""
+    args: list = [0.5] if kind == "rescaled_gram" else [{"array": 0}, 0.5]
+    shape = (D, D) if kind == "rescaled_gram" else (D, 2)
+    value = {**_gram(shape), "kind": kind, "args": args, "row_scaled": True,
+             "row_sq": True}
+    arrays = [] if kind == "rescaled_gram" else [np.ones((D, 2))]
+    plan = _plan(int(np.prod(shape)), 10.0)
+    for X in (_rows(), _rows() * 1e200):
+        with pytest.raises(ValueError, match="takes no squared norms"):
+            _ask(value, plan, arrays, X=X)
+    _ask({**value, "row_sq": False}, plan, arrays)  # control: the client's own flags
+
+
 @pytest.mark.parametrize(("field", "bad"), [
     ("noise_multiplier", float("nan")), ("noise_multiplier", float("inf")),
     ("noise_multiplier", 0.0), ("noise_multiplier", -3.0), ("sensitivity", float("nan")),
