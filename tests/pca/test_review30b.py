@@ -153,6 +153,15 @@ def test_a_plan_the_client_does_not_derive_is_refused(field: str, bad: Any) -> N
         _ask(_gram(), fields)
 
 
+def test_a_plan_for_fewer_rows_than_the_client_holds_is_refused() -> None:
+    """``n`` sets the client's rounding factor (``2 gamma_m n``): a plan for 1 row would
+    have the client bound its 40-row part with a 40 times smaller factor (and shrink the
+    modulus)."""
+    with pytest.raises(ValueError, match="n_rows=1: this client alone holds 40 rows"):
+        _ask(_gram(), _plan(D * D, SQRT2, n_rows=1))
+    _ask(_gram(), _plan(D * D, SQRT2, n_rows=40))  # control: its own rows only
+
+
 def test_a_symmetric_release_of_a_value_that_is_not_symmetric_sends_its_upper_triangle(
         ) -> None:
     """``S diag(a)`` released as symmetric: the message is the upper triangle's (its
