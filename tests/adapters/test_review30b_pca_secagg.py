@@ -85,6 +85,22 @@ def test_the_precheck_accepts_the_fits_secaggplus_runs(digits) -> None:  # noqa:
                       options=opts)
 
 
+def test_a_federation_beyond_the_exact_recovery_is_refused() -> None:
+    """The FL strategy refuses K above MAX_SECAGG_CLIENTS (the float read-back of SecAgg+'s
+    sum, the same ``recovered_sum`` the PCA strategy uses, is exact up to it): so does
+    PCA's pre-check."""
+    from dpprecond.adapters.flower.secagg import MAX_SECAGG_CLIENTS
+
+    plan = planned_budget("analyze_gauss", target_epsilon=2.0, target_delta=1e-5,
+                          trust="secure-aggregation")
+    n = MAX_SECAGG_CLIENTS + 1
+    check_modulus(plan, 4, n, MAX_SECAGG_CLIENTS, None, method="analyze_gauss",
+                  n_components=2)  # control: at the cap, within 2^30
+    with pytest.raises(ValueError, match=f"n_clients={MAX_SECAGG_CLIENTS + 1}"):
+        check_modulus(plan, 4, n, MAX_SECAGG_CLIENTS + 1, None, method="analyze_gauss",
+                      n_components=2)
+
+
 def test_worst_case_messages_decode_exactly_with_a_dropout(monkeypatch) -> None:
     """Four clients, min_clients = 2, q = 2^30, every entry of every message at -q/2 or
     q/2 - 1: the PCA transport returns the three survivors' sum modulo q and 3 shares

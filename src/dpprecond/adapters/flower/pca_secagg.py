@@ -83,6 +83,7 @@ from dpprecond.adapters.flower.pca_common import (
     _local_rows,
 )
 from dpprecond.adapters.flower.secaggplus import (
+    MAX_SECAGG_CLIENTS,
     SECAGG_MODULUS,
     check_secaggplus_state,
     exact_vector,
@@ -198,11 +199,19 @@ def check_modulus(plan: BudgetPlan, n_features: int, n_rows: int, n_clients: int
     :func:`sum_modulus_bits`. Raises
     :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
     sum that needs the most bits, the bits and the in-process alternative; ``ValueError``
-    for fewer than 2 clients (SecAgg+ masks pairwise).
+    for fewer than 2 clients (SecAgg+ masks pairwise) or more than
+    :data:`~dpprecond.adapters.flower.secaggplus.MAX_SECAGG_CLIENTS` (the float recovery of
+    the sum, :func:`~dpprecond.adapters.flower.secaggplus.recovered_sum`, is exact up to it).
     """
     if n_clients < 2:
         raise ValueError(f"trust='secure-aggregation' needs at least 2 clients (SecAgg+ masks "
                          f"each message with its neighbours'); got {n_clients}.")
+    if n_clients > MAX_SECAGG_CLIENTS:
+        raise ValueError(f"n_clients={n_clients} is above the {MAX_SECAGG_CLIENTS} clients "
+                         "whose SecAgg+ sum the server reads back exactly (secaggplus."
+                         "MAX_SECAGG_CLIENTS, as for the FL rounds); run the secure fit in "
+                         "process, fit_private_pca(X, clients=bounds, trust="
+                         "'secure-aggregation'), or merge clients.")
     need = [(sum_modulus_bits(dim, n_rows, n_clients, z, min_clients), what, dim, z)
             for what, dim, z in secure_release_sums(method, plan, n_features, n_components,
                                                     options)]
