@@ -144,3 +144,11 @@ def test_min_clients_below_k_without_a_dropout_is_the_in_process_fit(digits) -> 
     assert got.dp_event == ref.dp_event
     sums = got.info["secure_aggregation"]
     assert sums["min_clients"] == 2 and sums["shares_per_release"] == [3] * sums["n_sums"]
+
+
+def test_too_many_components_are_refused_by_name_not_as_a_modulus(digits) -> None:  # noqa: F811
+    X, bounds = digits
+    with pytest.raises(ValueError, match="n_components") as info:
+        fit_pca_on_flower(Grid(make_pca_client_app(SplitRows(X, bounds), noise_seed=SEED)),
+                          10**5, method="power", **FIT)
+    assert not isinstance(info.value, SecureAggregationUnavailableError)

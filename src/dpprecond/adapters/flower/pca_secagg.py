@@ -146,7 +146,8 @@ def secure_release_sums(method: str, plan: BudgetPlan, n_features: int, n_compon
     """
     from dpprecond.pca.auto import AUTO_DEFAULTS, HIST_EDGES, check_auto_options
 
-    d, k = int(n_features), int(n_components)
+    d = int(n_features)
+    k = min(int(n_components), d)  # a larger k is refused by the fit, by name
     z = plan.noise_multipliers
     gram, product = d * (d + 1) // 2, d * k
     sums: list[tuple[str, int, float]] = []
