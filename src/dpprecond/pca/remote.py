@@ -49,7 +49,8 @@ starts afresh: the client keeps no budget across fits). A release whose noise ho
 symmetric draw is the upper triangle of the noisy part, mirrored (the only entries whose
 noise is i.i.d.). Every node has its declared shape (nothing is broadcast), every public
 number is finite and within :data:`PUBLIC_LIMIT`, and a block function gets exactly its
-listed arguments (:data:`BLOCK_ARGS`). A pass cannot drop a client: the transport must
+listed arguments (:data:`BLOCK_ARGS`) and only the flags it takes (:data:`BLOCK_ROW_SQ`:
+whether a pass runs never depends on the rows). A pass cannot drop a client: the transport must
 return every client's part or raise (:class:`ClientMissingError`, also raised for a part
 of the wrong shape or not finite); :func:`~dpprecond.pca.fit_private_pca` then stops with
 a :class:`ClientMissingError` stating the privacy spent (nothing before the first release
@@ -244,6 +245,11 @@ def _block_functions() -> dict[str, tuple[Any, Callable[[tuple[Any, ...]], float
         "clipped_step": (auto._block_clipped_step, lambda args: 2.0 * float(args[1])),
     }
 
+
+#: The block functions that also take the rows' squared norms (``row_sq=True``; all
+#: three take ``row_scaled``): a request's flag is checked against it, so that whether a
+#: pass runs never depends on the rows.
+BLOCK_ROW_SQ = frozenset({"probe"})
 
 #: The public arguments of each block function, in order: ``"matrix"`` (2-D array),
 #: ``"vector"`` (1-D array), ``"positive"`` (a scalar in ``[1/PUBLIC_LIMIT,
@@ -794,9 +800,15 @@ def _value_node(node: dict[str, Any], arrays: Sequence[np.ndarray],
                 if shape != own:  # block_sum would broadcast each term into `shape`
                     raise ValueError(f"Refusing pass {kind!r} declared of shape {shape}; its "
                                      f"terms have shape {own}.")
+                row_sq = bool(node["row_sq"])
+                if row_sq and kind not in BLOCK_ROW_SQ:
+                    # its fast path would call it with sq=, a TypeError on just the blocks
+                    # that need no prescaling: a refusal that would depend on the rows
+                    raise ValueError(f"Refusing pass {kind!r} with row_sq=True: it takes no "
+                                     f"squared norms (only {sorted(BLOCK_ROW_SQ)} do).")
                 memo[key] = (rows.block_sum(func, *args, shape=shape,
                                             row_scaled=bool(node["row_scaled"]),
-                                            row_sq=bool(node["row_sq"])), sens(args))
+                                            row_sq=row_sq), sens(args))
         return memo[key]
     args = node["args"]
     if op == "matmul":

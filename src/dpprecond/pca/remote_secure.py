@@ -29,9 +29,10 @@ events, charged to a ledger before the first share). The client refuses a reques
 plan is not the one :func:`~dpprecond.secagg.sums.plan_sum` derives from its public inputs
 (scale and modulus), whose sum would not cover the client's own bound on its part's
 sensitivity (the leaf sensitivities times the public maps' norms, times its rounding
-factor), whose coordinates are not the declared release's, whose federation size is not
-its own, or whose noise multiplier, with the fit's earlier releases, falls below its
-``min_noise_multiplier`` (the precisions ``1/z^2`` add).
+factor for the plan's ``n`` rows, which must count at least its own), whose coordinates
+are not the declared release's, whose federation size is not its own, or whose noise
+multiplier, with the fit's earlier releases, falls below its ``min_noise_multiplier``
+(the precisions ``1/z^2`` add).
 
 Seeds: a client with ``noise_seed`` draws release ``r`` of stream ``j`` from
 ``keyed_stream(noise_seed, j, i)`` (rounding uniforms, then Skellam share) and public
@@ -264,6 +265,10 @@ def client_secure_message(request: dict[str, Any], arrays: Sequence[np.ndarray],
     if not isinstance(symmetric, bool):
         raise ValueError(f"Refusing symmetric={symmetric!r}: expected a bool.")
     base = _client_rows(X, request_row_norm(request), block_bytes)
+    if plan.n_rows < base.shape[0]:  # n counts every client's rows (and sets the slack)
+        raise ValueError(f"Refusing a plan for n_rows={plan.n_rows}: this client alone holds "
+                         f"{base.shape[0]} rows (its rounding bound and the modulus are "
+                         "for the federation's n).")
     part, sens = evaluate_part(request["value"], arrays, base)
     flat = flatten_release(part, symmetric)
     if flat.size != plan.dim:

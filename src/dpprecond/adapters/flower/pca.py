@@ -391,7 +391,8 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
         plan = planned_budget(method, target_epsilon=target_epsilon,
                               target_delta=target_delta, center=center,
                               noise_multiplier=noise_multiplier, trust=trust, **options)
-        check_modulus(plan, d, sum(n_rows), len(nodes), min_clients)
+        check_modulus(plan, d, sum(n_rows), len(nodes), min_clients, method=method,
+                      n_components=n_components, options=options)
         secure_transport = SecAggPlusPCATransport(grid, nodes, timeout)
     federation = RemoteFederation(FlowerTransport(grid, nodes, timeout), n_rows, d,
                                   fit_id=uuid.uuid4().hex, secure_transport=secure_transport)

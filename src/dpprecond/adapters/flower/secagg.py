@@ -104,6 +104,7 @@ from dpprecond.adapters.flower.client_app import (
 )
 from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.adapters.flower.secaggplus import (
+    MAX_SECAGG_CLIENTS,
     SECAGG_MODULUS,
     check_secaggplus_state,
     exact_vector,
@@ -144,11 +145,6 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
 
 logger = logging.getLogger(__name__)
 
-#: Largest federation the strategy runs: SecAgg+ hands ``T q / K'`` in float64 (``T = S -
-#: K' q/2``, ``|T| <= K' q/2 + M``), and reading ``T`` back errs by at most ``3 2^-53 |T|``
-#: (three roundings): below ``2^-8`` for ``K' <= 2^14`` at ``q <= 2^30``; at about 10^7
-#: clients the recovered integer would be wrong.
-MAX_SECAGG_CLIENTS = 1 << 14
 
 
 #: The two kinds of secure sum a fit request asks for: a round's clipped gradient sums, or

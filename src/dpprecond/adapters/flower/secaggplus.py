@@ -28,12 +28,20 @@ from flwr.common.secure_aggregation.secaggplus_constants import (
 )
 from flwr.server.workflow import SecAggPlusWorkflow
 
-__all__ = ["SECAGG_MODULUS", "centred", "check_secaggplus_state", "exact_vector",
-           "exact_workflow", "recovered_sum", "ring_threshold", "secaggplus_when_asked"]
+__all__ = ["MAX_SECAGG_CLIENTS", "SECAGG_MODULUS", "centred", "check_secaggplus_state",
+           "exact_vector", "exact_workflow", "recovered_sum", "ring_threshold",
+           "secaggplus_when_asked"]
 
 #: SecAgg+'s modulus ``M`` (Flower requires a power of two below ``2^32``, above the
 #: quantization range ``m = 2^bits``): plans of at most 30 bits run on it.
 SECAGG_MODULUS = 1 << 31
+
+#: Largest federation a secure sum runs on (FL rounds and PCA releases): SecAgg+ hands
+#: ``T q / K'`` in float64 (``T = S - K' q/2``, ``|T| <= K' q/2 + M``), and reading ``T``
+#: back (:func:`recovered_sum`) errs by at most ``3 2^-53 |T|`` (three roundings): below
+#: ``2^-8`` for ``K' <= 2^14`` at ``q <= 2^30``; at about 10^7 clients the recovered
+#: integer would be wrong.
+MAX_SECAGG_CLIENTS = 1 << 14
 
 
 def centred(share: np.ndarray, m: int) -> np.ndarray:
