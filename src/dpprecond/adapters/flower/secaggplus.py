@@ -15,7 +15,6 @@ modulo ``M`` and hence modulo ``m``. Plans of at most 30 bits run on it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,7 +74,7 @@ def ring_threshold(num_shares: int, min_clients: int, n_clients: int) -> int:
     when every client shares (``s = K``); ``t = s`` when ``min_clients = K`` (no dropout is
     recovered, as no sum of fewer than ``K`` shares may be released).
     """
-    return min(num_shares, max(2, math.ceil(num_shares * min_clients / n_clients)))
+    return min(num_shares, max(2, -(-num_shares * min_clients // n_clients)))  # exact ceil
 
 
 def exact_workflow(q: int, *, min_clients: int, n_clients: int,
