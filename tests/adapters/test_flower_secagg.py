@@ -462,10 +462,16 @@ def test_the_run_config_checks_secagg_num_shares_before_anything_starts():
           "n-clients": 7}
     check_run_config({**rc, "secagg-num-shares": 5})
     check_run_config({**rc, "secagg-num-shares": 0})
-    with pytest.raises(RunConfigError, match="odd num_shares"):
+    with pytest.raises(RunConfigError, match=r"odd secagg-num-shares.*or 0 for every client"):
         check_run_config({**rc, "secagg-num-shares": 4})
-    with pytest.raises(RunConfigError, match="num_shares"):
+    with pytest.raises(RunConfigError, match="secagg-num-shares <= 7"):
         check_run_config({**rc, "secagg-num-shares": 9})  # more than n-clients
+    with pytest.raises(RunConfigError, match="secagg-num-shares >= 3"):
+        check_run_config({**rc, "secagg-num-shares": 2})
+    # n-clients = 0 (the federation's size): only odd and >= 3 can be checked here
+    check_run_config({**rc, "n-clients": 0, "secagg-num-shares": 9})
+    with pytest.raises(RunConfigError, match="odd secagg-num-shares"):
+        check_run_config({**rc, "n-clients": 0, "secagg-num-shares": 8})
     with pytest.raises(RunConfigError, match="secagg-num-shares=5 applies to"):
         check_run_config({**rc, "trust": "local", "secagg-num-shares": 5})
 

@@ -164,7 +164,8 @@ def check_run_config(run_config: dict[str, Any]) -> None:
             check_secagg_plus_method(method_from_run_config(rc), config)
             if num_shares:  # odd and >= 3; at most n-clients where the config gives it
                 check_num_shares(num_shares, check_int("n-clients", rc.get("n-clients", 0),
-                                                       low=0) or 2**31)
+                                                       low=0) or None,
+                                 name="secagg-num-shares", every="0")
             if rc.get("data", "digits") == "node-file":
                 raise ValueError("Run config trust='secure-aggregation' needs a named dataset "
                                  "(the modulus is sized for its number of records), not "

@@ -383,17 +383,23 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod, _secaggplus_checked])
 
 
-def check_num_shares(num_shares: Any, n_clients: int) -> int:
+def check_num_shares(num_shares: Any, n_clients: int | None, *, name: str = "num_shares",
+                     every: str = "None") -> int:
     """SecAgg+'s neighbourhood size: ``None`` (every client) gives ``K``; otherwise an odd
     integer from 3 to ``K`` (Flower's ring holds a client and ``(s - 1) / 2`` neighbours
-    on each side)."""
+    on each side). ``n_clients=None``: ``K`` not known yet (a run config whose federation
+    size comes from the SuperNodes), only ``s >= 3`` and odd are checked. ``name`` and
+    ``every`` (the value meaning every client) phrase the error for the caller's setting.
+    """
     if num_shares is None:
+        if n_clients is None:
+            raise ValueError(f"{name}={every} (every client) needs n_clients.")
         return n_clients
-    s = check_int("num_shares", num_shares, low=3, high=n_clients)
+    s = check_int(name, num_shares, low=3, high=n_clients)
     if s % 2 == 0 and s != n_clients:
-        raise ValueError(f"Expected an odd num_shares (SecAgg+'s ring holds a client and "
-                         f"(s - 1) / 2 neighbours on each side), got num_shares={s}; use "
-                         f"{s + 1} or {s - 1}, or None for all {n_clients} clients.")
+        raise ValueError(f"Expected an odd {name} (SecAgg+'s ring holds a client and "
+                         f"(s - 1) / 2 neighbours on each side), got {name}={s}; use "
+                         f"{s + 1} or {s - 1}, or {every} for every client.")
     return s
 
 
