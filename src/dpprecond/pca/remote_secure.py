@@ -70,6 +70,7 @@ from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES
 from dpprecond.secagg.skellam import InsufficientNoiseError, decode
 from dpprecond.secagg.sums import (
     SumPlan,
+    check_release_args,
     client_message,
     flatten_release,
     plan_sum,
@@ -173,12 +174,7 @@ class RemoteSecureSums:
         if not isinstance(value, DeferredSum):
             raise TypeError(f"Over a network a release is a pass over the clients' rows; got "
                             f"a {type(value).__name__} (the server holds no private value).")
-        if sensitivity is None:
-            raise TypeError("A secure sum needs the release's sensitivity "
-                            "(release(..., sensitivity=...)).")
-        if not std > 0:
-            raise ValueError(f"Expected a noise std > 0 under trust='secure-aggregation', "
-                             f"got std={std!r}.")
+        sensitivity = check_release_args(std, sensitivity)
         plan = release_plan(release_dim(value.shape, symmetric), std, sensitivity,
                             fp=self.fp, n_rows=self.n_rows, n_clients=self.n_clients,
                             min_clients=self.min_clients)

@@ -95,6 +95,7 @@ __all__ = [
     "ClientParts",
     "SecureSums",
     "SumPlan",
+    "check_release_args",
     "client_message",
     "flatten_release",
     "plan_sum",
@@ -500,6 +501,18 @@ def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows:
                         max_wrap_probability=max_wrap_probability)
 
 
+def check_release_args(std: float, sensitivity: float | None) -> float:
+    """A secure release's own arguments: its sensitivity given (returned), its noise std
+    ``> 0`` (the checks of :meth:`SecureSums.release_sum` and of a fit over a network)."""
+    if sensitivity is None:
+        raise TypeError("A secure sum needs the release's sensitivity "
+                        "(release(..., sensitivity=...)).")
+    if not std > 0:
+        raise ValueError(f"Expected a noise std > 0 under trust='secure-aggregation', "
+                         f"got std={std!r}.")
+    return sensitivity
+
+
 def release_dim(shape: tuple[int, ...], symmetric: bool) -> int:
     """Coordinates a release of ``shape`` sends: the upper triangle (diagonal included)
     of a symmetric ``(d, d)`` statistic, else every entry."""
@@ -599,12 +612,7 @@ class SecureSums:
             raise TypeError(f"Under trust='secure-aggregation' every release is a sum of "
                             f"client parts; got {type(value).__name__} (a value no client "
                             "holds a part of cannot be securely aggregated).")
-        if sensitivity is None:
-            raise TypeError("A secure sum needs the release's sensitivity "
-                            "(release(..., sensitivity=...)).")
-        if not std > 0:
-            raise ValueError(f"Expected a noise std > 0 under trust='secure-aggregation', "
-                             f"got std={std!r}.")
+        sensitivity = check_release_args(std, sensitivity)
         parts = value.parts
         K = value.n_clients
         if K != len(self.streams):
