@@ -119,24 +119,31 @@ def test_a_clients_rows_are_its_part_of_the_fl_apps_split() -> None:
     assert sorted(np.concatenate(seen).tolist()) == list(range(X.shape[0]))
 
 
+def _run_app(grid_cls: Any, rc: dict[str, Any], K: int, seed: int) -> tuple[Any, Any, Any]:
+    """The app's whole run on ``grid_cls`` (a stand-in Grid) with ``K`` consenting nodes,
+    and the in-process fit of the same rows, seed and trust (analyze_gauss, k = 3, eps 2)."""
+    grid = grid_cls(make_pca_client_app(load_pca_rows), n_nodes=K,
+                    node_config=lambda i: {"partition-id": i, "num-partitions": K,
+                                           "allow-seeded-noise": True})
+    for ctx in grid.contexts.values():
+        ctx.run_config.update(rc)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    result = run_pca_from_run_config(grid, context)
+
+    parts = [load_pca_rows(_info(i, K, rc)) for i in range(K)]
+    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
+    ref = fit_private_pca(np.vstack(parts), 3, method="analyze_gauss", target_epsilon=2.0,
+                          target_delta=1e-6, row_norm=8.0, seed=seed, clients=bounds,
+                          trust=rc.get("trust", "local"))
+    return grid, result, ref
+
+
 def test_a_whole_run_is_the_in_process_fit_and_writes_its_files(tmp_path: Path) -> None:
     K, seed = 3, 11
     rc = {**BASE, "n-components": 3,
           "method": "analyze_gauss", "target-epsilon": 2.0, "output-dir": str(tmp_path),
           "noise-seed": seed}
-    grid = PCAGrid(make_pca_client_app(load_pca_rows), n_nodes=K,
-                   node_config=lambda i: {"partition-id": i, "num-partitions": K,
-                                          "allow-seeded-noise": True})
-    for ctx in grid.contexts.values():
-        ctx.run_config.update(rc)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    result = run_pca_from_run_config(grid, context)  # type: ignore[arg-type]
-
-    parts = [load_pca_rows(_info(i, K, rc)) for i in range(K)]
-    X = np.vstack(parts)
-    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
-    ref = fit_private_pca(X, 3, method="analyze_gauss", target_epsilon=2.0, target_delta=1e-6,
-                          row_norm=8.0, seed=seed, clients=bounds, trust="local")
+    _, result, ref = _run_app(PCAGrid, rc, K, seed)
     assert result.epsilon == ref.epsilon and result.info["n_clients"] == K
     np.testing.assert_allclose(result.components, ref.components, atol=1e-12)
 
@@ -162,19 +169,7 @@ def test_a_secure_aggregation_run_is_the_in_process_secure_fit(tmp_path: Path) -
           "output-dir": str(tmp_path), "noise-seed": seed, "trust": "secure-aggregation"}
     settings = check_pca_run_config(rc)
     assert settings.trust == "secure-aggregation" and settings.min_clients is None
-    grid = Grid(make_pca_client_app(load_pca_rows), n_nodes=K,
-                node_config=lambda i: {"partition-id": i, "num-partitions": K,
-                                       "allow-seeded-noise": True})
-    for ctx in grid.contexts.values():
-        ctx.run_config.update(rc)
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-    result = run_pca_from_run_config(grid, context)  # type: ignore[arg-type]
-
-    parts = [load_pca_rows(_info(i, K, rc)) for i in range(K)]
-    X = np.vstack(parts)
-    bounds = np.cumsum([0] + [p.shape[0] for p in parts])
-    ref = fit_private_pca(X, 3, method="analyze_gauss", target_epsilon=2.0, target_delta=1e-6,
-                          row_norm=8.0, seed=seed, clients=bounds, trust="secure-aggregation")
+    grid, result, ref = _run_app(Grid, rc, K, seed)
     assert result.dp_event == ref.dp_event and result.epsilon == ref.epsilon
     assert np.array_equal(result.components, ref.components)  # integer sums: bit for bit
     assert grid.types["train"] > 0  # the releases went through SecAgg+'s train messages

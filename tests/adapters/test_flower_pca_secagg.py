@@ -30,6 +30,7 @@ from dpprecond.adapters.flower.pca import (
 from dpprecond.adapters.flower.pca_secagg import gram_modulus_bits
 from dpprecond.pca import fit_private_pca
 from dpprecond.secagg.fl import FIT_BITS
+from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autouse)
 
 K = 3
 SEED = 11
@@ -45,17 +46,6 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
     X = load_digits().data.astype(np.float64)
     return X, np.linspace(0, X.shape[0], K + 1).astype(np.int64)
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    """The process identity Flower's runtimes set before a ServerApp builds messages."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
 class Grid:
