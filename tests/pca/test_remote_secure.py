@@ -31,10 +31,15 @@ def data() -> np.ndarray:
     return spiked_covariance(3000, 10, 2, 20.0, seed=4)
 
 
-def _federation(data: np.ndarray, seed: int | None = 5, *, answering: int = K,
-                floor: float = 0.0, log: list | None = None) -> RemoteFederation:
-    parts = [data[lo:hi] for lo, hi in pairwise(BOUNDS)]
+def _federation(data: np.ndarray, seed: int | None = 5, *, answering: int | None = None,
+                floor: float = 0.0, log: list | None = None,
+                bounds: np.ndarray = BOUNDS) -> RemoteFederation:
+    """``data`` split at ``bounds``, every release summed here from the messages of the
+    first ``answering`` clients (default all)."""
+    parts = [data[lo:hi] for lo, hi in pairwise(bounds)]
     states = [ClientState() for _ in parts]
+    K = len(parts)
+    answering = K if answering is None else answering
 
     def transport(request: dict, arrays: list) -> list[np.ndarray]:
         if request["kind"] == "secure-public":

@@ -327,9 +327,10 @@ def test_remote_fit_is_the_local_fit(data: np.ndarray, method: str, options: dic
     assert got.info.get("branch") == ref.info.get("branch")
 
 
-def test_auto_takes_the_rescaled_branch_over_a_network() -> None:
-    """Heavy-tailed rows far below their bound (tests/pca/test_auto.py's): M1 hides the
-    top k and auto completes Analyze Gauss at the rows' scale, over a network too."""
+def heavy_tailed_rows() -> tuple[np.ndarray, np.ndarray]:
+    """200,000 heavy-tailed rows (Student t, 3 degrees of freedom, a spike of 10 in 2 of
+    20 dimensions) divided by the largest row norm, so most lie far below their bound;
+    and 4 clients' bounds (one of a single row)."""
     n, d, k = 200000, 20, 2
     rng = np.random.default_rng(5)
     V = np.linalg.qr(rng.standard_normal((d, k)))[0]
@@ -337,7 +338,13 @@ def test_auto_takes_the_rescaled_branch_over_a_network() -> None:
     G += (math.sqrt(10.0) - 1) * (G @ V) @ V.T
     G /= np.sqrt(rng.chisquare(3, n) / 3)[:, None]
     G /= np.linalg.norm(G, axis=1).max()
-    bounds = np.array([0, 50000, 120000, 120001, n])
+    return G, np.array([0, 50000, 120000, 120001, n])
+
+
+def test_auto_takes_the_rescaled_branch_over_a_network() -> None:
+    """Heavy-tailed rows far below their bound (tests/pca/test_auto.py's): M1 hides the
+    top k and auto completes Analyze Gauss at the rows' scale, over a network too."""
+    G, bounds = heavy_tailed_rows()
     ref = fit_private_pca(G, 2, method="auto", clients=bounds, seed=5, **FIT)
     fed = _federation(G, parts=[G[lo:hi] for lo, hi in pairwise(bounds)])
     got = fit_private_pca(fed, 2, method="auto", **FIT)

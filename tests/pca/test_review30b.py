@@ -10,7 +10,6 @@ for the configurations the merge's tests leave out, and rows at extreme magnitud
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -19,15 +18,14 @@ import pytest
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.noise import keyed_stream
 from dpprecond.pca import fit_private_pca
-from dpprecond.pca.remote import ClientState, RemoteFederation, client_answer
+from dpprecond.pca.remote import ClientState
 from dpprecond.pca.remote_secure import (
-    client_public_draw,
     client_secure_message,
     plan_to_request,
 )
-from dpprecond.secagg.skellam import aggregate
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum
 from tests.pca.test_remote_secure import BOUNDS, FIT, _federation, data  # noqa: F401
+from tests.pca.test_review28 import heavy_tailed_rows
 
 D = 6
 K = 3
@@ -263,45 +261,16 @@ def test_a_nan_row_is_refused_without_its_position(data: np.ndarray) -> None:  #
     assert "1234" not in str(info.value)
 
 
-def _secure_federation(X: np.ndarray, bounds: np.ndarray, seed: int = 5) -> RemoteFederation:
-    """X split at ``bounds``, every release summed here from the clients' messages."""
-    parts = [X[lo:hi] for lo, hi in pairwise(bounds)]
-    states = [ClientState() for _ in parts]
-    n_clients = len(parts)
-
-    def transport(request: dict, arrays: list) -> list[np.ndarray]:
-        if request["kind"] == "secure-public":
-            return [client_public_draw(request, P, n_clients=n_clients, state=states[i],
-                                       noise_seed=seed) for i, P in enumerate(parts)]
-        return [client_answer(request, arrays, P, client_id=i, state=states[i],
-                              noise_seed=seed) for i, P in enumerate(parts)]
-
-    def secure(request: dict, arrays: list, plan: SumPlan) -> tuple[np.ndarray, int]:
-        messages = [client_secure_message(request, arrays, P, client_id=i,
-                                          n_clients=n_clients, state=states[i],
-                                          noise_seed=seed)[0] for i, P in enumerate(parts)]
-        return aggregate(messages, plan), len(messages)
-
-    return RemoteFederation(transport, [p.shape[0] for p in parts], X.shape[1], fit_id="r",
-                            secure_transport=secure)
-
-
 def test_auto_takes_the_rescaled_branch_under_secure_aggregation_too() -> None:
     """tests/pca/test_review28.py's heavy-tailed rows far below their bound: auto's
     rescaled diagnostic and completion (two more Gram sums) over a network equal the
     in-process secure fit's, event included."""
-    n, d, k = 200000, 20, 2
-    rng = np.random.default_rng(5)
-    V = np.linalg.qr(rng.standard_normal((d, k)))[0]
-    G = rng.standard_normal((n, d))
-    G += (math.sqrt(10.0) - 1) * (G @ V) @ V.T
-    G /= np.sqrt(rng.chisquare(3, n) / 3)[:, None]
-    G /= np.linalg.norm(G, axis=1).max()
-    bounds = np.array([0, 50000, 120000, 120001, n])
+    k = 2
+    G, bounds = heavy_tailed_rows()
     fit = {**FIT, "trust": "secure-aggregation"}
     ref = fit_private_pca(G, k, method="auto", clients=bounds, seed=5, **fit)
     ledger = PrivacyLedger(1e-6, accountant="rdp")
-    got = fit_private_pca(_secure_federation(G, bounds), k, method="auto", ledger=ledger,
+    got = fit_private_pca(_federation(G, bounds=bounds), k, method="auto", ledger=ledger,
                           **fit)
     assert ref.info["branch"] == got.info["branch"] == "analyze_gauss_rescaled"
     assert np.array_equal(got.components, ref.components)
