@@ -54,6 +54,8 @@ __all__ = [
     "add_client_noise",
     "aggregate_inflation",
     "client_level_aggregate",
+    "client_level_sensitivity",
+    "client_level_updates",
     "clip_feature_rows",
     "count_sensitivity",
     "covariance_sensitivity",
@@ -245,16 +247,17 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     return (params - Y) / (local_lr * local_steps)
 
 
-def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                           bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
-                           server_rng: NoiseSource, *, local_steps: int = 1,
-                           local_lr: float = 0.1) -> np.ndarray:
-    """Client-level DP aggregate ``(sum_i clip_C(Delta_i) + N(0, (2 z C)^2 I)) / K``, (p,).
+def client_level_updates(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                         bounds: np.ndarray, clip_norm: float, *, local_steps: int = 1,
+                         local_lr: float = 0.1) -> np.ndarray:
+    """Every client's clipped update ``clip_C(Delta_i)``, ``(K, p)``: the client-level part.
 
     ``Delta_i`` is client ``i``'s average non-private gradient over ``local_steps`` local
-    full-batch steps (the plain mean gradient when ``local_steps=1``). Privacy unit: one
-    client, replace-one; sensitivity of the clipped sum ``2C``; the noise is added once by
-    a trusted aggregator; event per round ``GaussianDpEvent(z)``.
+    full-batch steps from ``params`` at step size ``local_lr`` (the plain mean gradient
+    when ``local_steps=1``). An update that overflowed is replaced by zero and every row
+    is clipped overflow-safely (:func:`dpprecond.clipping.clip_rows_safely`), so each row
+    has norm at most ``C`` *as computed*: replacing one client's data moves its row by at
+    most ``2C`` (:func:`client_level_sensitivity`) and leaves every other row unchanged.
     """
     n_clients = len(bounds) - 1
     sizes = np.diff(bounds).astype(np.float64)[:, None]
@@ -263,10 +266,37 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
         Y -= local_lr * model.clipped_grad_sums(Y, X, y, bounds, np.inf) / sizes
     with np.errstate(over="ignore", invalid="ignore"):
         D = (params - Y) / (local_lr * local_steps)
-    D = clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
+    return clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
+
+
+def client_level_sensitivity(clip_norm: float) -> float:
+    """Replace-one-client l2 sensitivity of the sum of clipped updates: ``2C``.
+
+    Every row of :func:`client_level_updates` has computed norm at most ``C``, so the
+    replaced client's row moves by at most ``2C`` (attained by opposite updates) and no
+    other row changes: exact for the computed rows, no rounding slack.
+    """
+    return 2.0 * clip_norm
+
+
+def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                           bounds: np.ndarray, clip_norm: float, noise_multiplier: float,
+                           server_rng: NoiseSource, *, local_steps: int = 1,
+                           local_lr: float = 0.1) -> np.ndarray:
+    """Client-level DP aggregate ``(sum_i clip_C(Delta_i) + N(0, (2 z C)^2 I)) / K``, (p,).
+
+    ``clip_C(Delta_i)`` is :func:`client_level_updates`'s row ``i``. Privacy unit: one
+    client, replace-one; sensitivity of the clipped sum ``2C``; the noise is added once by
+    a trusted aggregator (under secure aggregation each client adds a share instead:
+    :mod:`dpprecond.secagg.fl`); event per round ``GaussianDpEvent(z)``.
+    """
+    n_clients = len(bounds) - 1
+    D = client_level_updates(model, params, X, y, bounds, clip_norm,
+                             local_steps=local_steps, local_lr=local_lr)
     total = D.sum(axis=0)
     if noise_multiplier:  # the sum of K clipped updates
-        std = noise_multiplier * 2.0 * clip_norm * aggregate_inflation(n_clients)
+        std = noise_multiplier * client_level_sensitivity(clip_norm) * \
+            aggregate_inflation(n_clients)
         total = noise.release(total, std, server_rng)
     return total / n_clients
 

@@ -80,10 +80,34 @@ with :func:`~dpprecond.accounting.calibrate_noise` (RDP) on the composition of t
 T`` events (:func:`secure_multipliers`); an explicit ``noise_multiplier`` is ``c``, as
 under local trust. Every event is recorded before its sum is formed.
 
+Client-level DP (``mechanism="client-level"``, the DP-FedAvg of McMahan et al. 2018 with
+the trusted aggregator replaced by secure aggregation, as in Kairouz, Liu and Steinke
+2021): client ``i``'s part is its clipped update ``clip_C(Delta_i)``
+(:func:`~dpprecond.fl.client.client_level_updates`: ``local_steps`` non-private local
+full-batch steps at ``local_lr``, their average gradient, clipped overflow-safely to
+computed norm at most ``C``), and the server divides the decoded sum by the number of
+clients it holds (uniform weights; ``K`` in the simulator, the survivors in a
+deployment, both public):
+
+    G = (sum_i R(gamma clip_C(Delta_i)) + Sk) / (gamma K).
+
+Privacy unit: one client, replace-one (every record of one client may change), which also
+covers one record. Sensitivity :func:`~dpprecond.fl.client.client_level_sensitivity`
+``2C``: the replaced client's computed part moves by at most ``2C`` and no other part
+changes (no floating-point slack: the sum of the parts is the exact integer sum, never a
+float one). The sum's magnitude is at most ``K C``, so the modulus is sized for ``K`` terms
+of norm at most ``Delta``. Accounting: the same :func:`round_event` per round as the
+record-level sums (an event of ``z`` alone), ``T`` of them composed, at the client level.
+A client-level message does not carry the client's record count (it sends 1: the server
+learns the number of summed clients, which it knows).
+
 Supported: the one-message gradient methods (``fedgd``, the SOFIM forms, ``adam``,
-``yogi``) and the covariance methods (``fedfc``, ``fednew``) with the full-batch
-mechanism and size weighting; the local-step methods (``fedavg``, ``scaffold``,
-``fedprox``) and every other setting are refused with an error naming it.
+``yogi``) with the full-batch mechanism and size weighting, or with the client-level
+mechanism (uniform weighting, any ``local_steps``); the covariance methods (``fedfc``,
+``fednew``) with the full-batch mechanism and size weighting. The record-level local-step
+methods (``fedavg``, ``scaffold``, ``fedprox``: noise at every local step) and every other
+setting are refused with an error naming it; ``mechanism="client-level"`` with ``fedgd``
+and ``local_steps > 1`` is the client-level DP-FedAvg.
 """
 
 from __future__ import annotations
@@ -105,6 +129,7 @@ from dpprecond._validation import (
     check_target_delta,
 )
 from dpprecond.accounting import PrivacyLedger, calibrate_noise
+from dpprecond.clipping import check_width
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import Schedule
 from dpprecond.fl.config import FLConfig
@@ -116,9 +141,10 @@ from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.skellam import check_shares
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
-__all__ = ["ACCOUNTED_INFLATION", "FIT_BITS", "check_secure_aggregation", "client_part",
-           "moment_parts", "moment_plan", "moment_sensitivity", "part_sensitivity",
-           "round_event", "round_plan", "secure_gradient_sum", "secure_info",
+__all__ = ["ACCOUNTED_INFLATION", "FIT_BITS", "check_secure_aggregation", "client_level_plan",
+           "client_part", "is_client_level", "moment_parts", "moment_plan",
+           "moment_sensitivity", "part_sensitivity",
+           "round_event", "round_parts", "round_plan", "secure_gradient_sum", "secure_info",
            "secure_message", "secure_moment_sum", "secure_multipliers",
            "secure_noise_multiplier", "secure_plan", "secure_plan_event", "simulate_secure"]
 
@@ -152,6 +178,12 @@ def round_event(noise_multiplier: float) -> dp_event.DpEvent:
     :func:`~dpprecond.secagg.sums.sum_event` at :data:`ACCOUNTED_INFLATION`, which
     dominates every plan of :func:`round_plan` (its inflation is at most that bound)."""
     return sum_event(noise_multiplier, ACCOUNTED_INFLATION)
+
+
+def is_client_level(config: Any) -> bool:
+    """Whether a run's parts are the clients' clipped updates (``mechanism="client-level"``)
+    rather than their clipped gradient sums."""
+    return getattr(config, "mechanism", "full-batch") == "client-level"
 
 
 def part_sensitivity(model: FLModel, clip_norm: float, max_client_rows: int,
@@ -188,10 +220,26 @@ def secure_plan(model: FLModel, config: FLConfig, data: ClientData, noise_multip
     n_records = int(data.X.shape[0])
     rows = max(n_records, 1) if max_client_rows is None else check_int(
         "max_client_rows", max_client_rows, low=max(largest, 1))
+    if is_client_level(config):
+        return client_level_plan(model, config.clip_norm, noise_multiplier,
+                                 n_clients=data.n_clients, min_clients=min_clients)
     dtype = np.float32 if config.precision == "float32" else np.float64
     delta = part_sensitivity(model, config.clip_norm, rows, dtype)
     return round_plan(model.n_params, delta, noise_multiplier, n_rows=int(data.X.shape[0]),
                       n_clients=data.n_clients, min_clients=min_clients)
+
+
+def client_level_plan(model: FLModel, clip_norm: float, noise_multiplier: float, *,
+                      n_clients: int, min_clients: int) -> SumPlan:
+    """The plan of a client-level round's sum (module docstring): ``p = n_params``
+    coordinates, sensitivity ``2C`` (:func:`~dpprecond.fl.client.client_level_sensitivity`),
+    the modulus sized for ``K`` parts of norm at most ``C``. The simulator and the SecAgg+
+    server and clients all plan with it."""
+    clip_norm = check_positive("clip_norm", clip_norm)
+    check_width("the model's parameters", int(model.n_params))
+    return round_plan(model.n_params, client_mod.client_level_sensitivity(clip_norm),
+                      noise_multiplier, n_rows=n_clients, n_clients=n_clients,
+                      min_clients=min_clients)
 
 
 def secure_noise_multiplier(config: FLConfig) -> float:
@@ -230,29 +278,51 @@ def secure_plan_event(model: FLModel, config: FLConfig,
     return dp_event.SelfComposedDpEvent(round_event(z), config.n_rounds)
 
 
+def round_parts(model: FLModel, params: np.ndarray, X: Any, y: np.ndarray,
+                bounds: np.ndarray, clip_norm: float, *, client_level: bool = False,
+                local_steps: int = 1, local_lr: float = 0.1,
+                x_sq_norms: Any = None) -> np.ndarray:
+    """Every client's part of a round's sum, ``(K, p)``: its records' clipped gradient sum
+    (``model.clipped_grad_sums``), or with ``client_level`` its clipped update
+    (:func:`~dpprecond.fl.client.client_level_updates` after ``local_steps`` steps at
+    ``local_lr``)."""
+    if client_level:
+        return client_mod.client_level_updates(model, params, X, y, bounds, clip_norm,
+                                               local_steps=local_steps, local_lr=local_lr)
+    return model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+
+
 def client_part(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                clip_norm: float) -> np.ndarray:
-    """One client's part of a round's sum: its records' clipped gradient sum, ``(p,)``."""
-    return model.clipped_grad_sums(params, X, y, np.array([0, X.shape[0]]),
-                                   clip_norm)[0]
+                clip_norm: float, *, client_level: bool = False, local_steps: int = 1,
+                local_lr: float = 0.1) -> np.ndarray:
+    """One client's part of a round's sum, ``(p,)``: :func:`round_parts` of its own rows."""
+    return round_parts(model, params, X, y, np.array([0, X.shape[0]]), clip_norm,
+                       client_level=client_level, local_steps=local_steps,
+                       local_lr=local_lr)[0]
 
 
 def secure_message(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                   clip_norm: float, plan: SumPlan, rng: Any) -> np.ndarray:
+                   clip_norm: float, plan: SumPlan, rng: Any, *, client_level: bool = False,
+                   local_steps: int = 1, local_lr: float = 0.1) -> np.ndarray:
     """One client's message of a round (int64 in ``[0, 2^bits)``): :func:`client_part`,
     then :func:`~dpprecond.secagg.sums.client_message` with the client's ``rng`` (its
     rounding's uniforms, then its Skellam share)."""
-    return client_message(client_part(model, params, X, y, clip_norm), plan, rng)
+    part = client_part(model, params, X, y, clip_norm, client_level=client_level,
+                       local_steps=local_steps, local_lr=local_lr)
+    return client_message(part, plan, rng)
 
 
 def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarray,
                         bounds: np.ndarray, clip_norm: float, plan: SumPlan,
                         rngs: list[Any], clients: list[int] | None = None, *,
-                        x_sq_norms: Any = None) -> np.ndarray:
-    """The decoded secure sum of a round, in gradient-sum units (shape ``(n_params,)``).
+                        x_sq_norms: Any = None, client_level: bool = False,
+                        local_steps: int = 1, local_lr: float = 0.1) -> np.ndarray:
+    """The decoded secure sum of a round, in the parts' units (shape ``(n_params,)``).
 
     The parts of all clients (rows ``bounds[i]:bounds[i+1]`` are client ``i``'s) come from
-    one call of ``model.clipped_grad_sums``; client ``i`` forms its message with
+    one call of :func:`round_parts` (the clipped gradient sums, or with ``client_level``
+    the clipped updates after ``local_steps`` steps at ``local_lr``); client ``i`` forms
+    its message with
     ``rngs[i]`` (:func:`~dpprecond.secagg.sums.secure_sum`); ``clients`` lists whose
     messages reach the sum (default all; fewer than ``plan.min_clients`` raises
     :class:`~dpprecond.secagg.skellam.InsufficientNoiseError` before any part is
@@ -261,7 +331,8 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarra
     K = len(bounds) - 1
     ids = list(range(K)) if clients is None else [int(i) for i in clients]
     check_shares(len(ids), plan)  # before touching the data
-    parts = model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+    parts = round_parts(model, params, X, y, bounds, clip_norm, client_level=client_level,
+                        local_steps=local_steps, local_lr=local_lr, x_sq_norms=x_sq_norms)
     return secure_sum(parts, plan, rngs, ids)
 
 
@@ -395,17 +466,29 @@ def check_secure_aggregation(method: Method, config: FLConfig,
     """
     if not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
-                         f"(fedgd, sofim*, adam, yogi) and the covariance methods (fedfc, "
+                         f"(fedgd, sofim*, adam, yogi; with mechanism='client-level' and "
+                         f"local_steps > 1, fedgd is the client-level DP-FedAvg) and the "
+                         f"covariance methods (fedfc, "
                          f"fednew); {method.name!r} sends other releases (local steps: each "
                          "step uses the client's own noisy gradient before any sum, which a "
                          "share of the noise does not protect). Use trust='local' for it.")
     if getattr(config, "adaptive_clip", None) not in (None, "auto"):  # "auto": fixed here
         raise ValueError("adaptive_clip is not available with trust='secure-aggregation' (its "
                          "private counts are not part of the secure sum).")
-    if config.mechanism != "full-batch":
-        raise ValueError(f"trust='secure-aggregation' needs mechanism='full-batch', got "
-                         f"mechanism={config.mechanism!r}.")
-    if config.weighting != "size":
+    if is_client_level(config):
+        if isinstance(method, CovarianceMethod):
+            raise ValueError(f"mechanism='client-level' with trust='secure-aggregation' runs "
+                             f"the one-message gradient methods; {method.name!r} releases a "
+                             "record-level second moment first. Use mechanism='full-batch' "
+                             "for it.")
+        if config.weighting != "uniform":  # FLConfig enforces it; say why here too
+            raise ValueError("mechanism='client-level' weighs clients uniformly (a size "
+                             "weight would reveal the replaced client's size); set "
+                             "weighting='uniform'.")
+    elif config.mechanism != "full-batch":
+        raise ValueError(f"trust='secure-aggregation' needs mechanism='full-batch' or "
+                         f"'client-level', got mechanism={config.mechanism!r}.")
+    elif config.weighting != "size":
         raise ValueError(f"trust='secure-aggregation' aggregates the records of all clients "
                          f"in one sum, i.e. weighting='size'; got weighting="
                          f"{config.weighting!r}. Set weighting='size'.")
@@ -498,9 +581,9 @@ def simulate_secure(model: FLModel, data: ClientData,
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, _ = root.spawn(3)
-    n_records = int(data.X.shape[0])
     # noise of G per coordinate: K / k_min shares of variance v / k_min each ... / (gamma N)^2
-    noise_var = (plan.noise_std(K) / n_records) ** 2
+    # (client-level: / (gamma K)^2)
+    noise_var = (plan.noise_std(K) / _divisor(config, data)) ** 2
     transform = gm.transform_for(noise_var)
     params = model.init_params(np.random.default_rng(init_seq))
     spend = _Spend(config.target_delta, ledger)
@@ -533,25 +616,36 @@ class _Spend:
             self.ledger.spend(event)
 
 
+def _divisor(config: FLConfig, data: ClientData) -> int:
+    """What the decoded sum is divided by: ``N`` records (size weights), or ``K`` clients
+    (client-level, uniform weights)."""
+    return data.n_clients if is_client_level(config) else int(data.X.shape[0])
+
+
 def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: SumPlan,
                    release: dp_event.DpEvent, noise_root: np.random.SeedSequence,
                    X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
                    step: Any, spend: _Spend, X_test: np.ndarray,
                    y_test: np.ndarray) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
-    sum of the clients' clipped gradient sums (streams ``(t, i)`` of ``noise_root``), its
-    size-weighted mean ``G`` handed to ``step(G, state, params) -> (updates, state)`` (the
-    server half, post-processing), and the round's history record."""
+    sum of the clients' parts (streams ``(t, i)`` of ``noise_root``), its size-weighted
+    mean ``G`` (client-level: the mean over clients) handed to ``step(G, state, params) ->
+    (updates, state)`` (the server half, post-processing), and the round's history
+    record."""
     K = data.n_clients
-    n_records = int(data.X.shape[0])
+    divisor = _divisor(config, data)
+    client_level = is_client_level(config)
     history: list[dict[str, float]] = []
     for t in range(config.n_rounds):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
         spend(release)  # before the shares are computed: charged regardless
-        G = secure_gradient_sum(model, params, X_run, data.y, data.bounds,
-                                config.clip_norm, plan, rngs, x_sq_norms=x_sq_norms)
-        updates, state = step(G / n_records, state, params)
+        G = secure_gradient_sum(model, params, X_run, data.y,
+                                data.bounds, config.clip_norm, plan, rngs,
+                                x_sq_norms=None if client_level else x_sq_norms,
+                                client_level=client_level, local_steps=config.local_steps,
+                                local_lr=config.local_lr)
+        updates, state = step(G / divisor, state, params)
         params = params + updates
         seconds = time.perf_counter() - start
         loss, acc = model.evaluate(params, X_test, y_test)
