@@ -49,6 +49,15 @@ SecAgg+ rounds: round 1 is the setup sum of the clients' clipped second moments
 (:func:`~dpprecond.secagg.fl.moment_parts`, its plan ``plan-kind = "moment"``, each
 client's message from its setup stream ``(0, i)``), then the ``T`` gradient rounds, as
 :func:`~dpprecond.secagg.fl.simulate_secure` runs them.
+
+Client-level DP (``mechanism="client-level"``, the gradient methods; the client-level
+DP-FedAvg with ``local_steps > 1``): the requests carry ``plan-unit = "client"`` with
+``plan-local-steps`` and ``plan-local-lr``, and each client's part is its clipped update
+(:func:`~dpprecond.fl.client.client_level_updates`) under the plan of
+:func:`~dpprecond.secagg.fl.client_level_plan` (sensitivity ``2C``, a client checks it);
+its count coordinate is 1 instead of its size, so the server divides by the number of
+summed clients (uniform weights) and learns no client's size. A client-level run needs no
+trusted aggregator: the secure sum replaces it.
 """
 
 from __future__ import annotations
@@ -122,6 +131,8 @@ from dpprecond.secagg.fl import (
     ACCOUNTED_INFLATION,
     FIT_BITS,
     check_secure_aggregation,
+    client_level_plan,
+    is_client_level,
     moment_parts,
     moment_sensitivity,
     part_sensitivity,
@@ -141,7 +152,8 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
            "check_secaggplus_request",
            "make_dual_client_app",
            "make_secagg_client_app",
-           "make_secagg_server_app", "plan_from_config", "plan_to_config", "run_secagg"]
+           "make_secagg_server_app", "plan_from_config", "plan_to_config", "plan_unit",
+           "run_secagg"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +164,25 @@ logger = logging.getLogger(__name__)
 PLAN_KINDS = ("gradient", "moment")
 
 
-def plan_to_config(plan: SumPlan, clip_norm: float, kind: str = "gradient"
+#: The two parts a gradient round may sum: each client's clipped gradient sum (privacy
+#: unit one record) or its clipped update after local steps (one client, client-level DP).
+PLAN_UNITS = ("record", "client")
+
+
+def plan_to_config(plan: SumPlan, clip_norm: float, kind: str = "gradient", *,
+                   unit: str = "record", local_steps: int = 1, local_lr: float = 0.1
                    ) -> dict[str, Scalar]:
-    """A round's plan (its kind, the clip norm and the sum's plan) as FitIns config entries
-    (every field is public)."""
+    """A round's plan (its kind, the privacy unit of its parts, the clip norm, the local
+    steps of a client-level part and the sum's plan) as FitIns config entries (every
+    field is public)."""
     if kind not in PLAN_KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {PLAN_KINDS}.")
-    return {"plan-kind": kind, "plan-clip-norm": float(clip_norm), "plan-dim": plan.dim,
+    if unit not in PLAN_UNITS or (unit == "client" and kind != "gradient"):
+        raise ValueError(f"unit={unit!r} with kind={kind!r}: expected one of {PLAN_UNITS} "
+                         "('client' for gradient rounds only).")
+    return {"plan-kind": kind, "plan-unit": unit, "plan-local-steps": int(local_steps),
+            "plan-local-lr": float(local_lr), "plan-clip-norm": float(clip_norm),
+            "plan-dim": plan.dim,
             "plan-sensitivity": plan.sensitivity, "plan-noise-multiplier": plan.noise_multiplier,
             "plan-n-rows": plan.n_rows, "plan-n-clients": plan.n_clients,
             "plan-min-clients": plan.min_clients, "plan-scale": plan.scale,
@@ -184,6 +208,19 @@ def quantization_range(config: dict[str, Scalar], plan: SumPlan) -> int:
         raise ValueError(f"The fit request's secagg-range={q} is not a power of two in "
                          f"[2^{plan.bits}, 2^31); refusing to answer.")
     return q
+
+
+def plan_unit(config: dict[str, Scalar]) -> tuple[str, int, float]:
+    """The privacy unit of a gradient round's parts and a client-level part's local steps
+    and step size: ``(unit, local_steps, local_lr)`` (``("record", 1, 0.1)`` when absent:
+    a server of an earlier version asks for clipped gradient sums)."""
+    unit = str(config.get("plan-unit", "record"))
+    if unit not in PLAN_UNITS:
+        raise ValueError(f"The fit request's plan-unit={unit!r} is not one of {PLAN_UNITS}; "
+                         "refusing to answer.")
+    steps = check_int("plan-local-steps", config.get("plan-local-steps", 1), low=1)
+    lr = check_positive("plan-local-lr", float(config.get("plan-local-lr", 0.1)))
+    return unit, steps, lr
 
 
 def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
@@ -258,6 +295,10 @@ class SecAggDPClient(NumPyClient):
         self._range = quantization_range(config, plan)
         if plan_kind(config) == "moment":
             return self._moment_message(plan, clip_norm)
+        unit, local_steps, local_lr = plan_unit(config)
+        if unit == "client":
+            return self._update_message(parameters, config, plan, clip_norm, local_steps,
+                                        local_lr)
         own = part_sensitivity(self.model, clip_norm, self.X.shape[0], self.X.dtype)
         if own > plan.sensitivity:
             raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} does not cover this "
@@ -265,12 +306,37 @@ class SecAggDPClient(NumPyClient):
                              f"({own!r}, the clip norm times its rounding bound): the server's "
                              "max_client_rows is below this client's size; refusing to "
                              "answer.")
-        t = check_int("round", config.get("round"), low=1)
-        rng = (np.random.default_rng() if self.noise_root is None
-               else client_mod.stream(self.noise_root, t - 1, self.client_id))
+        rng = self._round_stream(config)
         params = np.asarray(parameters[0], dtype=np.float64)
         message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng)
         return self._send(message, plan)
+
+    def _round_stream(self, config: dict[str, Scalar]) -> Any:
+        """The generator of this client's message in the request's round: fresh OS
+        entropy, or the simulator's stream ``(t - 1, i)``."""
+        t = check_int("round", config.get("round"), low=1)
+        return (np.random.default_rng() if self.noise_root is None
+                else client_mod.stream(self.noise_root, t - 1, self.client_id))
+
+    def _update_message(self, parameters: list[np.ndarray], config: dict[str, Scalar],
+                        plan: SumPlan, clip_norm: float, local_steps: int, local_lr: float
+                        ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        """A client-level round's message: the client's clipped update after
+        ``local_steps`` non-private local steps (:func:`~dpprecond.fl.client.
+        client_level_updates`), rounded and noised from its round stream, as
+        :func:`~dpprecond.secagg.fl.simulate_secure` with ``mechanism="client-level"``.
+        Its count coordinate is 1, not the client's size (under client-level DP the size
+        is the client's to hide)."""
+        if plan.sensitivity < client_mod.client_level_sensitivity(clip_norm):
+            raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} is below 2 * "
+                             f"plan-clip-norm ({2.0 * clip_norm!r}), the bound on one "
+                             "client's clipped update; refusing to answer.")
+        rng = self._round_stream(config)
+        params = np.asarray(parameters[0], dtype=np.float64)
+        message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng,
+                                 client_level=True, local_steps=local_steps,
+                                 local_lr=local_lr)
+        return self._send(message, plan, count=1)
 
     def _moment_message(self, plan: SumPlan, row_clip: float
                         ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
@@ -292,10 +358,12 @@ class SecAggDPClient(NumPyClient):
         part = moment_parts(self.X, np.array([0, self.X.shape[0]]), row_clip)[0]
         return self._send(client_message(part, plan, rng), plan)
 
-    def _send(self, message: np.ndarray, plan: SumPlan
+    def _send(self, message: np.ndarray, plan: SumPlan, count: int | None = None
               ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
-        # SecAgg+ multiplies by its weight 1/q: exact (adapters/flower/secaggplus.py)
-        return [exact_vector(message, plan.modulus, self._range, [self.X.shape[0]])], 1, {}
+        # SecAgg+ multiplies by its weight 1/q: exact (adapters/flower/secaggplus.py); the
+        # last coordinate is the client's record count (client-level: 1)
+        n = self.X.shape[0] if count is None else count
+        return [exact_vector(message, plan.modulus, self._range, [n])], 1, {}
 
 
 def check_secaggplus_request(msg: Message, ctxt: Context) -> None:
@@ -511,10 +579,16 @@ class SecAggDPStrategy(Strategy):
         else:
             self.noise_multiplier_ = secure_noise_multiplier(config)
             self.multipliers_ = {"z": self.noise_multiplier_}
-        self.plan_ = round_plan(model.n_params,
-                                part_sensitivity(model, config.clip_norm, rows, dtype),
-                                self.noise_multiplier_, n_rows=self.n_records,
-                                n_clients=self.n_clients, min_clients=self.min_clients)
+        self.unit_ = "client" if is_client_level(config) else "record"
+        if self.unit_ == "client":
+            self.plan_ = client_level_plan(model, config.clip_norm, self.noise_multiplier_,
+                                           n_clients=self.n_clients,
+                                           min_clients=self.min_clients)
+        else:
+            self.plan_ = round_plan(model.n_params,
+                                    part_sensitivity(model, config.clip_norm, rows, dtype),
+                                    self.noise_multiplier_, n_rows=self.n_records,
+                                    n_clients=self.n_clients, min_clients=self.min_clients)
         self.release_ = round_event(self.noise_multiplier_)
         for plan in (self.plan_, self.setup_plan_):
             if plan is not None and plan.modulus >= SECAGG_MODULUS:
@@ -530,8 +604,9 @@ class SecAggDPStrategy(Strategy):
                                   dtype=np.float64)
         self.spec_ = RunSpec(config, dict(self.multipliers_), model, self.n_clients)
         self._state: Any = None
-        if isinstance(self.method, GradientMethod):
-            noise_var = (self.plan_.noise_std(self.n_clients) / self.n_records) ** 2
+        if isinstance(self.method, GradientMethod):  # the mean over records (or clients)
+            divisor = self.n_clients if self.unit_ == "client" else self.n_records
+            noise_var = (self.plan_.noise_std(self.n_clients) / divisor) ** 2
             self.transform = self.method.transform_for(noise_var)
             self._state = self.transform.init(self._params)
         self.caller_ledger = ledger
@@ -611,7 +686,11 @@ class SecAggDPStrategy(Strategy):
         clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
         config: dict[str, Scalar] = {"round": server_round - self.setup_rounds,
                                      "secagg-range": self.quantization_range,
-                                     **plan_to_config(plan, clip, kind)}
+                                     **plan_to_config(
+                                         plan, clip, kind,
+                                         unit=self.unit_ if kind == "gradient" else "record",
+                                         local_steps=self.config.local_steps,
+                                         local_lr=self.config.local_lr)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
         return [(c, fit) for c in clients]
 
@@ -626,7 +705,7 @@ class SecAggDPStrategy(Strategy):
         # S - K' q/2 is = sum_i x_i (mod M), hence modulo the plan's m (m divides q and M)
         total = recovered_sum(average, len(results), q)
         decoded = decode(np.mod(total[:-1], plan.modulus), plan, len(results))
-        n = int(np.mod(total[-1], SECAGG_MODULUS))
+        n = int(np.mod(total[-1], SECAGG_MODULUS))  # records (client-level: clients) summed
         if kind == "moment":
             return self._setup(decoded, n, server_round, len(results))
         G = decoded / n

@@ -122,7 +122,9 @@ class ServerSide:
             raise ValueError(f"mechanism={self.config.mechanism!r} is not supported on "
                              "Flower: its noise is added after aggregation by a trusted "
                              "aggregator, which this adapter avoids on purpose (the clients "
-                             "add their own noise); use the in-process engine for it.")
+                             "add their own noise); run it with trust='secure-aggregation' "
+                             "(SecAgg+: the clients add shares of the noise to their clipped "
+                             "updates), or use the in-process engine.")
         self._setup_events, self._round_events = self.schedule.releases(
             self.multipliers if self._clipping is None
             else self._clipping.inner_spec(self.spec).multipliers)
