@@ -284,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{ds!r}, features: {feat}; algorithm={args.algorithm}, K={args.clients} "
           f"({args.partition}), T={args.rounds}, {_level_text(level)}, delta={args.delta}, "
           f"seed={seed}")
-    _print_trust(trust, args.weighting)
+    _print_trust(trust, args.weighting, args.mechanism)
     cap = _cap_text(args, level)
     if cap:
         print(cap)
@@ -310,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
              "client-level": "std 2zC added once to the sum, client-level unit"}[args.mechanism]
     if trust == "secure-aggregation":
         noise = ("Skellam noise in shares, std z times the sum's L2 sensitivity on the "
-                 "secure sum")
+                 "secure sum" + (", client-level unit" if args.mechanism == "client-level"
+                                 else ""))
     print(f"final test accuracy {result.final_accuracy:.4f} after {args.rounds} rounds; "
           f"{result.n_releases} releases per client, noise multiplier "
           f"z={result.noise_multiplier:.4g} ({noise}); epsilon spent {eps} at "
@@ -387,10 +388,16 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
     from dpprecond.fl.methods import CovarianceMethod, GradientMethod, make_method
 
     why = "--trust secure-aggregation"
-    if args.mechanism != "full-batch":
-        raise ValueError(f"{why} runs the full-batch mechanism; got --mechanism "
-                         f"{args.mechanism}. Drop --mechanism or use --trust local.")
-    if args.weighting == "uniform":
+    client_level = args.mechanism == "client-level"
+    if args.mechanism not in ("full-batch", "client-level"):
+        raise ValueError(f"{why} runs the full-batch or the client-level mechanism; got "
+                         f"--mechanism {args.mechanism}. Drop --mechanism or use --trust "
+                         "local.")
+    if client_level and args.weighting == "size":
+        raise ValueError(f"{why} with --mechanism client-level weighs clients uniformly (a "
+                         "size weight would reveal the replaced client's size); drop "
+                         "--weighting.")
+    if not client_level and args.weighting == "uniform":
         raise ValueError(f"{why} sums the records of all clients in one secure sum, i.e. "
                          "--weighting size; got --weighting uniform. Drop --weighting (size "
                          "is chosen for you) or use --trust local.")
@@ -412,12 +419,21 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
         raise ValueError(f"{why} runs the one-message gradient methods (fedgd, sofim*, adam, "
                          f"yogi) and the covariance methods (fedfc, fednew); --algorithm "
                          f"{args.algorithm} sends other releases (local steps, each on the "
-                         "client's own noisy gradient before any sum). Choose one of them or "
-                         "use --trust local.")
+                         "client's own noisy gradient before any sum). Choose one of them, "
+                         "use --trust local, or run client-level DP-FedAvg: --algorithm "
+                         "fedgd --mechanism client-level --local-steps E.")
+    if client_level and isinstance(method, CovarianceMethod):
+        raise ValueError(f"{why} with --mechanism client-level runs the one-message gradient "
+                         f"methods; --algorithm {args.algorithm} releases a record-level "
+                         "second moment first. Use --mechanism full-batch for it.")
 
 
-def _print_trust(trust: str, weighting: str | None) -> None:
+def _print_trust(trust: str, weighting: str | None, mechanism: str = "full-batch") -> None:
     if trust == "secure-aggregation":
+        if mechanism == "client-level":
+            print("trust: secure-aggregation (the server sees only sums of clipped client "
+                  "updates; distributed Skellam noise, client-level unit); weighting uniform")
+            return
         chosen = " (chosen for it: one secure sum of all clients' records)" \
             if weighting is None else ""
         print(f"trust: secure-aggregation (the server sees only sums; distributed Skellam "
