@@ -28,6 +28,9 @@ from dpprecond.secagg.fl import secure_plan, simulate_secure
 K, SEED, PART = 3, 11, 5
 CONFIG = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=4.0, weighting="size",
                   trust="secure-aggregation", adaptive_clip=None)  # refused there
+CLIENT_LEVEL = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=8.0,
+                        mechanism="client-level", local_steps=2, local_lr=0.2,
+                        trust="secure-aggregation")  # client-level DP-FedAvg
 RAY = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
        "init_args": {"num_cpus": 2, "logging_level": "error"}}
 
@@ -117,19 +120,23 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew"])
+@pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew", "fedgd-client-level"])
 def test_secagg_plus_simulation_releases_the_engines_sums(method):
     """A seeded SecAgg+ run under Ray ends at the simulator's model: the gradient methods'
-    T rounds, and the covariance methods' setup sum (round 1) then their T rounds."""
+    T rounds, the covariance methods' setup sum (round 1) then their T rounds, and the
+    client-level DP-FedAvg's rounds of clipped updates."""
+    config = CONFIG
+    if method == "fedgd-client-level":
+        method, config = "fedgd", CLIENT_LEVEL
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     data = _engine_data()
-    ref = simulate_secure(model, data, method, CONFIG, X_test=ds.X_test, y_test=ds.y_test,
+    ref = simulate_secure(model, data, method, config, X_test=ds.X_test, y_test=ds.y_test,
                           seed=simulator_seeds(SEED).simulation)  # run_federated(seed=SEED)'s
     holder: dict[str, SecAggDPStrategy] = {}
 
     def strategy_fn(context):  # the defaults: both plan for clients of at most N rows
-        holder["s"] = SecAggDPStrategy(model, method, CONFIG, K, data.X.shape[0],
+        holder["s"] = SecAggDPStrategy(model, method, config, K, data.X.shape[0],
                                        X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
         return holder["s"]
 
@@ -143,7 +150,7 @@ def test_secagg_plus_simulation_releases_the_engines_sums(method):
     np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
     assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
     assert got.noise_multiplier == ref.noise_multiplier
-    assert holder["s"].plan_ == secure_plan(model, CONFIG, data, ref.noise_multiplier, K)
+    assert holder["s"].plan_ == secure_plan(model, config, data, ref.noise_multiplier, K)
     for key in ("sensitivity", "scale", "modulus_bits", "noise_std", "wrap_probability"):
         assert got.config[key] == ref.config[key], key
     assert got.events == ref.events
@@ -503,3 +510,80 @@ def test_a_sparse_secagg_plus_ring_releases_the_engines_sums():
     np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
     assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
     assert got.events == ref.events
+
+
+
+class _Everyone:
+    """A client manager stand-in: every one of ``n`` clients is sampled."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def sample(self, num_clients: int, min_num_clients: int) -> list[int]:
+        return list(range(self.n))
+
+
+def test_a_client_level_run_on_secaggplus_arithmetic_is_the_simulators_run():
+    """Client-level DP-FedAvg (2 local steps) through the strategy and the clients, the
+    sums formed by SecAgg+'s own arithmetic (no Ray): the requests ask for clipped updates
+    (``plan-unit = "client"``), each client's count coordinate is 1 (the server divides
+    by the clients, learns no size), and the run ends at ``simulate_secure``'s model with
+    the same plan, events and epsilon."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+    from dpprecond.secagg.fl import client_level_plan
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    data = _engine_data()
+    ref = simulate_secure(model, data, "fedgd", CLIENT_LEVEL, X_test=ds.X_test,
+                          y_test=ds.y_test, seed=simulator_seeds(SEED).simulation)
+    strategy = SecAggDPStrategy(model, "fedgd", CLIENT_LEVEL, K, data.X.shape[0],
+                                X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
+    assert strategy.plan_ == client_level_plan(model, 1.0, ref.noise_multiplier,
+                                               n_clients=K, min_clients=K)
+    rng = np.random.default_rng(0)
+    params = strategy.initialize_parameters(_Everyone(K))
+    for t in (1, 2):
+        [(_, fit), *_] = strategy.configure_fit(t, params, _Everyone(K))
+        assert fit.config["plan-unit"] == "client"
+        assert fit.config["plan-local-steps"] == 2 and fit.config["plan-local-lr"] == 0.2
+        current = parameters_to_ndarrays(fit.parameters)
+        sent = []
+        for i in range(K):
+            lo, hi = data.bounds[i], data.bounds[i + 1]
+            vector = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+                current, fit.config)[0][0]
+            assert vector[-1] == strategy.quantization_range  # the count 1, times q
+            sent.append(vector)
+        handed = _secaggplus_arithmetic(sent, strategy.quantization_range, rng)
+        fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([handed]), 1, {})
+        params, _ = strategy.aggregate_fit(t, [(None, fitres)] * K, [])
+        assert params is not None
+    got = strategy.result()
+    np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
+    assert got.events == ref.events and got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
+    for key in ("sensitivity", "scale", "modulus_bits", "noise_std"):
+        assert got.config[key] == ref.config[key], key
+
+
+def test_a_client_level_request_is_checked_by_the_client():
+    """A client answers a client-level request only with a plan whose sensitivity covers
+    ``2 * plan-clip-norm`` and a known unit; a record-level plan is answered as before."""
+    from dpprecond.secagg.fl import client_level_plan
+
+    ds = featurized_dataset("digits")
+    model = LinearSoftmax(ds.n_features, ds.n_classes)
+    client = SecAggDPClient(model, ds.X_train[:10], ds.y_train[:10], 0)
+    params = [np.zeros(model.n_params)]
+    plan = client_level_plan(model, 1.0, 2.0, n_clients=K, min_clients=K)
+    good = {"round": 1, **plan_to_config(plan, 1.0, unit="client", local_steps=2)}
+    assert client.fit(params, good)[0][0][-1] == plan.modulus  # count 1, times q = m
+    with pytest.raises(ValueError, match="2 \\* plan-clip-norm"):
+        client.fit(params, {**plan_to_config(plan, 2.0, unit="client"), "round": 1})
+    with pytest.raises(ValueError, match="plan-unit='user'"):
+        client.fit(params, {**good, "plan-unit": "user"})
+    with pytest.raises(ValueError, match="plan-local-steps"):
+        client.fit(params, {**good, "plan-local-steps": 0})
+    with pytest.raises(ValueError, match="unit='client'"):
+        plan_to_config(plan, 1.0, "moment", unit="client")
