@@ -11,6 +11,10 @@ measured std of the decoded aggregate's noise against the plan's claim.
     # private PCA features first (run_pipeline: the PCA's releases are secure sums too
     # under secure aggregation; the epsilon is the total of both stages)
     PYTHONPATH=src python benchmarks/secagg_accuracy.py --data fashion-mnist --features pca:64
+    # client-level DP-FedAvg (uniform weights): the trusted aggregator's Gaussian against
+    # the secure sum of clipped updates
+    PYTHONPATH=src python benchmarks/secagg_accuracy.py --mechanism client-level \
+        --algorithm fedgd --local-steps 3 --clients 100 1000 --data fashion-mnist
 """
 
 from __future__ import annotations
@@ -47,12 +51,21 @@ def main() -> None:
     p.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--mechanism", choices=("full-batch", "client-level"), default="full-batch")
+    p.add_argument("--local-steps", type=int, default=1)
+    p.add_argument("--local-lr", type=float, default=0.1)
     args = p.parse_args()
+    client_level = args.mechanism == "client-level"
+    if client_level and args.features.startswith("pca:"):
+        p.error("--mechanism client-level runs on fixed features (the pipeline's PCA is "
+                "record-level)")
+    weighting = "uniform" if client_level else "size"
     pipeline = args.features.startswith("pca:")
     ds = featurize(load_dataset(args.data), kind="pixels" if pipeline else args.features)
     row_norm = math.sqrt(ds.X_train.shape[1])  # pixels in [-1, 1]: the public row bound
     print(f"{args.data} ({args.features}), {args.algorithm}, T={args.rounds}, C={args.clip}, "
-          f"weighting=size, delta=1e-5, {args.seeds} seeds, IID")
+          f"mechanism={args.mechanism} (local steps {args.local_steps}, local lr "
+          f"{args.local_lr:g}), weighting={weighting}, delta=1e-5, {args.seeds} seeds, IID")
     print("| K | epsilon | local acc | secagg acc | local z | secagg z | secagg eps "
           "| bits | inflation |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -65,8 +78,10 @@ def main() -> None:
                     # the fixed clip for both (adaptive clipping's count is a release
                     # secure aggregation does not make)
                     cfg = FLConfig(n_rounds=args.rounds, clip_norm=args.clip,
-                                   target_epsilon=eps, weighting="size", accountant="rdp",
-                                   trust=trust, adaptive_clip=None)  # type: ignore[arg-type]
+                                   target_epsilon=eps, weighting=weighting,  # type: ignore[arg-type]
+                                   accountant="rdp", trust=trust,  # type: ignore[arg-type]
+                                   adaptive_clip=None, mechanism=args.mechanism,
+                                   local_steps=args.local_steps, local_lr=args.local_lr)
                     if pipeline:  # private federated PCA, then the rounds, one ledger
                         out = run_pipeline(
                             ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
