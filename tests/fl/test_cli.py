@@ -166,6 +166,11 @@ def test_trust_secure_aggregation_runs_the_skellam_rounds(tmp_path,
     (["--secure"], ["--secure"]),
     (["--adaptive-clip"], ["--adaptive-clip"]),
     (["--tune"], ["--tune"]),
+    (["--mechanism", "client-level", "--weighting", "size"],
+     ["--mechanism client-level", "uniformly", "drop --weighting"]),
+    (["--mechanism", "client-level", "--algorithm", "fedfc"],
+     ["--mechanism client-level", "--algorithm fedfc", "--mechanism full-batch"]),
+    (["--algorithm", "fedavg"], ["--algorithm fedavg", "--mechanism client-level"]),
 ])
 def test_trust_secure_aggregation_refuses_what_it_cannot_run(
         tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
@@ -181,6 +186,40 @@ def test_trust_secure_aggregation_refuses_what_it_cannot_run(
     err = capsys.readouterr().err
     for w in ["--trust secure-aggregation", *words]:
         assert w in err, (w, err)
+
+
+def test_trust_secure_aggregation_runs_client_level_dp_fedavg(
+        tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """``--trust secure-aggregation --mechanism client-level --local-steps 2``: the secure
+    sums of clipped client updates, uniform weights said, the epsilon of the run's
+    Skellam composition, and the API's run under the same seed."""
+    from dpprecond.accounting import epsilon_of
+    from dpprecond.features import load_features
+    from dpprecond.fl import FLConfig, run_federated
+    from dpprecond.fl.engine import plan_event
+    from dpprecond.fl.models import LinearSoftmax
+
+    out = tmp_path / "o"
+    args = parse(["fl", "--data", "digits", "--clients", "5", "--rounds", "3", "--epsilon",
+                  "4", "--algorithm", "fedgd", "--trust", "secure-aggregation",
+                  "--mechanism", "client-level", "--local-steps", "2", "--clip-norm", "1",
+                  "--out", str(out), "--seed", "2"])
+    assert cli_fl.run(args) == 0
+    text = capsys.readouterr().out
+    assert "clipped client updates" in text and "weighting uniform" in text
+    assert "client-level unit" in text
+    hist = json.loads((out / "history.json").read_text())
+    assert hist["config"]["mechanism"] == "client-level"
+    assert hist["config"]["weighting"] == "uniform" and hist["config"]["sensitivity"] == 2.0
+    config = FLConfig(n_rounds=3, clip_norm=1.0, target_epsilon=4.0, mechanism="client-level",
+                      local_steps=2, trust="secure-aggregation")
+    planned = epsilon_of(plan_event(LinearSoftmax(64, 10), "fedgd", config), 1e-5, "rdp")
+    assert hist["history"][-1]["epsilon"] == pytest.approx(planned, rel=1e-12)
+    ds, _ = load_features("digits")
+    api = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
+                        algorithm="fedgd", n_clients=5, config=config, seed=2)
+    assert [h["test_accuracy"] for h in hist["history"]] == [h["test_accuracy"]
+                                                             for h in api.history]
 
 
 def test_trust_secure_aggregation_with_pca_features(lab_file, tmp_path,
