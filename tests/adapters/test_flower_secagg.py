@@ -587,3 +587,21 @@ def test_a_client_level_request_is_checked_by_the_client():
         client.fit(params, {**good, "plan-local-steps": 0})
     with pytest.raises(ValueError, match="unit='client'"):
         plan_to_config(plan, 1.0, "moment", unit="client")
+
+
+def test_the_run_config_checks_client_level_before_anything_starts():
+    """The app's pre-flight check accepts client-level DP under secure aggregation (the
+    default weighting resolves to uniform) and refuses it under local trust, which has no
+    trusted aggregator on Flower, and with size weights, by name."""
+    from dpprecond.adapters.flower.app import RunConfigError, check_run_config
+
+    base = {"target-epsilon": 4.0, "noise-multiplier": "", "algorithm": "fedgd",
+            "mechanism": "client-level", "local-steps": 3, "adaptive-clip": False}
+    check_run_config({**base, "trust": "secure-aggregation"})
+    check_run_config({**base, "trust": "secure-aggregation", "weighting": "uniform"})
+    with pytest.raises(RunConfigError, match="trusted aggregator"):
+        check_run_config({**base, "trust": "local", "weighting": "uniform"})
+    with pytest.raises(RunConfigError, match="weighting='uniform'"):
+        check_run_config({**base, "trust": "secure-aggregation", "weighting": "size"})
+    with pytest.raises(RunConfigError, match=r"client-level.*fedfc"):
+        check_run_config({**base, "trust": "secure-aggregation", "algorithm": "fedfc"})

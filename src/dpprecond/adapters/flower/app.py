@@ -14,7 +14,8 @@ options in the table ``[tool.flwr.app.config.method-options]`` (flattened by Flo
 an option the algorithm does not have is an error), ``n-clients``, ``n-rounds``,
 ``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one), ``target-delta``,
 ``max-epsilon`` (refuse a plan above it), ``mechanism``, ``sampling-rate``,
-``local-steps``, ``local-lr`` (the Poisson mechanism of the gradient methods), ``weighting``,
+``local-steps``, ``local-lr`` (the Poisson mechanism of the gradient methods, and the
+client-level one under ``trust = "secure-aggregation"``), ``weighting``,
 ``adaptive-clip`` (``true``: adaptive clipping at its defaults, the median from
 ``clip-norm``, :class:`~dpprecond.fl.config.AdaptiveClip`; ``false``: a fixed clip; ``""``:
 :class:`~dpprecond.fl.config.FLConfig`'s default), ``accountant``, ``secure``
@@ -147,6 +148,12 @@ def check_run_config(run_config: dict[str, Any]) -> None:
         if config.trust == "local":  # what the strategy's method refuses (the app's model
             # class; the checks read its type and the settings, not its sizes)
             with_adaptive_clip(method, config).check(config, LinearSoftmax(1, 2))
+            if config.mechanism == "client-level":  # as the strategy refuses it, earlier
+                raise ValueError("mechanism='client-level' with trust='local' needs a "
+                                 "trusted aggregator to add the noise, which the Flower "
+                                 "app does not have; set trust='secure-aggregation' (the "
+                                 "clients add shares of the noise on SecAgg+) or use the "
+                                 "in-process engine.")
         _bool(rc, "evaluate", True)
         _bool(rc, "secure", False)
         _positive(rc, "round-timeout", 600.0)
