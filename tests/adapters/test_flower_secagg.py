@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,9 +69,10 @@ def test_plan_round_trips_and_a_foreign_request_is_refused():
                          target_epsilon=1.0), K, 100)
 
 
-def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
-    """The engine refuses adaptive clipping under secure aggregation (its counts are not
-    part of the secure sum); SecAgg+ on Flower refuses it with the same named error."""
+def test_adaptive_clipping_of_a_covariance_method_is_refused_as_the_engine_refuses_it():
+    """Under secure aggregation adaptive clipping runs with the one-message gradient
+    methods (the count is a coordinate of the round's sum); the engine refuses it for a
+    covariance method, and SecAgg+ on Flower with the same named error."""
     from dataclasses import replace
 
     from dpprecond.fl.adaptive_clip import AdaptiveClip
@@ -79,12 +81,12 @@ def test_adaptive_clipping_is_refused_as_the_engine_refuses_it():
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     config = replace(CONFIG, adaptive_clip=AdaptiveClip())
     with pytest.raises(ValueError, match="adaptive_clip") as engine:
-        simulate_secure(model, _engine_data(), "fedgd", config, X_test=ds.X_test,
+        simulate_secure(model, _engine_data(), "fedfc", config, X_test=ds.X_test,
                         y_test=ds.y_test, seed=SEED)
     with pytest.raises(ValueError, match="adaptive_clip") as flower:
-        SecAggDPStrategy(model, "fedgd", config, K, ds.X_train.shape[0])
+        SecAggDPStrategy(model, "fedfc", config, K, ds.X_train.shape[0])
     assert str(flower.value) == str(engine.value)
-    assert "trust='secure-aggregation'" in str(flower.value)
+    assert "trust='secure-aggregation'" in str(flower.value) and "'fedfc'" in str(flower.value)
 
 
 def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
@@ -523,48 +525,83 @@ class _Everyone:
         return list(range(self.n))
 
 
-def test_a_client_level_run_on_secaggplus_arithmetic_is_the_simulators_run():
-    """Client-level DP-FedAvg (2 local steps) through the strategy and the clients, the
-    sums formed by SecAgg+'s own arithmetic (no Ray): the requests ask for clipped updates
-    (``plan-unit = "client"``), each client's count coordinate is 1 (the server divides
-    by the clients, learns no size), and the run ends at ``simulate_secure``'s model with
-    the same plan, events and epsilon."""
+def _run_on_secaggplus_arithmetic(method: str, config: FLConfig, check_request: Any):
+    """A seeded run through the strategy and the clients, each round's sum formed by
+    SecAgg+'s own arithmetic (no Ray); ``check_request(fit_config, sent_vectors)`` looks at
+    every round's request and the clients' vectors. Returns ``(strategy, simulator run)``."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-
-    from dpprecond.secagg.fl import client_level_plan
 
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     data = _engine_data()
-    ref = simulate_secure(model, data, "fedgd", CLIENT_LEVEL, X_test=ds.X_test,
+    ref = simulate_secure(model, data, method, config, X_test=ds.X_test,
                           y_test=ds.y_test, seed=simulator_seeds(SEED).simulation)
-    strategy = SecAggDPStrategy(model, "fedgd", CLIENT_LEVEL, K, data.X.shape[0],
+    strategy = SecAggDPStrategy(model, method, config, K, data.X.shape[0],
                                 X_test=ds.X_test, y_test=ds.y_test, seed=SEED)
-    assert strategy.plan_ == client_level_plan(model, 1.0, ref.noise_multiplier,
-                                               n_clients=K, min_clients=K)
     rng = np.random.default_rng(0)
     params = strategy.initialize_parameters(_Everyone(K))
-    for t in (1, 2):
+    for t in range(1, config.n_rounds + 1):
         [(_, fit), *_] = strategy.configure_fit(t, params, _Everyone(K))
-        assert fit.config["plan-unit"] == "client"
-        assert fit.config["plan-local-steps"] == 2 and fit.config["plan-local-lr"] == 0.2
         current = parameters_to_ndarrays(fit.parameters)
         sent = []
         for i in range(K):
             lo, hi = data.bounds[i], data.bounds[i + 1]
-            vector = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
-                current, fit.config)[0][0]
-            assert vector[-1] == strategy.quantization_range  # the count 1, times q
-            sent.append(vector)
+            sent.append(SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, SEED).fit(
+                current, fit.config)[0][0])
+        check_request(fit.config, sent, strategy)
         handed = _secaggplus_arithmetic(sent, strategy.quantization_range, rng)
         fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([handed]), 1, {})
         params, _ = strategy.aggregate_fit(t, [(None, fitres)] * K, [])
         assert params is not None
+        strategy.evaluate(t, params)
     got = strategy.result()
     np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
     assert got.events == ref.events and got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
     for key in ("sensitivity", "scale", "modulus_bits", "noise_std"):
         assert got.config[key] == ref.config[key], key
+    return strategy, ref
+
+
+def test_a_client_level_run_on_secaggplus_arithmetic_is_the_simulators_run():
+    """Client-level DP-FedAvg (2 local steps): the requests ask for clipped updates
+    (``plan-unit = "client"``), each client's count coordinate is 1 (the server divides
+    by the clients, learns no size), and the run ends at ``simulate_secure``'s model with
+    the same plan, events and epsilon."""
+    from dpprecond.secagg.fl import client_level_plan
+
+    def check(fit_config, sent, strategy):
+        assert fit_config["plan-unit"] == "client"
+        assert fit_config["plan-local-steps"] == 2 and fit_config["plan-local-lr"] == 0.2
+        assert all(v[-1] == strategy.quantization_range for v in sent)  # 1, times q
+
+    strategy, ref = _run_on_secaggplus_arithmetic("fedgd", CLIENT_LEVEL, check)
+    assert strategy.plan_ == client_level_plan(strategy.model, 1.0, ref.noise_multiplier,
+                                               n_clients=K, min_clients=K)
+
+
+def test_an_adaptive_clip_run_on_secaggplus_arithmetic_is_the_simulators_run():
+    """Adaptive clipping (the default, ``"auto"``) on SecAgg+: every round's request has
+    the round's clip and the count's weight, each client's part ends with its weighted
+    count, and the run ends at ``simulate_secure``'s model with the same clips, plans,
+    events and epsilon (the count costs no epsilon: one event per round, as without)."""
+    from dataclasses import replace
+
+    clips = []
+
+    def check(fit_config, sent, strategy):
+        assert fit_config["plan-count-weight"] > 0 and fit_config["plan-dim"] == \
+            strategy.model.n_params + 1
+        clips.append(fit_config["plan-clip-norm"])
+
+    config = replace(CONFIG, n_rounds=4, adaptive_clip="auto", clip_norm=10.0)
+    strategy, ref = _run_on_secaggplus_arithmetic("sofim-lagged", config, check)
+    assert clips == ref.config["clip_norms"] == strategy.result().config["clip_norms"]
+    assert clips[0] == 10.0 and clips[-1] < clips[0]  # the median norm is below 10 here
+    assert [r["clip_norm"] for r in strategy.history_] == clips
+    fixed = simulate_secure(strategy.model, _engine_data(), "sofim-lagged",
+                            replace(config, adaptive_clip=None), X_test=np.zeros((1, 64)),
+                            y_test=np.zeros(1, np.int64), seed=simulator_seeds(SEED).simulation)
+    assert fixed.events == ref.events and fixed.epsilon == ref.epsilon
 
 
 def test_a_client_level_request_is_checked_by_the_client():

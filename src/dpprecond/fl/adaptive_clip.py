@@ -56,8 +56,9 @@ norms it counts, so the count costs no second read of the data); the Flower adap
 request, every client releases its count with its own noise (the same count streams,
 :func:`count_root`) beside its message, and the server updates the clip from the
 repliers' counts, so that a seeded Flower run reproduces the engine's. Under
-``trust="secure-aggregation"`` adaptive clipping is refused by name (its counts are not
-part of the secure sum), in both drivers.
+``trust="secure-aggregation"`` the count is one more coordinate of the round's secure sum
+(:mod:`dpprecond.secagg.adaptive`: the server learns only the noisy total), for the
+one-message gradient methods, in the simulator and on SecAgg+.
 """
 
 from __future__ import annotations
@@ -323,15 +324,27 @@ def resolve_adaptive_clip(method: Method, config: FLConfig) -> AdaptiveClip | No
     ``AdaptiveClip()`` where adaptive clipping runs: a private run (not
     ``noise_multiplier=0``) of the full-batch mechanism with ``trust="local"``, of a
     method that does not fix its noise variance at the start (the noise-aware SOFIM
-    forms); otherwise ``None``.
+    forms), or with ``trust="secure-aggregation"`` of a one-message gradient method
+    (:func:`secure_counts`: the count is a coordinate of the secure sum); otherwise
+    ``None``.
     """
     setting = config.adaptive_clip
     if setting != "auto":
         return setting
     inner = method.inner if isinstance(method, AdaptiveClipMethod) else method
-    runs = (config.private and config.mechanism == "full-batch" and config.trust == "local"
-            and getattr(inner, "noise_aware", None) is None)
+    runs = (config.private and config.mechanism == "full-batch"
+            and getattr(inner, "noise_aware", None) is None
+            and (config.trust == "local" or secure_counts(inner)))
     return AdaptiveClip() if runs else None
+
+
+def secure_counts(method: Method) -> bool:
+    """Whether a secure-aggregation run of ``method`` can carry adaptive clipping's count
+    in its round sums (:mod:`dpprecond.secagg.adaptive`): the one-message gradient methods
+    that do not fix their noise variance at the start (full-batch mechanism)."""
+    from dpprecond.fl.methods import GradientMethod
+
+    return isinstance(method, GradientMethod) and getattr(method, "noise_aware", None) is None
 
 
 def with_adaptive_clip(method: Method, config: FLConfig) -> Method:

@@ -132,12 +132,14 @@ from dpprecond.accounting import PrivacyLedger, calibrate_noise
 from dpprecond.clipping import check_width
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.accounting import Schedule
+from dpprecond.fl.adaptive_clip import resolve_adaptive_clip, secure_counts
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
+from dpprecond.secagg.adaptive import SecureClip, counted_parts, split_counted_sum
 from dpprecond.secagg.skellam import check_shares
 from dpprecond.secagg.sums import SumPlan, client_message, plan_sum, secure_sum, sum_event
 
@@ -472,9 +474,14 @@ def check_secure_aggregation(method: Method, config: FLConfig,
                          f"fednew); {method.name!r} sends other releases (local steps: each "
                          "step uses the client's own noisy gradient before any sum, which a "
                          "share of the noise does not protect). Use trust='local' for it.")
-    if getattr(config, "adaptive_clip", None) not in (None, "auto"):  # "auto": fixed here
-        raise ValueError("adaptive_clip is not available with trust='secure-aggregation' (its "
-                         "private counts are not part of the secure sum).")
+    if getattr(config, "adaptive_clip", None) not in (None, "auto") and not (
+            config.mechanism == "full-batch" and secure_counts(method)):  # "auto": fixed
+        raise ValueError(f"adaptive_clip with trust='secure-aggregation' runs with the "
+                         f"one-message gradient methods (fedgd, sofim*, adam, yogi; not "
+                         f"noise-aware) and mechanism='full-batch', whose round sums carry "
+                         f"its count; got {method.name!r} with mechanism="
+                         f"{config.mechanism!r}. Drop adaptive_clip (None: the fixed "
+                         "clip_norm) for it.")
     if is_client_level(config):
         if isinstance(method, CovarianceMethod):
             raise ValueError(f"mechanism='client-level' with trust='secure-aggregation' runs "
@@ -577,6 +584,12 @@ def simulate_secure(model: FLModel, data: ClientData,
     z = secure_noise_multiplier(config)
     plan = secure_plan(model, config, data, z, k_min, max_client_rows)
     release = round_event(z)
+    n_records = int(data.X.shape[0])
+    rows = max(n_records, 1) if max_client_rows is None else check_int(
+        "max_client_rows", max_client_rows, low=max(int(np.diff(data.bounds).max(initial=1)),
+                                                    1))
+    clip = secure_clip(model, gm, config, z, n_records=n_records, n_clients=K,
+                       min_clients=k_min, max_client_rows=rows)
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
@@ -593,9 +606,12 @@ def simulate_secure(model: FLModel, data: ClientData,
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
         transform.init(params), transform.update, spend,
-        X_test, y_test)
+        X_test, y_test, clip)
     info = {**asdict(config), **gm.describe(), "accountant": "rdp",
-            "trust": "secure-aggregation", **secure_info(plan, K)}
+            "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None}
+    if clip is not None:  # the last round's plan; every round's clip (public)
+        info.update(secure_info(clip.plan(clip.norms[-1])[0], K), clip_norms=list(clip.norms),
+                    adaptive_clip=asdict(clip.settings))
     return FLResult(params, history, z, history[-1]["epsilon"], config.target_delta, info,
                     spend.events)
 
@@ -616,6 +632,25 @@ class _Spend:
             self.ledger.spend(event)
 
 
+def secure_clip(model: FLModel, method: Method, config: FLConfig, noise_multiplier: float,
+                *, n_records: int, n_clients: int, min_clients: int,
+                max_client_rows: int) -> SecureClip | None:
+    """The run's adaptive clip under secure aggregation (:mod:`dpprecond.secagg.adaptive`),
+    or ``None`` for the fixed clip (:func:`~dpprecond.fl.adaptive_clip.
+    resolve_adaptive_clip`: ``"auto"`` turns it on for the one-message gradient methods at
+    the full-batch mechanism). Its plans are sized for ``n_records`` records and
+    ``n_clients`` shares, with the slack for clients of at most ``max_client_rows`` rows,
+    as :func:`secure_plan`'s; the simulator and the SecAgg+ strategy both build it here."""
+    settings = resolve_adaptive_clip(method, config)
+    if settings is None:
+        return None
+    initial = config.clip_norm if settings.initial_clip is None else settings.initial_clip
+    return SecureClip(settings, model, initial, noise_multiplier, n_rows=n_records,
+                      n_clients=n_clients, min_clients=min_clients,
+                      max_client_rows=max_client_rows,
+                      dtype=np.float32 if config.precision == "float32" else np.float64)
+
+
 def _divisor(config: FLConfig, data: ClientData) -> int:
     """What the decoded sum is divided by: ``N`` records (size weights), or ``K`` clients
     (client-level, uniform weights)."""
@@ -626,12 +661,15 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
                    release: dp_event.DpEvent, noise_root: np.random.SeedSequence,
                    X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
                    step: Any, spend: _Spend, X_test: np.ndarray,
-                   y_test: np.ndarray) -> tuple[np.ndarray, list[dict[str, float]]]:
+                   y_test: np.ndarray, clip: SecureClip | None = None
+                   ) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
     sum of the clients' parts (streams ``(t, i)`` of ``noise_root``), its size-weighted
     mean ``G`` (client-level: the mean over clients) handed to ``step(G, state, params) ->
     (updates, state)`` (the server half, post-processing), and the round's history
-    record."""
+    record. With ``clip`` (adaptive clipping) each round's parts carry the count
+    (:func:`~dpprecond.secagg.adaptive.counted_parts`, the round's own plan) and the
+    decoded count moves the clip."""
     K = data.n_clients
     divisor = _divisor(config, data)
     client_level = is_client_level(config)
@@ -640,11 +678,21 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
         spend(release)  # before the shares are computed: charged regardless
-        G = secure_gradient_sum(model, params, X_run, data.y,
-                                data.bounds, config.clip_norm, plan, rngs,
-                                x_sq_norms=None if client_level else x_sq_norms,
-                                client_level=client_level, local_steps=config.local_steps,
-                                local_lr=config.local_lr)
+        if clip is None:
+            G = secure_gradient_sum(model, params, X_run, data.y,
+                                    data.bounds, config.clip_norm, plan, rngs,
+                                    x_sq_norms=None if client_level else x_sq_norms,
+                                    client_level=client_level,
+                                    local_steps=config.local_steps, local_lr=config.local_lr)
+        else:  # the round's clip, its own plan, the count in the sum
+            used = clip.clip
+            counted, weight = clip.plan()
+            check_shares(K, counted)
+            parts = counted_parts(model, params, X_run, data.y, data.bounds, used, weight,
+                                  x_sq_norms=x_sq_norms)
+            G, count = split_counted_sum(secure_sum(parts, counted, rngs, list(range(K))),
+                                         weight)
+            clip.update(count / divisor)
         updates, state = step(G / divisor, state, params)
         params = params + updates
         seconds = time.perf_counter() - start
@@ -652,6 +700,8 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
         history.append({"round": t + 1, "test_accuracy": acc, "test_loss": loss,
                         "epsilon": spend.run_ledger.epsilon,
                         "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
+        if clip is not None:
+            history[-1]["clip_norm"] = used
     return params, history
 
 

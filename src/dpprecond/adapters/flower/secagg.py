@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,7 @@ from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
+from dpprecond.secagg.adaptive import counted_parts, counted_sensitivity, split_counted_sum
 from dpprecond.secagg.fl import (
     ACCOUNTED_INFLATION,
     FIT_BITS,
@@ -138,6 +140,7 @@ from dpprecond.secagg.fl import (
     part_sensitivity,
     round_event,
     round_plan,
+    secure_clip,
     secure_info,
     secure_message,
     secure_multipliers,
@@ -299,6 +302,8 @@ class SecAggDPClient(NumPyClient):
         if unit == "client":
             return self._update_message(parameters, config, plan, clip_norm, local_steps,
                                         local_lr)
+        if "plan-count-weight" in config:
+            return self._counted_message(parameters, config, plan, clip_norm)
         own = part_sensitivity(self.model, clip_norm, self.X.shape[0], self.X.dtype)
         if own > plan.sensitivity:
             raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} does not cover this "
@@ -317,6 +322,30 @@ class SecAggDPClient(NumPyClient):
         t = check_int("round", config.get("round"), low=1)
         return (np.random.default_rng() if self.noise_root is None
                 else client_mod.stream(self.noise_root, t - 1, self.client_id))
+
+    def _counted_message(self, parameters: list[np.ndarray], config: dict[str, Scalar],
+                         plan: SumPlan, clip_norm: float
+                         ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
+        """A round with adaptive clipping: the client's clipped gradient sum at the round's
+        clip and its weighted count (:func:`~dpprecond.secagg.adaptive.counted_parts`), as
+        :func:`~dpprecond.secagg.fl.simulate_secure` forms it."""
+        weight = check_positive("plan-count-weight", float(config["plan-count-weight"]))
+        if plan.dim != self.model.n_params + 1:
+            raise ValueError(f"The plan has dim={plan.dim}, but a counted part has "
+                             f"{self.model.n_params + 1} coordinates (the parameters and the "
+                             "count); refusing to answer.")
+        rows = max(int(self.X.shape[0]), 1)
+        own = counted_sensitivity(part_sensitivity(self.model, clip_norm, rows,
+                                                   self.X.dtype), weight, rows)
+        if own > plan.sensitivity:
+            raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} does not cover this "
+                             f"client's clipped sum and weighted count of {rows} rows "
+                             f"({own!r}); refusing to answer.")
+        rng = self._round_stream(config)
+        params = np.asarray(parameters[0], dtype=np.float64)
+        part = counted_parts(self.model, params, self.X, self.y,
+                             np.array([0, self.X.shape[0]]), clip_norm, weight)[0]
+        return self._send(client_message(part, plan, rng), plan)
 
     def _update_message(self, parameters: list[np.ndarray], config: dict[str, Scalar],
                         plan: SumPlan, clip_norm: float, local_steps: int, local_lr: float
@@ -590,6 +619,12 @@ class SecAggDPStrategy(Strategy):
                                     self.noise_multiplier_, n_rows=self.n_records,
                                     n_clients=self.n_clients, min_clients=self.min_clients)
         self.release_ = round_event(self.noise_multiplier_)
+        self.clip_ = secure_clip(model, self.method, config, self.noise_multiplier_,
+                                 n_records=self.n_records, n_clients=self.n_clients,
+                                 min_clients=self.min_clients, max_client_rows=rows)
+        self._weight = 0.0  # the count's weight in the round being run
+        self._counted_bits = 0 if self.clip_ is None else self.clip_.quantization_bits(
+            FIT_BITS)
         for plan in (self.plan_, self.setup_plan_):
             if plan is not None and plan.modulus >= SECAGG_MODULUS:
                 self._refuse_modulus(plan)
@@ -636,13 +671,16 @@ class SecAggDPStrategy(Strategy):
     def _round_plan(self, server_round: int) -> tuple[SumPlan, str]:
         if server_round <= self.setup_rounds and self.setup_plan_ is not None:
             return self.setup_plan_, "moment"
+        if self.clip_ is not None:  # adaptive clipping: the plan of the round's clip
+            return self.clip_.plan()[0], "gradient"
         return self.plan_, "gradient"
 
     @property
     def quantization_range(self) -> int:
         """``q``: SecAgg+'s quantization range, the largest modulus of the run's plans
         (every plan's modulus divides it; sent to the clients as ``secagg-range``)."""
-        return max(p.modulus for p in (self.plan_, self.setup_plan_) if p is not None)
+        moduli = [p.modulus for p in (self.plan_, self.setup_plan_) if p is not None]
+        return max([*moduli, 2**self._counted_bits])
 
     @property
     def reconstruction_threshold(self) -> int:
@@ -674,6 +712,17 @@ class SecAggDPStrategy(Strategy):
                 f"{self.min_clients} shares reached it, or the round failed). Its epsilon "
                 f"({self.ledger.epsilon:.4g}) is charged; rerun with more clients online or "
                 "a lower min_clients.")
+        extra: dict[str, Scalar] = {}
+        clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
+        if kind == "gradient" and self.clip_ is not None:
+            plan, self._weight = self.clip_.plan()
+            clip = self.clip_.clip
+            extra["plan-count-weight"] = self._weight
+            if plan.modulus > self.quantization_range:  # before the round is charged
+                raise ValueError(f"Round {server_round}'s plan at clip {clip:.6g} needs a "
+                                 f"modulus of 2^{plan.bits}, above the run's SecAgg+ "
+                                 f"quantization range 2^{self._counted_bits}; restart with "
+                                 "a clip_norm nearer the clip the run reached.")
         clients = client_manager.sample(num_clients=self.n_clients,
                                         min_num_clients=self.n_clients)
         release = self.setup_release_ if kind == "moment" else self.release_
@@ -683,8 +732,7 @@ class SecAggDPStrategy(Strategy):
         if self.caller_ledger is not None:
             self.caller_ledger.spend(release)
         self._round_start = time.perf_counter()
-        clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
-        config: dict[str, Scalar] = {"round": server_round - self.setup_rounds,
+        config: dict[str, Scalar] = {**extra, "round": server_round - self.setup_rounds,
                                      "secagg-range": self.quantization_range,
                                      **plan_to_config(
                                          plan, clip, kind,
@@ -708,6 +756,11 @@ class SecAggDPStrategy(Strategy):
         n = int(np.mod(total[-1], SECAGG_MODULUS))  # records (client-level: clients) summed
         if kind == "moment":
             return self._setup(decoded, n, server_round, len(results))
+        used = None
+        if self.clip_ is not None:  # the count rides in the sum: move the clip
+            decoded, count = split_counted_sum(decoded, self._weight)
+            used = self.clip_.clip
+            self.clip_.update(count / n)
         G = decoded / n
         if isinstance(self.method, CovarianceMethod):
             updates, self._state = self.method.server_update(
@@ -721,6 +774,8 @@ class SecAggDPStrategy(Strategy):
                                   "n_replied": len(results),
                                   "update_norm": float(np.linalg.norm(updates)),
                                   "seconds": time.perf_counter() - self._round_start}
+        if used is not None:
+            record["clip_norm"] = used
         self.history_.append(record)
         return ndarrays_to_parameters([self._params]), {"epsilon": record["epsilon"],
                                                         "n-replied": len(results)}
@@ -769,6 +824,10 @@ class SecAggDPStrategy(Strategy):
         if self.setup_plan_ is not None:
             info.update(noise_multipliers=dict(self.multipliers_),
                         setup=secure_info(self.setup_plan_, self.n_clients))
+        if self.clip_ is not None and self.clip_.norms:  # as the simulator reports it
+            info.update(secure_info(self.clip_.plan(self.clip_.norms[-1])[0], self.n_clients),
+                        clip_norms=list(self.clip_.norms),
+                        adaptive_clip=asdict(self.clip_.settings))
         return FLResult(self._params, self.history_, self.noise_multiplier_,
                         float(self.ledger.epsilon), self.config.target_delta, info,
                         list(self.events))
