@@ -843,13 +843,17 @@ def test_run_config_adaptive_clip_is_checked_before_anything_starts():
         check_run_config({**on, "mechanism": "poisson", "sampling-rate": 0.5})
     with pytest.raises(RunConfigError, match="noise_aware"):
         check_run_config({**on, "algorithm": "sofim", "method-options.noise-aware": True})
-    # secure aggregation refuses it with the engine's own error
+    # secure aggregation runs it with the gradient methods (the count rides in the secure
+    # sum) and refuses it for a covariance method with the engine's own error
     secagg = FLConfig(n_rounds=2, target_epsilon=1.0, weighting="size",
                       trust="secure-aggregation", adaptive_clip=AdaptiveClip())
+    plan_event(LinearSoftmax(64, 10), "fedgd", secagg)
+    check_run_config({**on, "trust": "secure-aggregation", "weighting": "size"})
     with pytest.raises(ValueError, match="adaptive_clip") as engine:
-        plan_event(LinearSoftmax(64, 10), "fedgd", secagg)
+        plan_event(LinearSoftmax(64, 10), "fedfc", secagg)
     with pytest.raises(RunConfigError) as app:
-        check_run_config({**on, "trust": "secure-aggregation", "weighting": "size"})
+        check_run_config({**on, "trust": "secure-aggregation", "weighting": "size",
+                          "algorithm": "fedfc"})
     assert str(engine.value) in str(app.value)
 
 

@@ -122,14 +122,20 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew", "fedgd-client-level"])
+@pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew", "fedgd-client-level",
+                                    "sofim-lagged-adaptive"])
 def test_secagg_plus_simulation_releases_the_engines_sums(method):
     """A seeded SecAgg+ run under Ray ends at the simulator's model: the gradient methods'
-    T rounds, the covariance methods' setup sum (round 1) then their T rounds, and the
-    client-level DP-FedAvg's rounds of clipped updates."""
+    T rounds, the covariance methods' setup sum (round 1) then their T rounds, the
+    client-level DP-FedAvg's rounds of clipped updates, and adaptive clipping's rounds
+    (each its own plan, the count in the sum)."""
     config = CONFIG
     if method == "fedgd-client-level":
         method, config = "fedgd", CLIENT_LEVEL
+    elif method == "sofim-lagged-adaptive":
+        from dataclasses import replace
+
+        method, config = "sofim-lagged", replace(CONFIG, adaptive_clip="auto", n_rounds=3)
     ds = featurized_dataset("digits")
     model = LinearSoftmax(ds.n_features, ds.n_classes)
     data = _engine_data()
@@ -147,7 +153,11 @@ def test_secagg_plus_simulation_releases_the_engines_sums(method):
                                           noise_seed=SEED),
                    num_supernodes=K, backend_config=RAY)
     got = holder["s"].result()
-    assert len(got.history) == 2 and all(r["n_replied"] == K for r in got.history)
+    assert len(got.history) == config.n_rounds
+    assert all(r["n_replied"] == K for r in got.history)
+    if config.adaptive_clip == "auto":
+        assert got.config["clip_norms"] == ref.config["clip_norms"]
+        assert len(set(got.config["clip_norms"])) == 3  # the clip moved every round
     # integer sums decoded identically; the server step is the same float arithmetic
     np.testing.assert_allclose(got.params, ref.params, rtol=1e-12, atol=1e-14)
     assert got.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
@@ -156,7 +166,7 @@ def test_secagg_plus_simulation_releases_the_engines_sums(method):
     for key in ("sensitivity", "scale", "modulus_bits", "noise_std", "wrap_probability"):
         assert got.config[key] == ref.config[key], key
     assert got.events == ref.events
-    if method != "fedgd":
+    if method in ("fedfc", "fednew"):
         assert got.config["setup"] == ref.config["setup"]
         assert got.config["noise_multipliers"] == ref.config["noise_multipliers"]
 

@@ -37,7 +37,9 @@ D_FEAT, N_CLASSES = 30, 5
 
 def _config(**kw: object) -> FLConfig:
     base: dict[str, object] = dict(n_rounds=3, clip_norm=1.0, target_epsilon=2.0,
-                                   weighting="size", trust="secure-aggregation")
+                                   weighting="size", trust="secure-aggregation",
+                                   adaptive_clip=None)  # the fixed clip's sums (adaptive:
+    # tests/fl/test_secure_adaptive_clip.py)
     base.update(kw)
     return FLConfig(**base)  # type: ignore[arg-type]
 

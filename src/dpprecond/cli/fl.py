@@ -401,9 +401,6 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
         raise ValueError(f"{why} sums the records of all clients in one secure sum, i.e. "
                          "--weighting size; got --weighting uniform. Drop --weighting (size "
                          "is chosen for you) or use --trust local.")
-    if args.adaptive_clip:
-        raise ValueError(f"--adaptive-clip is not available with {why} (its private counts "
-                         "are not part of the secure sum); drop one of them.")
     if args.secure:
         raise ValueError(f"--secure is not available with {why}: the Skellam noise needs "
                          "Poisson draws, which the secure noise source does not provide; "
@@ -422,6 +419,12 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
                          "client's own noisy gradient before any sum). Choose one of them, "
                          "use --trust local, or run client-level DP-FedAvg: --algorithm "
                          "fedgd --mechanism client-level --local-steps E.")
+    if args.adaptive_clip and (client_level or not isinstance(method, GradientMethod)
+                               or getattr(method, "noise_aware", None) is not None):
+        raise ValueError(f"--adaptive-clip with {why} runs with the one-message gradient "
+                         f"methods (fedgd, sofim*, adam, yogi; not noise-aware) and --mechanism "
+                         f"full-batch, whose secure sums carry its count; got --algorithm "
+                         f"{args.algorithm} --mechanism {args.mechanism}. Drop --adaptive-clip.")
     if client_level and isinstance(method, CovarianceMethod):
         raise ValueError(f"{why} with --mechanism client-level runs the one-message gradient "
                          f"methods; --algorithm {args.algorithm} releases a record-level "

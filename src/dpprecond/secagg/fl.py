@@ -747,7 +747,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     params, history = _secure_rounds(model, data, config, plan, release, noise_root, X_run,
                                      x_sq_norms, params, state, step, spend, X_test, y_test)
     info = {**asdict(config), **method.describe(), "accountant": "rdp",
-            "trust": "secure-aggregation", **secure_info(plan, K),
+            "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None,
             "noise_multipliers": dict(multipliers), "setup": secure_info(setup_plan, K)}
     return FLResult(params, history, z_grad, history[-1]["epsilon"], config.target_delta,
                     info, spend.events)
