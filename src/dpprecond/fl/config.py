@@ -163,7 +163,9 @@ class FLConfig:
         only the sum of the clients' messages (secure aggregation), and each client adds a
         share of the distributed Skellam noise that the sum carries once
         (:mod:`dpprecond.secagg`; the one-message gradient methods and DP-FedFC /
-        DP-FedNew, full-batch, ``weighting="size"``; RDP accounting).
+        DP-FedNew, full-batch, ``weighting="size"``; or the gradient methods with
+        ``mechanism="client-level"``, uniform weights, each client's clipped update
+        summed; RDP accounting).
     adaptive_clip : AdaptiveClip, None or "auto"
         Adaptive clipping (:mod:`dpprecond.fl.adaptive_clip`): the clip follows a private
         geometric update towards a quantile of the per-example gradient norms, starting
