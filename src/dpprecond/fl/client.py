@@ -262,9 +262,12 @@ def client_level_updates(model: FLModel, params: np.ndarray, X: np.ndarray, y: n
     n_clients = len(bounds) - 1
     sizes = np.diff(bounds).astype(np.float64)[:, None]
     Y = np.tile(params, (n_clients, 1))
-    for _ in range(local_steps):
-        Y -= local_lr * model.clipped_grad_sums(Y, X, y, bounds, np.inf) / sizes
+    # non-private steps on the client's own data: any overflow (a huge record or step
+    # size) only makes that client's row non-finite, which counts as zero below; no
+    # warning, so that a client's data cannot make its round fail
     with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(local_steps):
+            Y -= local_lr * model.clipped_grad_sums(Y, X, y, bounds, np.inf) / sizes
         D = (params - Y) / (local_lr * local_steps)
     return clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
 

@@ -819,7 +819,11 @@ class SecAggDPStrategy(Strategy):
 
     def result(self) -> FLResult:
         """The run's :class:`FLResult` (after the workflow)."""
-        info: dict[str, Any] = {"trust": "secure-aggregation", "engine": "flower-secagg+",
+        # the settings first, as the simulator's result (the mechanism says the privacy
+        # unit of the epsilon: one record, or one client); the sums are charged with RDP
+        info: dict[str, Any] = {**asdict(self.config), **self.method.describe(),
+                                "accountant": "rdp", "n_clients": self.n_clients,
+                                "trust": "secure-aggregation", "engine": "flower-secagg+",
                                 **secure_info(self.plan_, self.n_clients)}
         if self.setup_plan_ is not None:
             info.update(noise_multipliers=dict(self.multipliers_),
