@@ -72,34 +72,48 @@ def test_a_secure_client_level_run_on_an_overflowing_client_completes() -> None:
     assert len(res.events) == 2 and np.isfinite(res.params).all()
 
 
-@pytest.mark.xfail(strict=True, reason="review31: [data] trust = 'secure-aggregation' with "
-                   "fixed (non-pca:K) features is accepted by the experiment schema and "
-                   "silently dropped: the runner trains under local trust (runner._run_method "
-                   "builds FLConfig without trust). Pre-existing, not specific to the "
-                   "client-level branch; refuse it by name or honour it.")
-def test_an_experiment_with_secure_aggregation_on_fixed_features_is_not_silently_local(
-        ) -> None:
-    """``[data] trust = "secure-aggregation"`` on pixel features must be refused naming
-    the key (or run under secure aggregation), never run under local trust unannounced."""
-    import tomllib
-    from pathlib import Path
+def test_an_experiment_with_secure_aggregation_on_fixed_features_runs_it() -> None:
+    """``[data] trust = "secure-aggregation"`` on pixel features (review31: it was silently
+    trained under local trust): every run's spec carries the trust, its training runs the
+    secure sums with size weights, as ``run_federated`` does with the same seed tree; the
+    ids of local-trust runs do not change; a method the secure sums cannot run, and
+    ``experiment tune --private``, are refused by name."""
+    from dpprecond.experiments.config import expand_runs, parse_config, run_id
+    from dpprecond.experiments.private_tuning import check_private_tuning
+    from dpprecond.experiments.runner import DataCache, execute_run
 
-    from dpprecond.experiments.config import parse_config
+    raw = {"name": "t", "data": {"name": "digits", "features": "pixels",
+                                 "trust": "secure-aggregation"},
+           "federation": {"clients": [4], "partitions": ["iid"]},
+           "privacy": {"epsilons": [2.0], "delta": 1e-5, "clip_norm": 1.0,
+                       "accountant": "rdp"},
+           "protocol": {"kind": "per-round", "rounds": 2, "seeds": [0]},
+           "methods": {"fedgd": {"algorithm": "fedgd", "learning_rate": 0.1}},
+           "tuning": {"grid": {"fedgd": {"learning_rate": [0.1, 0.2]}}}}
+    cfg = parse_config(raw)
+    [spec] = expand_runs(cfg)
+    assert spec["trust"] == "secure-aggregation"
+    record, _ = execute_run(spec, DataCache())
+    from dpprecond.secagg.fl import secure_noise_multiplier
 
-    root = Path(__file__).resolve().parents[2]
-    raw = tomllib.loads((root / "experiments" / "digits.toml").read_text())
-    raw["data"]["trust"] = "secure-aggregation"
-    with pytest.raises(ValueError, match="trust"):
-        parse_config(raw)
+    secure = FLConfig(n_rounds=2, clip_norm=1.0, target_epsilon=2.0, accountant="rdp",
+                      weighting="size", trust="secure-aggregation")
+    z = secure_noise_multiplier(secure)  # the Skellam sums' multiplier, not the Gaussian's
+    assert record["noise_multiplier"] == z
+    assert record["epsilon_spent"] <= 2.0
+    local = parse_config({**raw, "data": {"name": "digits", "features": "pixels"}})
+    [local_spec] = expand_runs(local)
+    assert "trust" not in local_spec and run_id(local_spec) != run_id(spec)
+    with pytest.raises(ValueError, match=r"trust = 'secure-aggregation'.*scaffold"):
+        parse_config({**raw, "methods": {"scaffold": {"algorithm": "scaffold"}}, "tuning": {}})
+    with pytest.raises(ValueError, match=r"tune --private.*trust"):
+        check_private_tuning(cfg, 64, 10)
 
 
-@pytest.mark.xfail(strict=True, reason="review31: fl.engine.simulate drops progress and "
-                   "callback under trust='secure-aggregation' (simulate_secure takes neither), "
-                   "so dpprecond fl prints no round lines there; pre-existing, record level "
-                   "too.")
 def test_a_secure_client_level_run_calls_the_callback_every_round() -> None:
     """``run_federated(..., callback=f)`` under secure aggregation calls ``f`` with each
-    round's history record, as under local trust."""
+    round's history record, as under local trust (review31: it was dropped, and with it
+    ``dpprecond fl``'s round lines)."""
     from dpprecond.fl import run_federated
 
     X, _, y = _extreme_client()

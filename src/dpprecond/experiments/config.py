@@ -108,6 +108,7 @@ class ExperimentConfig:
     report_dir: Path | None = None
     features: str = "pixels"
     pca: dict[str, Any] = field(default_factory=dict)
+    trust: str = "local"
     data_path: str | None = None
     checkpoint: str | None = None
     cache_dir: str | None = None
@@ -156,8 +157,9 @@ def _pca_settings(data: Any) -> dict[str, Any]:
 
 def _check_secure_sweep(source: str, methods: list[MethodSpec],
                         epsilons: list[Any]) -> None:
-    """``[data] trust = "secure-aggregation"`` (both stages of ``pca:K`` runs): refuse at
-    load time, naming the key, what the training's Skellam rounds cannot run."""
+    """``[data] trust = "secure-aggregation"`` (the training of every run, and both stages of
+    ``pca:K`` runs): refuse at load time, naming the key, what the training's Skellam
+    rounds cannot run."""
     from dpprecond.fl.methods import CovarianceMethod, GradientMethod, make_method
 
     why = f"{source}: [data] trust = 'secure-aggregation' runs the training's Skellam rounds"
@@ -226,7 +228,7 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
         raise ValueError(f"[protocol] precision={kernel[0]!r}, backend={kernel[1]!r}: runs "
                          f"on {doc.data.features!r} features go through the private-features "
                          "pipeline, which runs the float64 numpy kernel; remove them.")
-    if doc.data.trust == "secure-aggregation" and doc.data.features.startswith("pca:"):
+    if doc.data.trust == "secure-aggregation":  # every run's training (and pca:K's PCA)
         _check_secure_sweep(source, methods, doc.privacy.epsilons)
     output = Path(doc.output if doc.output is not None else f"results/{doc.name}")
     if not output.is_absolute():
@@ -237,7 +239,7 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike = ".",
     data, fed, priv = doc.data, doc.federation, doc.privacy
     return ExperimentConfig(
         name=doc.name, output=output, report_dir=report_dir, data=data.name,
-        features=data.features, pca=_pca_settings(data),
+        features=data.features, pca=_pca_settings(data), trust=data.trust,
         data_path=data.path, checkpoint=data.checkpoint, cache_dir=data.cache_dir,
         clients=tuple(fed.clients), partitions=tuple(fed.partitions), alpha=float(fed.alpha),
         epsilons=tuple(_eps(e) for e in priv.epsilons), delta=float(priv.delta),
@@ -283,6 +285,8 @@ def _base(cfg: ExperimentConfig) -> RunSpec:
             "delta": cfg.delta, "clip_norm": cfg.clip_norm, "accountant": cfg.accountant}
     if cfg.pca:  # private PCA features: their settings determine the run
         base["pca"] = dict(cfg.pca)
+    elif cfg.trust != "local":  # fixed features: the training's trust model (pca:K: in pca)
+        base["trust"] = cfg.trust
     # the kernel's settings, only when not the default (the ids of earlier runs stay)
     if cfg.precision != "float64":
         base["precision"] = cfg.precision

@@ -105,6 +105,11 @@ def _check_settings(cfg: ExperimentConfig) -> None:
             f"{cfg.features!r}{trust} go through the "
             "private-features pipeline, whose private PCA stage the selection does not "
             "account; use pixels or resnet20 features, or drop --private.")
+    if cfg.trust != "local":
+        raise ValueError(f"experiment tune --private runs its trials with local noise "
+                         f"(dpprecond.fl.tune_private); [data] trust = {cfg.trust!r} would not "
+                         "be the trust model of the selection. Use trust = 'local' or drop "
+                         "--private.")
 
 
 def check_private_tuning(cfg: ExperimentConfig, n_features: int, n_classes: int) -> None:

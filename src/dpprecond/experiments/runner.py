@@ -102,9 +102,11 @@ def _run_method(spec: RunSpec, model: LinearSoftmax, data: ClientData, X_eval: n
                       precision=spec.get("precision", "float64"),
                       backend=spec.get("backend", "numpy"),
                       # the grids' protocol (the DP-FedSOFIM paper's): uniform weights and a
-                      # fixed clip, not the package defaults (docs/fl_defaults.md)
-                      weighting=spec.get("weighting", "uniform"),
-                      adaptive_clip=None, **level)
+                      # fixed clip, not the package defaults (docs/fl_defaults.md); size
+                      # weights under secure aggregation, the only weighting it runs
+                      weighting=spec.get("weighting", "size" if spec.get("trust") ==
+                                         "secure-aggregation" else "uniform"),
+                      trust=spec.get("trust", "local"), adaptive_clip=None, **level)
     method = make_method(spec["algorithm"], **spec["params"])
     return simulate(model, data, method, config, X_test=X_eval, y_test=y_eval, seed=sim_seq,
                     progress=progress)
@@ -126,15 +128,16 @@ def _pipeline_run(spec: RunSpec, X_tr: np.ndarray, y_tr: np.ndarray, X_eval: np.
                        row_norm=pca.get("row_norm", float(np.sqrt(X_tr.shape[1]))),
                        pca_share=pca.get("share", 0.2),
                        pca_method=pca.get("method", DEFAULT_PCA_METHOD),
-                       trust=pca.get("trust", "local"), algorithm=spec["algorithm"],
+                       trust=pca.get("trust", spec.get("trust", "local")),
+                       algorithm=spec["algorithm"],
                        method_options=dict(spec["params"]), n_clients=int(spec["clients"]),
                        partition=spec["partition"], alpha=float(spec["alpha"]),
                        n_rounds=int(spec["rounds"]), clip_norm=float(spec["clip_norm"]),
                        accountant=spec["accountant"], seed=sim_seq, progress=progress,
                        # the grids' protocol, as in _fl_run (size under secure aggregation,
                        # the only weighting it runs)
-                       weighting=spec.get("weighting", "size" if pca.get("trust") ==
-                                          "secure-aggregation" else "uniform"),
+                       weighting=spec.get("weighting", "size" if pca.get(
+                           "trust", spec.get("trust")) == "secure-aggregation" else "uniform"),
                        adaptive_clip=None)
     releases = res.ledger.n_releases if res.ledger is not None else res.fl.n_releases
     if res.test_features is None:  # pragma: no cover - run_pipeline always sets them

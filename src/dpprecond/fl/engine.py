@@ -212,7 +212,8 @@ def simulate(model: FLModel, data: ClientData,
         from dpprecond.secagg.fl import simulate_secure
 
         return simulate_secure(model, data, method, config, X_test=X_test, y_test=y_test,
-                               seed=seed, ledger=ledger, secure=secure)
+                               seed=seed, ledger=ledger, secure=secure, progress=progress,
+                               callback=callback)
     # adaptive clipping as the run uses it ("auto" resolved), recorded in the run's config
     config = replace(config, adaptive_clip=resolve_adaptive_clip(as_method(method), config))
     method = with_adaptive_clip(as_method(method), config)  # a no-op without adaptive_clip

@@ -114,11 +114,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event
+from tqdm.auto import tqdm
 
 from dpprecond._validation import (
     check_array,
@@ -525,7 +527,9 @@ def simulate_secure(model: FLModel, data: ClientData,
                     method: Method | GradientTransformation | str, config: FLConfig, *,
                     X_test: Any, y_test: Any, seed: Any = None,
                     min_clients: int | None = None, ledger: PrivacyLedger | None = None,
-                    secure: bool = False, max_client_rows: int | None = None) -> FLResult:
+                    secure: bool = False, max_client_rows: int | None = None,
+                    progress: bool = False,
+                    callback: Callable[[dict[str, float]], None] | None = None) -> FLResult:
     """:func:`~dpprecond.fl.engine.simulate` under secure aggregation (module docstring).
 
     Parameters
@@ -543,6 +547,9 @@ def simulate_secure(model: FLModel, data: ClientData,
         the same seed gives a Flower SecAgg+ deployment's releases).
     secure : bool
         Refused (the secure noise source has no Poisson sampler).
+    progress, callback
+        As for :func:`~dpprecond.fl.engine.simulate`: a tqdm bar over the rounds, and a
+        function called with each round's history record after the round.
 
     Returns
     -------
@@ -580,7 +587,7 @@ def simulate_secure(model: FLModel, data: ClientData,
     root = check_seed("seed", seed)
     if isinstance(gm, CovarianceMethod):
         return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
-                                    ledger, max_client_rows)
+                                    ledger, max_client_rows, _Report(progress, callback))
     z = secure_noise_multiplier(config)
     plan = secure_plan(model, config, data, z, k_min, max_client_rows)
     release = round_event(z)
@@ -606,7 +613,7 @@ def simulate_secure(model: FLModel, data: ClientData,
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
         transform.init(params), transform.update, spend,
-        X_test, y_test, clip)
+        X_test, y_test, clip, _Report(progress, callback))
     info = {**asdict(config), **gm.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None}
     if clip is not None:  # the last round's plan; every round's clip (public)
@@ -657,11 +664,27 @@ def _divisor(config: FLConfig, data: ClientData) -> int:
     return data.n_clients if is_client_level(config) else int(data.X.shape[0])
 
 
+class _Report:
+    """What a run reports as it goes: a tqdm bar over the rounds, a per-round callback."""
+
+    def __init__(self, progress: bool = False,
+                 callback: Callable[[dict[str, float]], None] | None = None) -> None:
+        self.progress, self.callback = bool(progress), callback
+
+    def rounds(self, n_rounds: int) -> Any:
+        return tqdm(range(n_rounds), disable=not self.progress, desc="rounds", leave=False)
+
+    def __call__(self, record: dict[str, float]) -> None:
+        if self.callback is not None:
+            self.callback(record)
+
+
 def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: SumPlan,
                    release: dp_event.DpEvent, noise_root: np.random.SeedSequence,
                    X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
                    step: Any, spend: _Spend, X_test: np.ndarray,
-                   y_test: np.ndarray, clip: SecureClip | None = None
+                   y_test: np.ndarray, clip: SecureClip | None = None,
+                   report: _Report | None = None
                    ) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
     sum of the clients' parts (streams ``(t, i)`` of ``noise_root``), its size-weighted
@@ -674,7 +697,8 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
     divisor = _divisor(config, data)
     client_level = is_client_level(config)
     history: list[dict[str, float]] = []
-    for t in range(config.n_rounds):
+    report = _Report() if report is None else report
+    for t in report.rounds(config.n_rounds):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
         spend(release)  # before the shares are computed: charged regardless
@@ -702,6 +726,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
                         "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
         if clip is not None:
             history[-1]["clip_norm"] = used
+        report(history[-1])
     return params, history
 
 
@@ -709,7 +734,8 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
                          config: FLConfig, X_test: np.ndarray, y_test: np.ndarray,
                          root: np.random.SeedSequence, k_min: int,
                          ledger: PrivacyLedger | None,
-                         max_client_rows: int | None = None) -> FLResult:
+                         max_client_rows: int | None = None,
+                         report: _Report | None = None) -> FLResult:
     """DP-FedFC / DP-FedNew under secure aggregation (module docstring): the setup sum of
     the clipped second moments, then ``T`` secure gradient sums, the server half on the
     aggregate (one row). Streams: the model's init, the rounds' ``(t, i)`` and the setup's
@@ -745,7 +771,8 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
         return method.server_update(spec, {"message": G[None]}, one, sizes, state, params)
 
     params, history = _secure_rounds(model, data, config, plan, release, noise_root, X_run,
-                                     x_sq_norms, params, state, step, spend, X_test, y_test)
+                                     x_sq_norms, params, state, step, spend, X_test, y_test,
+                                     report=report)
     info = {**asdict(config), **method.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None,
             "noise_multipliers": dict(multipliers), "setup": secure_info(setup_plan, K)}
