@@ -63,7 +63,8 @@ SEEDS = (0, 1, 2)
 ROUNDS = 70
 CONFIGS = ("fedgd", "lagged", "default", "fedgd-size", "fedgd-ac", "fedgd-ac-size",
            "lagged-ac-size", "adam-ac-size", "tuned-private", "best-free",
-           "default-start1", "default-start1-lr0.5")
+           "default-start1", "default-start1-lr0.5",
+           "secure-fedgd", "secure-fixed", "secure-default")
 #: The grid that ``best-free`` searches with the test set (not private): DP-FedGD,
 #: sofim-lagged and server Adam at three server steps each, with fixed clips 1 and 10 and
 #: adaptive clipping (median) from 1.
@@ -145,7 +146,16 @@ def measure(ds: Dataset, K: int, partition: str, eps: float, seed: int,
                   adaptive_clip=AdaptiveClip(initial_clip=1.0))),
               "default-start1-lr0.5": (DEFAULT_ALGORITHM, FLConfig(
                   n_rounds=ROUNDS, target_epsilon=eps,
-                  adaptive_clip=AdaptiveClip(initial_clip=1.0, learning_rate=0.5)))}
+                  adaptive_clip=AdaptiveClip(initial_clip=1.0, learning_rate=0.5))),
+              # secure aggregation (size weights, the only weighting its sums run):
+              # DP-FedGD at its defaults, the default method with the fixed clip 10, and
+              # the package default (adaptive clipping, its count in the secure sum)
+              "secure-fedgd": ("fedgd", replace(size, trust="secure-aggregation")),
+              "secure-fixed": (DEFAULT_ALGORITHM, FLConfig(
+                  n_rounds=ROUNDS, target_epsilon=eps, trust="secure-aggregation",
+                  adaptive_clip=None)),
+              "secure-default": (DEFAULT_ALGORITHM, FLConfig(
+                  n_rounds=ROUNDS, target_epsilon=eps, trust="secure-aggregation"))}
     if name in single:
         algorithm, config = single[name]
         out["accuracy"] = _run(ds, K, partition, eps, seed, algorithm, config)

@@ -173,9 +173,11 @@ class FLConfig:
         epsilon is unchanged). Full-batch mechanism only. ``None``: the fixed clip
         ``clip_norm``. ``"auto"`` (the default, the measured best of docs/fl_defaults.md):
         ``AdaptiveClip()`` wherever adaptive clipping runs (a private full-batch run with
-        ``trust="local"`` of a method that accepts it: not the noise-aware SOFIM forms),
-        the fixed clip elsewhere (non-private runs, the Poisson and client-level
-        mechanisms, secure aggregation); the run's recorded config says which
+        ``trust="local"`` of a method that accepts it: not the noise-aware SOFIM forms;
+        with ``trust="secure-aggregation"`` of a one-message gradient method, its count a
+        coordinate of the secure sum, :mod:`dpprecond.secagg.adaptive`), the fixed clip
+        elsewhere (non-private runs, the Poisson and client-level mechanisms, the
+        covariance methods under secure aggregation); the run's recorded config says which
         (:func:`dpprecond.fl.adaptive_clip.resolve_adaptive_clip`).
 
     Every field is public (it describes the mechanism, not the data).
