@@ -524,6 +524,11 @@ def check_secagg_plus_method(method: Method, config: FLConfig
 class SecAggDPStrategy(Strategy):
     """The server of a secure-aggregation run (legacy strategy for ``SecAggPlusWorkflow``).
 
+    It runs what :func:`~dpprecond.secagg.fl.simulate_secure` runs, with the same plans:
+    the gradient methods (with adaptive clipping by default, each round's plan at its clip
+    and the count in the sum, :mod:`dpprecond.secagg.adaptive`), the covariance methods
+    (the setup sum as round 1), and client-level DP (the clipped updates).
+
     Parameters
     ----------
     model, method, config
