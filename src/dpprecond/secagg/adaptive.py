@@ -16,7 +16,7 @@ round's size-weighted mean gradient ``G`` (as without adaptive clipping), its la
 public).
 
 **Sensitivity.** Replacing one record of client ``i`` moves ``p_i`` by at most ``Delta_p
-= 2 C_t (1 + slack)`` (:func:`~dpprecond.secagg.fl.part_sensitivity`, the computed sums)
+= 2 C_t (1 + slack)`` (:func:`~dpprecond.secagg.rounds.part_sensitivity`, the computed sums)
 and ``c_i`` by at most 1 (one indicator, a function of that record and the public
 parameters); no other part changes. The count coordinate is the float product
 ``fl(kappa c)`` of an exact integer ``c <= n`` (rows of the client): ``|fl(kappa c) -
@@ -56,6 +56,7 @@ import numpy as np
 from dpprecond._validation import check_fraction, check_int, check_positive
 from dpprecond.fl.client import record_counts
 from dpprecond.fl.models import FLModel
+from dpprecond.secagg.rounds import part_sensitivity, round_plan
 from dpprecond.secagg.sums import SumPlan
 
 __all__ = ["SecureClip", "count_weight", "counted_parts", "counted_plan", "counted_sensitivity",
@@ -89,12 +90,10 @@ def counted_plan(model: FLModel, clip_norm: float, noise_multiplier: float, *,
     """A round's plan at the clip ``C_t`` and the count's weight: ``(plan, kappa)``.
 
     ``p + 1`` coordinates, sensitivity :func:`counted_sensitivity` of the part's
-    :func:`~dpprecond.secagg.fl.part_sensitivity` for clients of at most
+    :func:`~dpprecond.secagg.rounds.part_sensitivity` for clients of at most
     ``max_client_rows`` rows of ``dtype``, the modulus for ``n_rows`` records and
     ``n_clients`` shares (:func:`~dpprecond.secagg.fl.round_plan`).
     """
-    from dpprecond.secagg.fl import part_sensitivity, round_plan
-
     delta_p = part_sensitivity(model, clip_norm, max_client_rows, dtype)
     weight = count_weight(delta_p, count_share)
     delta = counted_sensitivity(delta_p, weight, max_client_rows)
