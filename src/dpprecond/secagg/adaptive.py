@@ -183,11 +183,21 @@ class SecureClip:
 
     def update(self, fraction: float) -> float:
         """Record the round's clip and move to ``C_{t+1} = C_t exp(-lr (b_t - gamma))``
-        (post-processing of the released fraction ``b_t``); returns the new clip."""
+        (post-processing of the released fraction ``b_t``); returns the new clip.
+
+        A clip with no exact plan (a scale that overflows near ``2^-1000``, integers beyond
+        ``2^52`` or Skellam shares beyond numpy's Poisson sampler at a huge clip: the plan's
+        scale stops at 1, so its modulus grows with ``C``) is not taken: the clip stays at
+        the round's, whose plan exists, as the local path keeps its clip within the range
+        its noise allows. The choice reads only public values."""
         from dpprecond.fl.adaptive_clip import geometric_update
 
         self.norms.append(self.clip)
-        self.clip = geometric_update(self.clip, float(fraction),
-                                     self.settings.target_quantile,
-                                     self.settings.learning_rate)
+        new = geometric_update(self.clip, float(fraction), self.settings.target_quantile,
+                               self.settings.learning_rate)
+        try:
+            self.plan(new)
+        except ValueError:
+            new = self.clip
+        self.clip = new
         return self.clip
