@@ -559,6 +559,8 @@ def simulate_secure(model: FLModel, data: ClientData,
                                                     1))
     clip = secure_clip(model, gm, config, z, n_records=n_records, n_clients=K,
                        min_clients=k_min, max_client_rows=rows)
+    if clip is not None:  # the first round's plan (public settings) before any charge
+        clip.plan()
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
@@ -663,6 +665,10 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
     for t in report.rounds(config.n_rounds):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
+        if clip is not None:  # the round's plan from the public clip, before the charge
+            used = clip.clip
+            counted, weight = clip.plan()
+            check_shares(K, counted)
         spend(release)  # before the shares are computed: charged regardless
         if clip is None:
             G = secure_gradient_sum(model, params, X_run, data.y,
@@ -671,9 +677,6 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
                                     client_level=client_level,
                                     local_steps=config.local_steps, local_lr=config.local_lr)
         else:  # the round's clip, its own plan, the count in the sum
-            used = clip.clip
-            counted, weight = clip.plan()
-            check_shares(K, counted)
             parts = counted_parts(model, params, X_run, data.y, data.bounds, used, weight,
                                   x_sq_norms=x_sq_norms)
             G, count = split_counted_sum(secure_sum(parts, counted, rngs, list(range(K))),
