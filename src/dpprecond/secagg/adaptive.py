@@ -36,12 +36,17 @@ noise std over ``Delta_p`` is ``z / sqrt(1 - s)`` and the count's over 1 is ``z 
 noise is added once to the total, not once per client.
 
 The plan changes with ``C_t`` (its sensitivity), so each round has its own
-(:func:`counted_plan`); the scale ``gamma`` is a power of two with ``gamma Delta`` in
-``[sqrt(m) / inflation, 2 sqrt(m) / inflation)`` while ``gamma > 1``, so the modulus varies
-by at most one bit between rounds (:func:`quantization_bits` bounds it for a SecAgg+ run)
-unless the scale stops at 1 (a huge clip) or the plan at ``C_0`` was coarsened to fit
-``2^30``: then a later round's plan may need more, and SecAgg+ refuses that round by name
-before it is charged (open: tests/fl/test_review31b.py's xfail).
+(:func:`counted_plan`). Its modulus must fit ``2^30`` (:data:`~dpprecond.secagg.rounds.
+FIT_BITS`, what Flower's SecAgg+ carries), and the scale ``gamma`` is a power of two: at
+some data shapes only part of each octave of clips has a plan that fits (Fashion-MNIST's
+shape at ``K = 100``: about 72%; the plan at ``2^-10`` inflation needs 35 bits and
+coarsening the scale within the accounted ``2^-6`` reaches 30 bits only where ``gamma
+Delta`` falls low in its octave). So a round applies :meth:`SecureClip.applied`: the
+largest clip of ``C_t 2^(-j/16)``, ``j = 0..16``, whose plan fits, else ``C_t`` itself
+(the simulator then runs a plan above ``2^30``, which SecAgg+ refuses by name before the
+round is charged). The choice is a function of the public clip and settings, the same in
+the simulator and on SecAgg+, whose quantization range is ``2^30`` for such a run. The
+count is taken at the applied clip and the update moves from it.
 
 Scope: the one-message gradient methods (not the noise-aware SOFIM forms, whose noise
 variance is fixed at the start), the full-batch mechanism, size weights, as for adaptive
@@ -59,13 +64,16 @@ import numpy as np
 from dpprecond._validation import check_fraction, check_int, check_positive
 from dpprecond.fl.client import record_counts
 from dpprecond.fl.models import FLModel
-from dpprecond.secagg.rounds import part_sensitivity, round_plan
+from dpprecond.secagg.rounds import FIT_BITS, part_sensitivity, round_plan
 from dpprecond.secagg.sums import SumPlan
 
-__all__ = ["SecureClip", "count_weight", "counted_parts", "counted_plan", "counted_sensitivity",
-           "quantization_bits", "split_counted_sum"]
+__all__ = ["FIT_GRID", "SecureClip", "count_weight", "counted_parts", "counted_plan",
+           "counted_sensitivity", "split_counted_sum"]
 
 _U = 2.0**-53
+#: Clips tried per octave below the target for a plan that fits ``2^FIT_BITS``
+#: (:meth:`SecureClip.applied`).
+FIT_GRID = 16
 
 
 def count_weight(part_delta: float, count_share: float) -> float:
@@ -131,20 +139,6 @@ def split_counted_sum(decoded: np.ndarray, weight: float) -> tuple[np.ndarray, f
     return decoded[:-1], float(decoded[-1]) / weight
 
 
-def quantization_bits(model: FLModel, clip_norm: float, noise_multiplier: float, *,
-                      count_share: float, n_rows: int, n_clients: int, min_clients: int,
-                      max_client_rows: int, dtype: Any = np.float64,
-                      max_bits: int | None = None) -> int:
-    """Bits of a modulus that every round's :func:`counted_plan` fits, whatever its clip:
-    the plan's at ``clip_norm`` plus one (``gamma Delta`` stays within a factor 2, module
-    docstring), at most ``max_bits``. Each round's plan is still checked against it."""
-    plan, _ = counted_plan(model, clip_norm, noise_multiplier, count_share=count_share,
-                           n_rows=n_rows, n_clients=n_clients, min_clients=min_clients,
-                           max_client_rows=max_client_rows, dtype=dtype)
-    bits = plan.bits + 1
-    return bits if max_bits is None else min(bits, max_bits)
-
-
 class SecureClip:
     """The clip of a secure-aggregation run with adaptive clipping: its plan per round and
     its geometric update, shared by the simulator and the SecAgg+ strategy.
@@ -173,20 +167,37 @@ class SecureClip:
                            "n_clients": n_clients, "min_clients": min_clients,
                            "max_client_rows": max_client_rows, "dtype": dtype}
         self.norms: list[float] = []
+        self._applied: tuple[float, float] | None = None  # (C_t, the clip applied)
 
     def plan(self, clip: float | None = None) -> tuple[SumPlan, float]:
-        """The round's ``(plan, kappa)`` at ``clip`` (default: the current clip)."""
-        return counted_plan(self.model, self.clip if clip is None else clip,
+        """The round's ``(plan, kappa)`` at ``clip`` (default: :meth:`applied`)."""
+        return counted_plan(self.model, self.applied() if clip is None else clip,
                             self.noise_multiplier, **self._plan_args)
 
-    def quantization_bits(self, max_bits: int | None = None) -> int:
-        """:func:`quantization_bits` at the initial clip."""
-        return quantization_bits(self.model, self.clip, self.noise_multiplier,
-                                 max_bits=max_bits, **self._plan_args)
+    def applied(self) -> float:
+        """The clip the round applies: the largest of ``C_t 2^(-j / FIT_GRID)``, ``j = 0
+        .. FIT_GRID``, whose plan exists and fits ``2^FIT_BITS``, else ``C_t`` (module
+        docstring). A function of public values only."""
+        if self._applied is not None and self._applied[0] == self.clip:
+            return self._applied[1]
+        chosen = self.clip
+        for j in range(FIT_GRID + 1):
+            candidate = self.clip * 2.0 ** (-j / FIT_GRID)
+            try:
+                plan, _ = counted_plan(self.model, candidate, self.noise_multiplier,
+                                       **self._plan_args)
+            except ValueError:  # no exact plan at this clip: try a smaller one
+                continue
+            if plan.bits <= FIT_BITS:
+                chosen = candidate
+                break
+        self._applied = (self.clip, chosen)
+        return chosen
 
     def update(self, fraction: float) -> float:
-        """Record the round's clip and move to ``C_{t+1} = C_t exp(-lr (b_t - gamma))``
-        (post-processing of the released fraction ``b_t``); returns the new clip.
+        """Record the round's applied clip and move to ``C_{t+1} = C exp(-lr (b_t -
+        gamma))`` from it (post-processing of the released fraction ``b_t``, the count
+        taken at that clip); returns the new clip.
 
         A clip with no exact plan (a scale that overflows near ``2^-1000``, integers beyond
         ``2^52`` or Skellam shares beyond numpy's Poisson sampler at a huge clip: the plan's
@@ -195,12 +206,13 @@ class SecureClip:
         its noise allows. The choice reads only public values."""
         from dpprecond.fl.adaptive_clip import geometric_update
 
-        self.norms.append(self.clip)
-        new = geometric_update(self.clip, float(fraction), self.settings.target_quantile,
+        used = self.applied()
+        self.norms.append(used)
+        new = geometric_update(used, float(fraction), self.settings.target_quantile,
                                self.settings.learning_rate)
         try:
-            self.plan(new)
+            counted_plan(self.model, new, self.noise_multiplier, **self._plan_args)
         except ValueError:
-            new = self.clip
+            new = used
         self.clip = new
         return self.clip

@@ -666,7 +666,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
         if clip is not None:  # the round's plan from the public clip, before the charge
-            used = clip.clip
+            used = clip.applied()
             counted, weight = clip.plan()
             check_shares(K, counted)
         spend(release)  # before the shares are computed: charged regardless

@@ -628,8 +628,9 @@ class SecAggDPStrategy(Strategy):
                                  n_records=self.n_records, n_clients=self.n_clients,
                                  min_clients=self.min_clients, max_client_rows=rows)
         self._weight = 0.0  # the count's weight in the round being run
-        self._counted_bits = 0 if self.clip_ is None else self.clip_.quantization_bits(
-            FIT_BITS)
+        # adaptive clipping: every round's plan is fitted to 2^FIT_BITS where it can be
+        # (SecureClip.applied), so the run's quantization range is 2^FIT_BITS
+        self._counted_bits = 0 if self.clip_ is None else FIT_BITS
         for plan in (self.plan_, self.setup_plan_):
             if plan is not None and plan.modulus >= SECAGG_MODULUS:
                 self._refuse_modulus(plan)
@@ -721,13 +722,14 @@ class SecAggDPStrategy(Strategy):
         clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
         if kind == "gradient" and self.clip_ is not None:
             plan, self._weight = self.clip_.plan()
-            clip = self.clip_.clip
+            clip = self.clip_.applied()
             extra["plan-count-weight"] = self._weight
             if plan.modulus > self.quantization_range:  # before the round is charged
                 raise ValueError(f"Round {server_round}'s plan at clip {clip:.6g} needs a "
-                                 f"modulus of 2^{plan.bits}, above the run's SecAgg+ "
-                                 f"quantization range 2^{self._counted_bits}; restart with "
-                                 "a clip_norm nearer the clip the run reached.")
+                                 f"modulus of 2^{plan.bits}, and no clip within an octave "
+                                 f"below it has a plan within SecAgg+'s 2^{FIT_BITS}: lower "
+                                 "the number of records or the model's size, or simulate it "
+                                 "with trust='secure-aggregation'.")
         clients = client_manager.sample(num_clients=self.n_clients,
                                         min_num_clients=self.n_clients)
         release = self.setup_release_ if kind == "moment" else self.release_
@@ -764,7 +766,7 @@ class SecAggDPStrategy(Strategy):
         used = None
         if self.clip_ is not None:  # the count rides in the sum: move the clip
             decoded, count = split_counted_sum(decoded, self._weight)
-            used = self.clip_.clip
+            used = self.clip_.applied()
             self.clip_.update(count / n)
         G = decoded / n
         if isinstance(self.method, CovarianceMethod):
