@@ -89,3 +89,23 @@ def test_secaggplus_quantization_range_covers_the_plans_of_the_clips_the_run_rea
             clip.clip = float(c)
             lowered += clip.applied() < c
         assert 0 < lowered < 41
+
+
+def test_a_lowered_clip_records_the_applied_clip_and_moves_the_target():
+    """Where the round applies a clip below the target (the Fashion-MNIST shape), the
+    history records the applied clip, and the update moves the target itself (moving from
+    the applied clip would drag the target down every round)."""
+    from dpprecond.fl.adaptive_clip import geometric_update
+
+    clip = SecureClip(AdaptiveClip(), LinearSoftmax(784, 10), 1.0, 1.0, n_rows=60_000,
+                      n_clients=100, min_clients=100, max_client_rows=60_000)
+    for c in np.geomspace(0.5, 2.0, 41):
+        clip.clip = float(c)
+        if clip.applied() < c:
+            break
+    else:  # pragma: no cover - the shape's partial fit is pinned above
+        raise AssertionError("no lowered clip in [0.5, 2]")
+    target, applied = clip.clip, clip.applied()
+    clip.update(0.3)
+    assert clip.norms[-1] == applied
+    assert clip.clip == geometric_update(target, 0.3, 0.5, 0.2)

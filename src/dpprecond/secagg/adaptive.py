@@ -46,7 +46,8 @@ largest clip of ``C_t 2^(-j/16)``, ``j = 0..16``, whose plan fits, else ``C_t`` 
 (the simulator then runs a plan above ``2^30``, which SecAgg+ refuses by name before the
 round is charged). The choice is a function of the public clip and settings, the same in
 the simulator and on SecAgg+, whose quantization range is ``2^30`` for such a run. The
-count is taken at the applied clip and the update moves from it.
+count is taken at the applied clip; the update moves the target ``C_t`` itself, so that
+it settles where the applied clip's fraction is the target quantile.
 
 Scope: the one-message gradient methods (not the noise-aware SOFIM forms, whose noise
 variance is fixed at the start), the full-batch mechanism, size weights, as for adaptive
@@ -195,9 +196,11 @@ class SecureClip:
         return chosen
 
     def update(self, fraction: float) -> float:
-        """Record the round's applied clip and move to ``C_{t+1} = C exp(-lr (b_t -
-        gamma))`` from it (post-processing of the released fraction ``b_t``, the count
-        taken at that clip); returns the new clip.
+        """Record the round's applied clip and move the target to ``C_{t+1} = C_t exp(-lr
+        (b_t - gamma))`` (post-processing of the released fraction ``b_t``, the count taken
+        at the applied clip); returns the new target. The target moves from itself, not
+        from the applied clip (a lowered clip would otherwise drag it down every round):
+        it settles where the applied clip's fraction is the target quantile.
 
         A clip with no exact plan (a scale that overflows near ``2^-1000``, integers beyond
         ``2^52`` or Skellam shares beyond numpy's Poisson sampler at a huge clip: the plan's
@@ -206,13 +209,12 @@ class SecureClip:
         its noise allows. The choice reads only public values."""
         from dpprecond.fl.adaptive_clip import geometric_update
 
-        used = self.applied()
-        self.norms.append(used)
-        new = geometric_update(used, float(fraction), self.settings.target_quantile,
+        self.norms.append(self.applied())
+        new = geometric_update(self.clip, float(fraction), self.settings.target_quantile,
                                self.settings.learning_rate)
         try:
             counted_plan(self.model, new, self.noise_multiplier, **self._plan_args)
         except ValueError:
-            new = used
+            new = self.clip
         self.clip = new
         return self.clip
