@@ -108,6 +108,11 @@ mechanism (uniform weighting, any ``local_steps``); the covariance methods (``fe
 methods (``fedavg``, ``scaffold``, ``fedprox``: noise at every local step) and every other
 setting are refused with an error naming it; ``mechanism="client-level"`` with ``fedgd``
 and ``local_steps > 1`` is the client-level DP-FedAvg.
+
+Adaptive clipping (``adaptive_clip="auto"``, the default, for the one-message gradient
+methods at the full-batch mechanism): each round's count is one more coordinate of the
+clients' parts, each round has the plan of its clip, and the event is the same
+:func:`round_event`, so the epsilon is the fixed clip's (:mod:`dpprecond.secagg.adaptive`).
 """
 
 from __future__ import annotations
