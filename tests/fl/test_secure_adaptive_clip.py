@@ -27,7 +27,8 @@ from dpprecond.secagg.adaptive import (
     split_counted_sum,
 )
 from dpprecond.secagg.fl import part_sensitivity, secure_plan, simulate_secure
-from dpprecond.secagg.sums import round_shared, secure_sum
+from dpprecond.secagg.sums import secure_sum
+from tests.secagg.rounding_checks import assert_rounded_parts_within_plan
 
 BOUNDS = np.array([0, 7, 19, 20, 40])  # four clients, one of a single record
 D_FEAT, N_CLASSES, C, SHARE = 30, 5, 1.0, 0.05
@@ -72,13 +73,7 @@ def test_a_record_inside_the_clip_replaced_by_one_outside_moves_one_part_within_
         moved = float(np.linalg.norm(P[1] - P2[1]))
         assert moved <= plan.sensitivity
         assert moved > kappa  # the gradient moved too
-        y1, y2 = P[1] * plan.scale, P2[1] * plan.scale
-        rng = np.random.default_rng(seed)
-        for _ in range(200):
-            u = rng.random(plan.dim)
-            w = round_shared(y2, u) - round_shared(y1, u)
-            assert np.linalg.norm(w) <= plan.l2_sensitivity
-            assert np.abs(w).sum() <= plan.l1_sensitivity
+        assert_rounded_parts_within_plan(P[1], P2[1], plan, seed)
 
 
 def test_the_count_takes_its_share_of_the_sums_precision() -> None:

@@ -28,7 +28,8 @@ from dpprecond.secagg.fl import (
     secure_plan,
     simulate_secure,
 )
-from dpprecond.secagg.sums import ROUNDING_INFLATION, round_shared
+from dpprecond.secagg.sums import ROUNDING_INFLATION
+from tests.secagg.rounding_checks import assert_rounded_parts_within_plan
 
 BOUNDS = np.array([0, 7, 19, 20, 40])  # four clients, one of a single record
 D_FEAT, N_CLASSES, C = 30, 5, 0.5
@@ -75,13 +76,7 @@ def test_replacing_a_whole_client_moves_only_its_part_by_at_most_2c(magnitude: f
         assert moved <= 2 * C
         if magnitude == 1e8:  # opposite feature blocks, the bias block ~ 1e-8 of them
             assert moved >= 2 * C * (1 - 1e-6)
-        y1, y2 = P[1] * plan.scale, P2[1] * plan.scale  # exact: a power of two
-        rng = np.random.default_rng(seed)
-        for _ in range(200):
-            u = rng.random(plan.dim)
-            w = round_shared(y2, u) - round_shared(y1, u)
-            assert np.linalg.norm(w) <= plan.l2_sensitivity
-            assert np.abs(w).sum() <= plan.l1_sensitivity
+        assert_rounded_parts_within_plan(P[1], P2[1], plan, seed)
 
 
 def test_the_decoded_sum_is_the_clipped_updates_sum_within_rounding_and_noise() -> None:
