@@ -495,6 +495,45 @@ def test_the_run_config_checks_secagg_num_shares_before_anything_starts():
         check_run_config({**rc, "trust": "local", "secagg-num-shares": 5})
 
 
+def test_min_replies_is_met_by_min_clients_or_refused_under_secure_aggregation():
+    """Under secure aggregation a released round holds at least min-clients shares, so
+    min-replies is honoured by it: a min-replies above min-clients, or above the
+    federation's size (either trust model), is refused before anything starts, and once
+    the federation's size is known (n-clients = 0)."""
+    from flwr.app import Context, RecordDict
+
+    from dpprecond.adapters.flower.app import (
+        RunConfigError,
+        check_run_config,
+        secagg_strategy_from_run_config,
+        strategy_from_run_config,
+    )
+
+    rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
+          "trust": "secure-aggregation", "weighting": "size", "adaptive-clip": False,
+          "n-clients": 7}
+    check_run_config({**rc, "min-replies": 7})  # min-clients = 0: all 7 shares
+    check_run_config({**rc, "min-replies": 4, "min-clients": 4})
+    with pytest.raises(RunConfigError, match=r"min-replies=5 exceeds min-clients=4.*"
+                                             r"set min-clients >= 5"):
+        check_run_config({**rc, "min-replies": 5, "min-clients": 4})
+    with pytest.raises(RunConfigError, match=r"min-replies=8 exceeds the federation's 7 "
+                                             r"clients.*min-replies <= 7"):
+        check_run_config({**rc, "min-replies": 8})
+    local = {**rc, "trust": "local", "weighting": "uniform"}
+    check_run_config({**local, "min-replies": 7})
+    with pytest.raises(RunConfigError, match="min-replies=8 exceeds the federation's 7"):
+        check_run_config({**local, "min-replies": 8})
+    # n-clients = 0: the size comes from the SuperNodes, checked when the strategy is built
+    check_run_config({**rc, "n-clients": 0, "min-replies": 8})
+    for config, build in ((rc, secagg_strategy_from_run_config),
+                          (local, strategy_from_run_config)):
+        ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={**config, "n-clients": 0, "min-replies": 8})
+        with pytest.raises(RunConfigError, match="min-replies=8 exceeds the federation's 7"):
+            build(ctx, n_clients=7)
+
+
 @pytest.mark.slow
 def test_a_sparse_secagg_plus_ring_releases_the_engines_sums():
     """K = 5 SuperNodes, each sharing with 2 neighbours of a ring (num_shares = 3): the

@@ -20,7 +20,9 @@ client-level one under ``trust = "secure-aggregation"``), ``weighting``,
 ``clip-norm``, :class:`~dpprecond.fl.config.AdaptiveClip`; ``false``: a fixed clip; ``""``:
 :class:`~dpprecond.fl.config.FLConfig`'s default), ``accountant``, ``secure``
 (secure-mode noise at the clients), ``round-timeout``,
-``connect-timeout``, ``min-replies``, ``evaluate`` (server-side accuracy on the dataset's
+``connect-timeout``, ``min-replies`` (:func:`check_min_replies`: at most the federation's
+size, and under secure aggregation at most ``min-clients``), ``evaluate`` (server-side
+accuracy on the dataset's
 public test split), ``output-dir`` (write ``result.json`` and ``params.npy`` there). Data:
 ``data`` (a dataset name, or ``"node-file"`` for each client's own file), ``data-path``,
 ``features``, ``partition``, ``alpha``, ``partition-seed``, ``n-features`` and
@@ -125,6 +127,33 @@ def _check_algorithm(run_config: dict[str, Any]) -> None:
                              f"{list(METHODS)}.")
 
 
+def check_min_replies(min_replies: int, n_clients: int | None,
+                      min_clients: int | None = None) -> None:
+    """Refuse a ``min-replies`` that no round can meet, or that secure aggregation would
+    not honour.
+
+    Under ``trust="local"`` a round with fewer than ``min-replies`` valid replies leaves
+    the model unchanged, so ``min-replies > n-clients`` would train nothing. Under
+    ``trust="secure-aggregation"`` the floor of a round is ``min-clients`` (a sum of fewer
+    shares is never unmasked; ``0``: all ``n-clients``), so every released round has at
+    least ``min-clients`` replies: ``min-replies`` is honoured when it is at most
+    ``min-clients`` and refused otherwise (``min_clients`` is ``None`` under local trust;
+    ``n_clients`` is ``None`` while the federation's size is not known).
+    """
+    if n_clients is not None and min_replies > n_clients:
+        raise ValueError(f"Run config min-replies={min_replies} exceeds the federation's "
+                         f"{n_clients} clients: no round could update the model; set "
+                         f"min-replies <= {n_clients}.")
+    if min_clients:  # secure aggregation with an explicit floor (0: all the clients)
+        if min_replies > min_clients:
+            raise ValueError(f"Run config min-replies={min_replies} exceeds "
+                             f"min-clients={min_clients}: under trust='secure-aggregation' "
+                             f"a round is released from as few as min-clients shares, so "
+                             f"min-replies is not met; set min-clients >= {min_replies} "
+                             "(its noise plan then needs that many survivors) or lower "
+                             "min-replies.")
+
+
 def check_run_config(run_config: dict[str, Any]) -> None:
     """Check every key and value of a run config; load nothing, contact nobody.
 
@@ -158,13 +187,16 @@ def check_run_config(run_config: dict[str, Any]) -> None:
         _bool(rc, "secure", False)
         _positive(rc, "round-timeout", 600.0)
         _positive(rc, "connect-timeout", 120.0)
-        _int(rc, "min-replies", 1, low=1)
+        min_replies = _int(rc, "min-replies", 1, low=1)
         max_eps = _optional_float(rc, "max-epsilon")
         if max_eps is not None:
             check_positive("max-epsilon", max_eps)
         seed = _noise_seed(rc)
         min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0)
         num_shares = check_int("secagg-num-shares", rc.get("secagg-num-shares", 0), low=0)
+        n_clients = check_int("n-clients", rc.get("n-clients", 0), low=0)
+        check_min_replies(min_replies, n_clients or None,
+                          min_clients if config.trust == "secure-aggregation" else None)
         if config.trust == "secure-aggregation":
             check_secure_aggregation(method_from_run_config(rc), config,
                                      _bool(rc, "secure", False))
@@ -315,6 +347,10 @@ def strategy_from_run_config(context: Context, *,
                                  "only the Grid knows: pass n_clients (federation_size(grid, "
                                  "timeout)), or use run_from_run_config.")
     n_clients = check_int("n_clients", n_clients, low=1)
+    try:  # the federation's size is known now
+        check_min_replies(_int(rc, "min-replies", 1, low=1), n_clients)
+    except ValueError as exc:
+        raise RunConfigError(f"Invalid run config: {exc}") from exc
     config = config_from_run_config(rc)
     method = method_from_run_config(rc)
     X_test = y_test = None
@@ -392,6 +428,10 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
     if _bool(rc, "evaluate", True):
         X_test, y_test = ds.X_test, ds.y_test
     min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
+    try:  # the federation's size is known now (n-clients = 0 asks the SuperNodes)
+        check_min_replies(_int(rc, "min-replies", 1, low=1), n_clients, min_clients)
+    except ValueError as exc:
+        raise RunConfigError(f"Invalid run config: {exc}") from exc
     num_shares = check_int("secagg-num-shares", rc.get("secagg-num-shares", 0), low=0) or None
     max_eps = _optional_float(rc, "max-epsilon")
     ledger = None if max_eps is None else PrivacyLedger(config.target_delta, max_eps,

@@ -139,6 +139,10 @@ class DPFedStrategy(Strategy):
             raise ValueError(f"secure=True refuses seeds (got seed={seed!r}).")
         self.connect_timeout = check_positive("connect_timeout", connect_timeout)
         self.min_replies = check_int("min_replies", min_replies, low=1)
+        if self.min_replies > self.n_clients:
+            raise ValueError(f"min_replies={min_replies} exceeds n_clients={self.n_clients}: "
+                             f"no round could update the model; pass min_replies <= "
+                             f"{self.n_clients}.")
         self.X_test = self.y_test = None
         if (X_test is None) != (y_test is None):
             raise ValueError("Pass both X_test and y_test, or neither.")
