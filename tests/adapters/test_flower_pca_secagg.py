@@ -115,6 +115,52 @@ def test_secagg_plus_fit_is_the_in_process_secure_fit(digits, method, options) -
         assert np.array_equal(got.explained_variance, ref.explained_variance)
 
 
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+def test_the_fl_client_app_answers_pca_under_both_trust_models(digits, trust) -> None:
+    """make_dual_client_app(..., pca=True), the example FL app's ClientApp with PCA on:
+    the same fit as the PCA ClientApp's, bit for bit under secure aggregation (integer
+    sums) and to float summation order under local trust; without pca=True a secure PCA
+    request is refused by name and nothing is released (its nodes do not register)."""
+    from dpprecond.adapters.flower.secagg import make_dual_client_app
+
+    X, bounds = digits
+    fit = {**FIT, "trust": trust}
+    ref = fit_private_pca(X, 4, method="power", seed=SEED, clients=bounds, **fit)
+    app = make_dual_client_app(SplitRows(*digits), noise_seed=SEED, pca=True)
+    got = fit_pca_on_flower(Grid(app), 4, method="power", **fit)
+    if trust == "secure-aggregation":
+        assert np.array_equal(got.components, ref.components)
+    else:
+        np.testing.assert_allclose(got.components, ref.components, atol=1e-8)
+    assert got.dp_event == ref.dp_event and got.epsilon == ref.epsilon
+    if trust == "secure-aggregation":
+        grid = Grid(make_dual_client_app(SplitRows(*digits), noise_seed=SEED))
+        ledger = PrivacyLedger(1e-5, 10.0, accountant="rdp")
+        with pytest.raises(ClientMissingError, match="No query function registered"):
+            fit_pca_on_flower(grid, 4, method="analyze_gauss", ledger=ledger,
+                              connect_timeout=0.5, **fit)
+        assert grid.types.get("train", 0) == 0 and not ledger.events
+        # PCA registration answered (query.pca added by hand), the SecAgg+ release not
+        from dpprecond.adapters.flower.pca import add_pca_handler
+
+        rows = SplitRows(*digits)
+        inner = add_pca_handler(make_dual_client_app(rows, noise_seed=SEED), rows,
+                                noise_seed=SEED)
+        errors: list[str] = []
+
+        def recording(message: Message, context: Context) -> Message:
+            try:
+                return inner(message, context)
+            except Exception as exc:
+                errors.append(str(exc))
+                raise
+
+        with pytest.raises(ClientMissingError, match="SecAgg\\+ released nothing"):
+            fit_pca_on_flower(Grid(recording), 4, method="analyze_gauss",  # type: ignore[arg-type]
+                              connect_timeout=0.5, **fit)
+        assert errors and all("built without PCA" in e and "pca=True" in e for e in errors)
+
+
 def test_the_plan_is_charged_first_and_a_dropout_is_not_released(digits) -> None:
     """Client 2 goes offline in the second release's masked-vector stage: SecAgg+ halts
     (fewer than min_clients = K), nothing of that sum is released, the error states the

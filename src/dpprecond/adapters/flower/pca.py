@@ -493,7 +493,9 @@ def add_pca_handler(app: ClientApp, load_rows: LoadRows, *,
     The FL ClientApp (:func:`~dpprecond.adapters.flower.make_client_app`) answers
     ``query`` and ``train``; with this it also answers federated PCA on the same nodes,
     under ``trust="local"`` (a secure fit's SecAgg+ rounds are ``train`` messages, which
-    :func:`make_pca_client_app` answers behind ``secaggplus_mod``).
+    :func:`make_pca_client_app` answers behind ``secaggplus_mod``, and so does
+    :func:`~dpprecond.adapters.flower.secagg.make_dual_client_app` with ``pca=True``, the
+    FL ClientApp for both trust models).
     """
     if noise_seed is not None:
         check_int("noise_seed", noise_seed, low=0)

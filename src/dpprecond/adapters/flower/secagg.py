@@ -112,6 +112,8 @@ from dpprecond.adapters.flower.client_app import (
     query_reply,
     train_reply,
 )
+from dpprecond.adapters.flower.pca import add_pca_handler
+from dpprecond.adapters.flower.pca_secagg import SECURE_REQUEST_KEY, secure_pca_reply
 from dpprecond.adapters.flower.protocol import simulator_seeds
 from dpprecond.adapters.flower.secaggplus import (
     MAX_SECAGG_CLIENTS,
@@ -433,14 +435,27 @@ def _secaggplus_checked(msg: Message, ctxt: Context, call_next: Any) -> Message:
     return call_next(msg, ctxt)
 
 
-def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
+def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
+                         pca: bool = False) -> ClientApp:
     """One ClientApp for both trust models: dpprecond's local-noise ClientApp
     (:func:`~dpprecond.adapters.flower.client_app.make_client_app`'s ``query`` and
     ``train``) and, for SecAgg+ fit requests, :class:`SecAggDPClient` behind
     ``secaggplus_mod``. The node config's guards apply to both (``allow-seeded-noise``
     for a run-config ``noise-seed``, ``min-noise-multiplier``).
+
+    ``pca=True``: the same nodes also answer dpprecond's federated PCA on the rows
+    ``load_data`` gives, under both trust models (the ``query.pca`` requests of
+    :func:`~dpprecond.adapters.flower.pca.add_pca_handler`, and a secure fit's SecAgg+
+    rounds, told apart from FL rounds by their PCA request, through
+    :func:`~dpprecond.adapters.flower.pca_secagg.secure_pca_reply`), as
+    :func:`~dpprecond.adapters.flower.pca.make_pca_client_app` does. Off by default: a
+    node answers only the kinds of release its operator chose; each PCA release is a
+    privacy release of these rows, charged by the server's plan and bounded by the same
+    node-config guards.
     """
     app = ClientApp(mods=[secaggplus_when_asked])
+    if pca:
+        add_pca_handler(app, load_data, noise_seed=noise_seed)
 
     @app.query()
     def _query(message: Message, context: Context) -> Message:
@@ -450,6 +465,13 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None) 
     def _train(message: Message, context: Context) -> Message:
         if "fitins.config" not in message.content.config_records:
             return train_reply(message, context, load_data, noise_seed=noise_seed)
+        if SECURE_REQUEST_KEY in message.content.config_records["fitins.config"]:
+            if not pca:
+                raise ValueError("A SecAgg+ federated PCA request reached a ClientApp "
+                                 "built without PCA; build it with "
+                                 "make_dual_client_app(..., pca=True) to answer it; refusing "
+                                 "to answer.")
+            return secure_pca_reply(message, context, load_data, noise_seed=noise_seed)
         check_secaggplus_request(message, context)  # masked, exact, or no answer
         info = client_info(context)
         seed = noise_seed if noise_seed is not None else _run_config_seed(info)
