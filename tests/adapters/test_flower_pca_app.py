@@ -188,3 +188,34 @@ def test_the_preflight_check_exits_non_zero_on_a_bad_run_config() -> None:
     assert typo.returncode == 2 and "did you mean 'method'" in typo.stderr
     value = check("--run-config", "row-norm=''")
     assert value.returncode == 2 and "row-norm is required" in value.stderr
+
+
+def test_a_secure_run_on_a_shape_secaggplus_cannot_carry_contacts_no_node(monkeypatch) -> None:
+    """Fashion-MNIST's shape (60,000 rows, d = 784) needs 37 bits, above SecAgg+'s 2^30:
+    under secure aggregation the app refuses it from the run config's dataset before any
+    message (n-clients = 0 is bounded at 2 clients), and the pre-flight check exits with
+    the same reason; digits (1,797 rows, d = 64) passes."""
+    from types import SimpleNamespace
+
+    import dpprecond.adapters.flower.data as data
+    from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
+    from dpprecond.adapters.flower.pca_app import check_secure_shape
+    from tests.adapters.test_flower_pca_secagg import Grid
+
+    rc = {**BASE, "n-components": 3, "method": "analyze_gauss", "target-epsilon": 2.0,
+          "trust": "secure-aggregation", "row-norm": 28.0}
+    check_secure_shape(check_pca_run_config(rc))  # digits: fits
+    check_secure_shape(check_pca_run_config({**rc, "trust": "local"}))
+    shape = SimpleNamespace(X_train=SimpleNamespace(shape=(60_000, 784)))
+    monkeypatch.setattr(data, "raw_dataset", lambda name, path=None: shape)
+    for n_clients in (0, 20):
+        run = {**rc, "n-clients": n_clients}
+        grid = Grid(make_pca_client_app(load_pca_rows))
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                          run_config=run)
+        with pytest.raises(SecureAggregationUnavailableError, match=r"modulus of 2\^37"):
+            run_pca_from_run_config(grid, context)
+        assert grid.types == {}  # no node contacted
+    check_secure_shape(check_pca_run_config({**rc, "trust": "local"}))  # local: no bound
+    with pytest.raises(RunConfigError, match=r"modulus of 2\^37"):
+        check_pca_app(APP, ["trust='secure-aggregation' row-norm=28.0"])

@@ -256,9 +256,42 @@ def save_pca_result(result: PCAResult, settings: PCARunSettings) -> None:
     logger.info("wrote %s", ", ".join(str(p) for p in written))
 
 
+def check_secure_shape(settings: PCARunSettings) -> None:
+    """Under ``trust="secure-aggregation"``, refuse a dataset whose secure sums need more
+    than SecAgg+'s ``2^30`` before any node is contacted.
+
+    The run config names the dataset, so its number of training rows ``n`` and features
+    ``d`` are known at the server without the clients (the public shape
+    :func:`~dpprecond.adapters.flower.pca.fit_pca_on_flower` would otherwise learn at
+    registration; this loads the dataset). Every sum the method may make is bounded as
+    the fit bounds it (:func:`~dpprecond.adapters.flower.pca_secagg.check_modulus`) at the
+    run config's ``n-clients``, or at 2 clients when it is ``0`` (the fewest SecAgg+
+    masks; with ``K`` clients, ``min_clients <= K``, a sum's bound ``gamma n Delta + K``
+    and noise variance ``K / min_clients`` times the plan's are no smaller, so a shape
+    refused at 2 is refused at every ``K``). Raises
+    :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
+    sum and the bits; a shape that passes is checked again, exactly, after registration.
+    """
+    if settings.trust != "secure-aggregation":
+        return
+    from dpprecond.adapters.flower.data import raw_dataset
+    from dpprecond.adapters.flower.pca_secagg import check_modulus
+    from dpprecond.pca.api import planned_budget
+
+    n_rows, d = raw_dataset(settings.data.name, settings.data.data_path).X_train.shape
+    k = settings.n_clients or 2
+    plan = planned_budget(settings.method, target_epsilon=settings.target_epsilon,
+                          target_delta=settings.target_delta, center=settings.center,
+                          trust=settings.trust)
+    check_modulus(plan, d, n_rows, k, settings.min_clients, method=settings.method,
+                  n_components=settings.n_components)
+
+
 def run_pca_from_run_config(grid: Grid, context: Context) -> PCAResult:
-    """The whole run: check the run config, register the clients, fit, log, save."""
+    """The whole run: check the run config (and, under secure aggregation, the dataset's
+    shape: :func:`check_secure_shape`), register the clients, fit, log, save."""
     settings = check_pca_run_config(dict(context.run_config))  # before anything starts
+    check_secure_shape(settings)  # before any node is contacted
     result = fit_pca_on_flower(grid, **settings.fit_kwargs())
     logger.info("federated PCA (%s, k=%d, %d clients, trust=%s): epsilon=%.6g at "
                 "delta=%g", result.method, settings.n_components, result.info["n_clients"],
@@ -268,8 +301,14 @@ def run_pca_from_run_config(grid: Grid, context: Context) -> PCAResult:
 
 
 def check_pca_app(app_dir: str | Path, overrides: Sequence[str] = ()) -> PCARunSettings:
-    """Check a PCA app's run config (``pyproject.toml`` plus ``--run-config`` overrides)."""
-    return check_pca_run_config(read_app_run_config(app_dir, overrides))
+    """Check a PCA app's run config (``pyproject.toml`` plus ``--run-config`` overrides)
+    and, under secure aggregation, its dataset's shape (:func:`check_secure_shape`)."""
+    settings = check_pca_run_config(read_app_run_config(app_dir, overrides))
+    try:
+        check_secure_shape(settings)
+    except ValueError as exc:
+        raise RunConfigError(f"Invalid run config: {exc}") from exc
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
