@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from dpprecond._poisson import poisson_from_uniforms
+
 __all__ = ["SECURE_ROOT", "SecureGenerator", "SecureRoot", "is_secure", "observe_releases",
            "snap"]
 
@@ -61,7 +63,8 @@ class SecureGenerator:
     """A numpy-Generator-like source backed by ``os.urandom`` (the OS CSPRNG).
 
     Implements the methods the library draws noise and choices with: ``random``,
-    ``standard_normal``, ``normal``, ``integers``, ``choice``, ``geometric`` and ``spawn``
+    ``standard_normal``, ``normal``, ``integers``, ``choice``, ``geometric``, ``poisson``
+    and ``spawn``
     (independent generators: every draw reads fresh OS entropy, so there is no state).
     """
 
@@ -130,6 +133,16 @@ class SecureGenerator:
         k = np.ceil(np.log(u) / math.log1p(-p))
         k = np.maximum(k, 1).astype(np.int64)
         return int(k) if size is None else k
+
+    def poisson(self, lam: float = 1.0, size: Any = None) -> Any:
+        """Poisson(``lam``) integers (int64): numpy's algorithms on CSPRNG uniforms
+        (:func:`dpprecond._poisson.poisson_from_uniforms`; means up to ``2^50``). The
+        Skellam shares of secure aggregation are differences of two such draws: integer
+        noise on integer messages, so no floating-point pattern of the release depends on
+        the data (what snapping guards against for the Gaussian)."""
+        n = 1 if size is None else int(np.prod(size))
+        out = poisson_from_uniforms(lam, n, self._uniform53)
+        return int(out[0]) if size is None else out.reshape(size)
 
     def spawn(self, n_children: int) -> list[SecureGenerator]:
         """Independent generators (each reads the OS CSPRNG)."""
