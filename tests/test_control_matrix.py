@@ -444,6 +444,8 @@ class CliFlRow(CliRow):
         assert c.cli(self.argv(c, "--trust", "secure-aggregation"))[0] == 0
         config = json.loads(hist.read_text())["config"]
         assert config["trust"] == "secure-aggregation" and config["weighting"] == "size"
+        # secure mode: the clients' Skellam shares from the CSPRNG (tests/fl)
+        assert c.cli(self.argv(c, "--trust", "secure-aggregation", "--secure"))[0] == 0
         assert_cli_refused(c.cli(self.argv(c, "--trust", "secure-aggregation", "--weighting",
                                            "uniform")), "--trust secure-aggregation",
                            "--weighting size")
@@ -638,6 +640,18 @@ class FlowerAppRow(EntryPoint):
             self.strategy(trust="secure-aggregation", weighting="uniform")
         with refused(ValueError, "trust='secure-aggregation'", "SecAgg+"):
             self.strategy(trust="secure-aggregation")  # size weights: the default
+        from flwr.app import Context, RecordDict
+
+        from dpprecond.adapters.flower.app import secagg_strategy_from_run_config
+
+        for secure in (True, False):  # secure mode asked of every SecAgg+ client
+            rc = {"algorithm": "fedgd", "n-rounds": 2, "clip-norm": 1.0, "secure": secure,
+                  "target-epsilon": 1.0, "noise-multiplier": "", "data": "digits",
+                  "trust": "secure-aggregation"}
+            sa = secagg_strategy_from_run_config(Context(
+                run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc),
+                n_clients=3)
+            assert sa.secure is secure
 
 
 class FlowerPCARow(EntryPoint):

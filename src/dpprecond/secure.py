@@ -29,7 +29,11 @@ and ``--secure`` on the CLI) changes three things, after the Opacus idea of a se
 been proven here: the proofs the library relies on are for real-valued Gaussian noise. A
 rigorous alternative is the discrete Gaussian mechanism on a lattice (Canonne, Kamath and
 Steinke, NeurIPS 2020), sampled exactly with integer arithmetic; it is not implemented.
-Outside secure mode the same caveat applies without the mitigations. Secure mode also
+Outside secure mode the same caveat applies without the mitigations. Under secure
+aggregation (the FL rounds of :mod:`dpprecond.secagg.fl` and Flower's SecAgg+ clients)
+the noise is integer: each client's Skellam share (:meth:`SecureGenerator.poisson`) is
+added to its integer message and each release is a function of the integer sum, so
+there is nothing to snap. Secure mode also
 gives up reproducibility (no seeds, and a resumed checkpointed run continues with fresh
 noise) and costs time (``os.urandom`` and four samples per draw).
 """

@@ -121,6 +121,60 @@ def test_the_clients_messages_decode_to_the_engines_sum_bitwise():
         assert np.array_equal(decode(aggregate(messages, plan), plan, K), engine)
 
 
+def test_secure_mode_on_secagg_plus_clients(monkeypatch):
+    """Secure mode on Flower's SecAgg+: a strategy with secure=True puts plan-secure in
+    every request; a client asked for it (or set secure itself, the node config's
+    secure-noise) draws its rounding and Skellam share from the OS CSPRNG, and the decoded
+    sum is the clipped gradient sum within its noise; a seeded client refuses it, and a
+    secure strategy or client refuses a seed."""
+    import dpprecond.secagg.sums as sums
+    from dpprecond.fl.models import clip_rows_safely
+    from dpprecond.secagg.skellam import aggregate, decode
+
+    data = _engine_data()
+    model = LinearSoftmax(data.X.shape[1], 10)
+    with pytest.raises(ValueError, match="secure=True refuses seeds"):
+        SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0], seed=SEED, secure=True)
+    with pytest.raises(ValueError, match="secure=True refuses seeds"):
+        SecAggDPClient(model, data.X, data.y, 0, SEED, secure=True)
+    strategy = SecAggDPStrategy(model, "fedgd", CONFIG, K, data.X.shape[0],
+                                max_client_rows=int(np.diff(data.bounds).max()), secure=True)
+    plan = strategy.plan_
+    config = {"round": 1, **plan_to_config(plan, CONFIG.clip_norm), "plan-secure": True}
+    params = np.random.default_rng(0).standard_normal(model.n_params) * 0.05
+    with pytest.raises(ValueError, match="secure mode refuses seeds"):
+        SecAggDPClient(model, data.X[:10], data.y[:10], 0, SEED).fit([params], config)
+    kinds: list[str] = []
+    real = sums.skellam_noise
+
+    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
+        kinds.append(type(rng).__name__)
+        return real(lam, size, rng)
+
+    monkeypatch.setattr(sums, "skellam_noise", noise)
+    messages = []
+    for i in range(K):
+        lo, hi = data.bounds[i], data.bounds[i + 1]
+        # client 0 is asked by the request, client 1 also set secure by its operator,
+        # client 2 is asked only by its operator (a request without plan-secure)
+        ask = config if i < 2 else {k: v for k, v in config.items() if k != "plan-secure"}
+        client = SecAggDPClient(model, data.X[lo:hi], data.y[lo:hi], i, secure=i > 0)
+        sent = client.fit([params], ask)[0][0]
+        messages.append(np.mod((sent / plan.modulus)[:-1].astype(np.int64), plan.modulus))
+    assert kinds == ["SecureGenerator"] * K
+    got = decode(aggregate(messages, plan), plan, K)
+    exact = clip_rows_safely(model.per_example_grads(params, data.X, data.y),
+                             CONFIG.clip_norm).sum(axis=0)
+    # the decoded sum's noise has std plan.noise_std(K) per coordinate; 7 std bounds the
+    # largest of the coordinates but with probability ~1e-9 per coordinate
+    assert np.abs(got - exact).max() <= 7 * plan.noise_std(K) + K / plan.scale
+    assert np.abs(got - exact).max() > 0  # noise was added
+    from flwr.common import ndarrays_to_parameters
+
+    fit = strategy.configure_fit(1, ndarrays_to_parameters([params]), _Everyone(K))  # type: ignore[arg-type]
+    assert all(ins.config["plan-secure"] is True for _, ins in fit)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["fedgd", "fedfc", "fednew", "fedgd-client-level",
                                     "sofim-lagged-adaptive"])

@@ -107,9 +107,50 @@ def test_methods_with_other_releases_and_secure_mode_are_refused(digits):
                       config=_config())
     model = LinearSoftmax(64, 10)
     bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
-    with pytest.raises(ValueError, match="secure=True"):
+    with pytest.raises(ValueError, match=r"secure=True refuses seeds.*seed=1"):
         simulate(model, ClientData(X, y, bounds, 10), "fedgd", _config(), X_test=Xt,
-                 y_test=yt, secure=True)
+                 y_test=yt, secure=True, seed=1)
+
+
+@pytest.mark.parametrize("algorithm", ["fedgd", "fedfc"])
+def test_secure_mode_draws_every_share_and_rounding_from_the_csprng(digits, monkeypatch,
+                                                                    algorithm):
+    """secure=True under secure aggregation: every client message (its rounding uniforms
+    and its Skellam share, drawn from one stream) comes from a SecureGenerator, whose
+    Poisson draws are two per share; two runs differ, and the plan, events and epsilon are
+    the seeded run's (the settings alone fix them)."""
+    import dpprecond.secagg.sums as sums
+    import dpprecond.secure as secure_module
+
+    kinds: list[str] = []
+    poisson = [0]
+    real_noise, real_poisson = sums.skellam_noise, secure_module.SecureGenerator.poisson
+
+    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
+        kinds.append(type(rng).__name__)
+        return real_noise(lam, size, rng)
+
+    def counting(self, lam=1.0, size=None):  # type: ignore[no-untyped-def]
+        poisson[0] += 1
+        return real_poisson(self, lam, size)
+
+    X, y, Xt, yt = digits
+    seeded = run_federated(X, y, Xt, yt, 10, algorithm=algorithm, n_clients=K, seed=3,
+                           config=_config())
+    with monkeypatch.context() as m:
+        m.setattr(sums, "skellam_noise", noise)
+        m.setattr(secure_module.SecureGenerator, "poisson", counting)
+        a = run_federated(X, y, Xt, yt, 10, algorithm=algorithm, n_clients=K,
+                          config=_config(), secure=True)
+        b = run_federated(X, y, Xt, yt, 10, algorithm=algorithm, n_clients=K,
+                          config=_config(), secure=True)
+    n_sums = 4 + (algorithm == "fedfc")  # the rounds (and the setup sum)
+    assert kinds == ["SecureGenerator"] * (2 * K * n_sums)
+    assert poisson[0] == 2 * len(kinds)
+    assert not np.array_equal(a.params, b.params)
+    assert a.events == seeded.events and a.epsilon == seeded.epsilon
+    assert a.config["modulus_bits"] == seeded.config["modulus_bits"]
+    assert np.isfinite(a.params).all() and a.history[-1]["test_accuracy"] > 0.2
 
 
 def test_the_flower_strategy_refuses_secure_aggregation_by_name():

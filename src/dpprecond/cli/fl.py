@@ -401,10 +401,6 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
         raise ValueError(f"{why} sums the records of all clients in one secure sum, i.e. "
                          "--weighting size; got --weighting uniform. Drop --weighting (size "
                          "is chosen for you) or use --trust local.")
-    if args.secure:
-        raise ValueError(f"--secure is not available with {why}: the Skellam noise needs "
-                         "Poisson draws, which the secure noise source does not provide; "
-                         "drop one of them.")
     if args.tune:
         raise ValueError(f"--tune is not available with {why} (its trials run with local "
                          "noise); drop one of them.")

@@ -156,6 +156,7 @@ from dpprecond.secagg.rounds import (
 )
 from dpprecond.secagg.skellam import check_shares
 from dpprecond.secagg.sums import SumPlan, client_message, secure_sum
+from dpprecond.secure import SECURE_ROOT
 
 __all__ = ["ACCOUNTED_INFLATION", "FIT_BITS", "check_secure_aggregation", "client_level_plan",
            "client_part", "is_client_level", "moment_parts", "moment_plan",
@@ -468,10 +469,7 @@ def check_secure_aggregation(method: Method, config: FLConfig,
         raise ValueError(f"trust='secure-aggregation' aggregates the records of all clients "
                          f"in one sum, i.e. weighting='size'; got weighting="
                          f"{config.weighting!r}. Set weighting='size'.")
-    if secure:
-        raise ValueError("secure=True is not available with trust='secure-aggregation': the "
-                         "Skellam noise needs Poisson draws, which the secure noise source "
-                         "does not provide.")
+    del secure  # secure mode runs (the Skellam shares from the OS CSPRNG)
     if not config.private:
         raise ValueError("trust='secure-aggregation' is a private mechanism; a non-private "
                          "run (noise_multiplier=0) uses trust='local'.")
@@ -513,7 +511,12 @@ def simulate_secure(model: FLModel, data: ClientData,
         (:func:`secure_plan`; default ``N``, as a deployment's server plans it, so that
         the same seed gives a Flower SecAgg+ deployment's releases).
     secure : bool
-        Refused (the secure noise source has no Poisson sampler).
+        Secure mode (:mod:`dpprecond.secure`): every client's rounding uniforms and
+        Skellam share (:meth:`~dpprecond.secure.SecureGenerator.poisson`) from the OS
+        CSPRNG; ``seed`` must be ``None`` (the model's initialisation still follows the
+        run's fresh seed). Nothing is snapped: the noise is integer and is added to
+        integer messages, and each release is a fixed function of the integer sum, so no
+        floating-point pattern of it depends on the data.
     progress, callback
         As for :func:`~dpprecond.fl.engine.simulate`: a tqdm bar over the rounds, and a
         function called with each round's history record after the round.
@@ -551,10 +554,14 @@ def simulate_secure(model: FLModel, data: ClientData,
     K = data.n_clients
     k_min = K if min_clients is None else check_int("min_clients", min_clients, low=1,
                                                     high=K)
+    if secure and seed is not None:
+        raise ValueError(f"secure=True refuses seeds (got seed={seed!r}): a seeded run's "
+                         "noise is known to whoever knows the seed; pass seed=None.")
     root = check_seed("seed", seed)
     if isinstance(gm, CovarianceMethod):
         return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
-                                    ledger, max_client_rows, _Report(progress, callback))
+                                    ledger, max_client_rows, _Report(progress, callback),
+                                    secure=secure)
     z = secure_noise_multiplier(config)
     plan = secure_plan(model, config, data, z, k_min, max_client_rows)
     release = round_event(z)
@@ -570,6 +577,8 @@ def simulate_secure(model: FLModel, data: ClientData,
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, _ = root.spawn(3)
+    if secure:
+        noise_root = SECURE_ROOT  # type: ignore[assignment]
     # noise of G per coordinate: K / k_min shares of variance v / k_min each ... / (gamma N)^2
     # (client-level: / (gamma K)^2)
     noise_var = (plan.noise_std(K) / _divisor(config, data)) ** 2
@@ -705,7 +714,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
                          root: np.random.SeedSequence, k_min: int,
                          ledger: PrivacyLedger | None,
                          max_client_rows: int | None = None,
-                         report: _Report | None = None) -> FLResult:
+                         report: _Report | None = None, *, secure: bool = False) -> FLResult:
     """DP-FedFC / DP-FedNew under secure aggregation (module docstring): the setup sum of
     the clipped second moments, then ``T`` secure gradient sums, the server half on the
     aggregate (one row). Streams: the model's init, the rounds' ``(t, i)`` and the setup's
@@ -724,6 +733,8 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     n_records = int(data.X.shape[0])
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, setup_root = root.spawn(3)
+    if secure:
+        noise_root = setup_root = SECURE_ROOT  # type: ignore[assignment]
     spend = _Spend(config.target_delta, ledger)
     spec = RunSpec(config, multipliers, model, K)
     params = model.init_params(np.random.default_rng(init_seq))

@@ -440,7 +440,7 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
                             method_from_run_config(rc), config, n_clients,
                             ds.X_train.shape[0], X_test=X_test, y_test=y_test,
                             seed=_noise_seed(rc), min_clients=min_clients, ledger=ledger,
-                            num_shares=num_shares)
+                            num_shares=num_shares, secure=_bool(rc, "secure", False))
 
 
 def run_from_run_config(grid: Grid, context: Context) -> FLResult:

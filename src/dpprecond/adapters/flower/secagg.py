@@ -151,6 +151,7 @@ from dpprecond.secagg.fl import (
 )
 from dpprecond.secagg.skellam import decode
 from dpprecond.secagg.sums import SumPlan, client_message
+from dpprecond.secure import SecureGenerator
 
 __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
            "check_secagg_plus_method",
@@ -277,18 +278,32 @@ class SecAggDPClient(NumPyClient):
     min_noise_multiplier : float
         Refuse a plan whose sum's noise multiplier (std over the L2 sensitivity) is below
         this (the client's own floor; a plan without noise is always refused).
+    secure : bool
+        Secure mode on this client whatever the server asks (the node config's
+        ``secure-noise``): the rounding uniforms and the Skellam share from the OS CSPRNG
+        (:class:`~dpprecond.secure.SecureGenerator`). A request with ``plan-secure`` (the
+        server's ``secure=True``) turns it on too. Either way a seeded client refuses to
+        answer.
     """
 
     def __init__(self, model: FLModel, X: np.ndarray, y: np.ndarray, client_id: int,
-                 noise_seed: int | None = None, min_noise_multiplier: float = 0.0) -> None:
+                 noise_seed: int | None = None, min_noise_multiplier: float = 0.0,
+                 secure: bool = False) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
+        if not isinstance(secure, bool):
+            raise TypeError(f"Expected secure to be True or False, got {secure!r}.")
+        self.secure = secure
+        if secure and noise_seed is not None:
+            raise ValueError(f"secure=True refuses seeds (got noise_seed={noise_seed!r}): a "
+                             "seeded client's noise is known to whoever knows the seed.")
         seeds = (None if noise_seed is None
                  else simulator_seeds(check_int("noise_seed", noise_seed, low=0)))
         self.noise_root = None if seeds is None else seeds.noise
         self.setup_root = None if seeds is None else seeds.setup
         self.min_noise_multiplier = float(min_noise_multiplier)
         self._range = 0  # SecAgg+'s quantization range, read from each fit request
+        self._secure_now = secure  # secure mode for the request being answered
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
             ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
@@ -298,6 +313,7 @@ class SecAggDPClient(NumPyClient):
                              f"this client's floor {self.min_noise_multiplier:g}; refusing to "
                              "answer.")
         self._range = quantization_range(config, plan)
+        self._secure_now = self._secure_asked(config)
         if plan_kind(config) == "moment":
             return self._moment_message(plan, clip_norm)
         unit, local_steps, local_lr = plan_unit(config)
@@ -322,8 +338,23 @@ class SecAggDPClient(NumPyClient):
         """The generator of this client's message in the request's round: fresh OS
         entropy, or the simulator's stream ``(t - 1, i)``."""
         t = check_int("round", config.get("round"), low=1)
+        if self._secure_now:
+            return SecureGenerator()
         return (np.random.default_rng() if self.noise_root is None
                 else client_mod.stream(self.noise_root, t - 1, self.client_id))
+
+    def _secure_asked(self, config: dict[str, Scalar]) -> bool:
+        """Secure mode for this request: the client's own setting or the server's
+        ``plan-secure``; refused (no answer) on a seeded client."""
+        asked = config.get("plan-secure", False)
+        if not isinstance(asked, bool):
+            raise ValueError(f"The fit request's plan-secure={asked!r} is not true or false; "
+                             "refusing to answer.")
+        if asked and self.noise_root is not None:
+            raise ValueError("The server asked for secure-mode noise (plan-secure) but this "
+                             "client was given a noise seed; secure mode refuses seeds, so "
+                             "it refuses to answer.")
+        return self.secure or asked
 
     def _counted_message(self, parameters: list[np.ndarray], config: dict[str, Scalar],
                          plan: SumPlan, clip_norm: float
@@ -384,7 +415,8 @@ class SecAggDPClient(NumPyClient):
             raise ValueError(f"The setup plan's sensitivity {plan.sensitivity!r} does not "
                              f"cover this client's second moment of {self.X.shape[0]} rows "
                              f"({own!r}); refusing to answer.")
-        rng = (np.random.default_rng() if self.setup_root is None
+        rng = (SecureGenerator() if self._secure_now
+               else np.random.default_rng() if self.setup_root is None
                else client_mod.stream(self.setup_root, 0, self.client_id))
         part = moment_parts(self.X, np.array([0, self.X.shape[0]]), row_clip)[0]
         return self._send(client_message(part, plan, rng), plan)
@@ -479,8 +511,12 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
                                info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
         local = load_data(info)
         fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+        secure = info.node_config.get("secure-noise", False)
+        if not isinstance(secure, bool):
+            raise TypeError(f"Expected node config secure-noise to be true or false, got "
+                            f"{secure!r}.")
         client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
-                                floor)
+                                floor, secure=secure)
         arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
                                         dict(fitins.config))
         fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
@@ -588,14 +624,24 @@ class SecAggDPStrategy(Strategy):
         client's message: ``t`` of its ``s`` neighbours instead of ``t`` of all ``K``
         clients (:meth:`reconstruction_threshold`; the threat model in
         docs/secure_aggregation.md).
+    secure : bool, default=False
+        Ask every client for secure-mode noise (``plan-secure`` in each request: the
+        rounding and the Skellam share from the OS CSPRNG, :mod:`dpprecond.secure`); a
+        seeded client refuses such a request. ``seed`` must then be ``None``.
     """
 
     def __init__(self, model: FLModel, method: Method | str, config: FLConfig, n_clients: int,
                  n_records: int, *, X_test: np.ndarray | None = None,
                  y_test: np.ndarray | None = None, seed: int | None = None,
                  min_clients: int | None = None, max_client_rows: int | None = None,
-                 ledger: PrivacyLedger | None = None, num_shares: int | None = None) -> None:
+                 ledger: PrivacyLedger | None = None, num_shares: int | None = None,
+                 secure: bool = False) -> None:
         config = config.validated()
+        if not isinstance(secure, bool):
+            raise TypeError(f"Expected secure to be True or False, got {secure!r}.")
+        if secure and seed is not None:
+            raise ValueError(f"secure=True refuses seeds (got seed={seed!r}).")
+        self.secure = secure
         if config.trust != "secure-aggregation":
             raise ValueError(f"SecAggDPStrategy needs trust='secure-aggregation', got "
                              f"trust={config.trust!r}.")
@@ -740,7 +786,7 @@ class SecAggDPStrategy(Strategy):
                 f"{self.min_clients} shares reached it, or the round failed). Its epsilon "
                 f"({self.ledger.epsilon:.4g}) is charged; rerun with more clients online or "
                 "a lower min_clients.")
-        extra: dict[str, Scalar] = {}
+        extra: dict[str, Scalar] = {"plan-secure": True} if self.secure else {}
         clip = self.row_clip_ if kind == "moment" else self.config.clip_norm
         if kind == "gradient" and self.clip_ is not None:
             plan, self._weight = self.clip_.plan()
@@ -853,6 +899,7 @@ class SecAggDPStrategy(Strategy):
         info: dict[str, Any] = {**asdict(self.config), **self.method.describe(),
                                 "accountant": "rdp", "n_clients": self.n_clients,
                                 "trust": "secure-aggregation", "engine": "flower-secagg+",
+                                "secure_noise_requested": self.secure,
                                 **secure_info(self.plan_, self.n_clients)}
         if self.setup_plan_ is not None:
             info.update(noise_multipliers=dict(self.multipliers_),
