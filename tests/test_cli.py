@@ -60,8 +60,8 @@ def test_pca_on_a_csv_file_needs_row_norm(tmp_path: Path, capsys: pytest.Capture
     (["pca", "--clients", "1"], "--clients >= 2"),
     (["pca", "--clients", "3", "--method", "select"], "--method select does not run "
      "federated"),
-    (["pca", "--clients", "3", "--trust", "secure-aggregation", "--secure"],
-     "--secure is not available with --trust secure-aggregation"),
+    (["pca", "--clients", "3", "--trust", "secure-aggregation", "--secure", "--seed", "1"],
+     "--secure refuses --seed"),
 ])
 def test_pca_bad_input_is_one_clear_line(argv: list[str], message: str,
                                          capsys: pytest.CaptureFixture) -> None:

@@ -260,10 +260,8 @@ def pipeline_calls(draw: Any) -> tuple[dict[str, Any], list[str], str]:
     p["seed"] = draw(st.sampled_from([None, 0, 3]))
     if p["secure"] and p["seed"] is not None:
         bad.append("refuses seeds")
-    if p["trust"] == "secure-aggregation" and (
-            (p["secure"] and p["features"].startswith("pca"))  # PCA's sums: not secure mode
-            or p["target_epsilon"] is None):  # the Skellam rounds are private
-        bad.append("trust='secure-aggregation'")
+    if p["trust"] == "secure-aggregation" and p["target_epsilon"] is None:
+        bad.append("trust='secure-aggregation'")  # the Skellam rounds are private
     private = p["target_epsilon"] is not None and p["target_epsilon"] > 0
     ledger = draw(st.sampled_from(["none", "none", "low", "high"])) if private else "none"
     return p, bad, ledger

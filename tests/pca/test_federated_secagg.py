@@ -307,11 +307,40 @@ def test_plan_refusals_name_the_quantity() -> None:
         plan_sum(3, 1.0, 1e9, n_rows=10, n_clients=2, min_clients=2)
 
 
+@pytest.mark.parametrize("method", ["auto", "power"])
+def test_secure_mode_draws_every_share_from_the_csprng(data: np.ndarray, monkeypatch,
+                                                       method: str) -> None:
+    """secure=True under secure aggregation, in process: every client message of every
+    sum (its rounding and Skellam share, one stream) from a SecureGenerator; the plan's
+    event and epsilon are the seeded fit's; two fits differ."""
+    import dpprecond.secagg.sums as sums
+
+    kinds: list[str] = []
+    real = sums.skellam_noise
+
+    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
+        kinds.append(type(rng).__name__)
+        return real(lam, size, rng)
+
+    kw = dict(method=method, target_epsilon=2.0, target_delta=1e-6, row_norm=8.0,
+              clients=BOUNDS, trust="secure-aggregation")
+    seeded = fit_private_pca(data, 2, seed=3, **kw)
+    monkeypatch.setattr(sums, "skellam_noise", noise)
+    a = fit_private_pca(data, 2, secure=True, **kw)
+    b = fit_private_pca(data, 2, secure=True, **kw)
+    K = len(BOUNDS) - 1
+    n_sums = a.info["secure_aggregation"]["n_sums"] + b.info["secure_aggregation"]["n_sums"]
+    assert kinds == ["SecureGenerator"] * (K * n_sums) and n_sums >= 2
+    assert a.dp_event == seeded.dp_event and a.epsilon == seeded.epsilon
+    assert not np.array_equal(a.components, b.components)
+    np.testing.assert_allclose(a.components @ a.components.T, np.eye(2), atol=1e-8)
+
+
 def test_fit_refusals_name_the_setting(data: np.ndarray) -> None:
     kw = dict(method="analyze_gauss", target_epsilon=1.0, target_delta=1e-6, row_norm=1.0,
               clients=BOUNDS, trust="secure-aggregation")
-    with pytest.raises(ValueError, match="secure=True is not available"):
-        fit_private_pca(data, 2, secure=True, **kw)
+    with pytest.raises(ValueError, match="secure=True refuses seeds"):
+        fit_private_pca(data, 2, secure=True, seed=1, **kw)
     with pytest.raises(ValueError, match="private mechanism"):
         fit_private_pca(data, 2, add_noise=False, **kw)
     with pytest.raises(ValueError, match="private mechanism"):

@@ -79,6 +79,16 @@ def test_remote_secure_fit_is_the_in_process_secure_fit_bit_for_bit(
     assert np.abs(other.components - ref.components).max() > 1e-6
 
 
+def test_secure_mode_on_a_remote_secure_federation_is_refused_by_name(data) -> None:
+    """The remote clients draw their shares from numpy generators: secure=True is refused
+    before any request (in process it runs: tests/pca/test_federated_secagg.py)."""
+    log: list = []
+    with pytest.raises(ValueError, match=r"secure=True is not available.*remote federation"):
+        fit_private_pca(_federation(data, log=log), 2, method="analyze_gauss",
+                        trust="secure-aggregation", secure=True, **FIT)
+    assert log == []
+
+
 def test_the_plan_is_charged_before_the_first_share_and_fewer_shares_are_refused(
         data: np.ndarray) -> None:
     ledger = PrivacyLedger(1e-6, accountant="rdp")

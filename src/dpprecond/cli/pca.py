@@ -235,9 +235,6 @@ def _check_federated(args: argparse.Namespace, methods: list[str]) -> list[str]:
         raise ValueError(f"--method {bad[0]} does not run federated (its selection score "
                          "needs the exact A^T A, which no party of a federation holds); "
                          f"with --clients use one of {list(FEDERATED_METHODS)}.")
-    if args.trust == "secure-aggregation" and args.secure:
-        raise ValueError("--secure is not available with --trust secure-aggregation (there "
-                         "is no secure Poisson sampler for the Skellam shares); drop one.")
     return methods
 
 

@@ -383,8 +383,11 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         against a server that sees nothing but the sums. Its epsilon is from the Skellam
         events (``ZCDpEvent``, dp_accounting's RDP accountant, whatever ``accountant``
         says; ``info["accountant"]``), calibrated to the target; ``info
-        ["secure_aggregation"]`` lists the sums' moduli and wrap-around bound. Not with
-        ``secure=True`` or a non-private fit. Without ``clients``, ``trust`` must stay
+        ["secure_aggregation"]`` lists the sums' moduli and wrap-around bound. With
+        ``secure=True`` (in process) every client's rounding and Skellam share, and the
+        server's public draws, come from the OS CSPRNG; the decoded sums are not snapped
+        (integer noise on integer parts). Not with a non-private fit, nor ``secure=True``
+        on a remote federation. Without ``clients``, ``trust`` must stay
         ``"local"``.
     min_clients : int, optional
         With ``trust="secure-aggregation"``: the fewest noise shares a released sum may
@@ -467,10 +470,12 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if secagg:
         if not noise:
             _refuse_nonprivate_secure_aggregation()
-        if secure:
-            raise ValueError("secure=True is not available with trust='secure-aggregation': "
-                             "the Skellam shares need Poisson draws, which the secure noise "
-                             "source does not provide.")
+        if secure and remote:
+            raise ValueError("secure=True is not available with trust='secure-aggregation' "
+                             "on a remote federation (Flower's SecAgg+ PCA clients draw "
+                             "their shares from numpy generators); run the secure fit in "
+                             "process (fit_private_pca(X, clients=bounds, trust="
+                             "'secure-aggregation', secure=True)) or drop secure.")
     if remote:
         _check_remote(spec.name, clients=clients, trust=trust, seed=seed, noise=noise,
                       diagnostics=diagnostics,

@@ -51,8 +51,9 @@ and the server adds the parts. Who adds the noise is the trust model:
     central fit has no Skellam counterpart). Dropouts: ``min_clients`` (default ``K``)
     sets each share to ``1/min_clients`` of the variance; a sum with fewer shares is not
     released (:class:`~dpprecond.secagg.skellam.InsufficientNoiseError`); the simulation
-    has every client answer. Not available: ``secure=True`` (no secure Poisson sampler)
-    and non-private fits.
+    has every client answer. ``secure=True`` draws every client's rounding and share (and
+    the server's public draws) from the OS CSPRNG
+    (:meth:`~dpprecond.secure.SecureGenerator.poisson`); not available: non-private fits.
 
 Over a network (:mod:`dpprecond.pca.remote`, on Flower :mod:`dpprecond.adapters.flower.pca`)
 the same fit runs under ``trust="local"`` with each client adding its own draw to its own

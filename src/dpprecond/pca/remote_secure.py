@@ -253,8 +253,9 @@ def client_secure_message(request: dict[str, Any], arrays: Sequence[np.ndarray],
     if request.get("kind") != "secure-release":
         raise ValueError(f"Expected a 'secure-release' request, got {request.get('kind')!r}.")
     if request.get("secure", False):
-        raise ValueError("Refusing secure=True under secure aggregation: the Skellam shares "
-                         "need Poisson draws, which the secure noise source lacks.")
+        raise ValueError("Refusing secure=True under secure aggregation: this client "
+                         "draws its Skellam share from a numpy generator (secure mode runs "
+                         "the secure sums in process only).")
     plan = plan_from_request(request.get("plan"), n_clients)
     j = _stream_index(request)
     symmetric = request.get("symmetric")

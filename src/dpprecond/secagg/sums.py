@@ -593,8 +593,11 @@ class SecureSums:
 
     @property
     def secure(self) -> bool:
-        """False: the Skellam shares come from numpy generators (no secure mode)."""
-        return False
+        """True when every client's stream is secure mode's CSPRNG (its rounding and
+        Skellam shares from :class:`~dpprecond.secure.SecureGenerator`)."""
+        from dpprecond.secure import is_secure
+
+        return all(is_secure(s) for s in self.streams)
 
     def standard_normal(self, size: Any = None) -> Any:
         """Public randomness of the server (never a release's noise)."""

@@ -175,8 +175,10 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
     if trust == "secure-aggregation":
         if secure:
             raise SecureAggregationUnavailableError(
-                "secure=True is not available with trust='secure-aggregation': the clients' "
-                "Skellam shares need Poisson draws, which the secure noise source lacks.")
+                "secure=True is not available with trust='secure-aggregation' on Flower: the "
+                "SecAgg+ PCA clients draw their Skellam shares from numpy generators (the "
+                "in-process secure fit, fit_private_pca(X, clients=bounds, trust="
+                "'secure-aggregation', secure=True), draws them from the CSPRNG).")
         if min_clients is not None:
             check_int("min_clients", min_clients, low=2,
                       high=n_clients if n_clients is not None else None)
