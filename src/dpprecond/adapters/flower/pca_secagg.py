@@ -75,7 +75,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
 
-from dpprecond.adapters.flower.client_app import _run_config_seed, client_info
+from dpprecond.adapters.flower.client_app import _as_bool, _run_config_seed, client_info
 from dpprecond.adapters.flower.pca_common import (
     SecureAggregationUnavailableError,
     _keep_state,
@@ -330,7 +330,9 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
     settings other than the exact ones or a threshold that could unmask fewer than
     ``min_clients`` shares (``secaggplus.check_secaggplus_state``), and every request
     :func:`~dpprecond.pca.remote_secure.client_secure_message` refuses. Node config
-    ``min-noise-multiplier`` and ``allow-seeded-noise`` apply as for the local path.
+    ``min-noise-multiplier`` and ``allow-seeded-noise`` apply as for the local path; a
+    node with ``secure-noise=true`` refuses every such release (its Skellam share would
+    come from a numpy generator, not the OS CSPRNG its operator asked for).
     """
     if RECORD_KEY_CONFIGS not in message.content.config_records:
         raise ValueError("Refusing a PCA secure release outside SecAgg+: a client's message "
@@ -341,6 +343,12 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
         raise ValueError("The SecAgg+ fit request has no PCA release request; this client "
                          "answers dpprecond's federated PCA only.")
     info = client_info(context)
+    if _as_bool("secure-noise", info.node_config.get("secure-noise", False)):
+        raise ValueError("This node's config sets secure-noise=true, but a SecAgg+ PCA "
+                         "release draws its Skellam share from a numpy generator (secure "
+                         "mode runs the secure sums in process only); refusing to answer. "
+                         "Run the fit with trust='local' or in process, or unset "
+                         "secure-noise.")
     floor = info.node_config.get("min-noise-multiplier", 0.0)
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor >= 0:
         raise TypeError(f"Expected node config min-noise-multiplier to be a number >= 0, got "
