@@ -50,3 +50,56 @@ def test_a_secure_noise_node_refuses_a_secagg_plus_pca_release(digits, dual) -> 
         fit_pca_on_flower(Grid(recording, node_config=cfg), 4,  # type: ignore[arg-type]
                           method="analyze_gauss", connect_timeout=0.5, **FIT)
     assert errors and all("secure-noise" in e for e in errors)
+
+
+@pytest.mark.parametrize("value", [True, "true"])
+def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
+        monkeypatch, value) -> None:
+    """make_dual_client_app on SecAgg+ FL rounds (the in-process Grid, every SecAgg+ stage
+    through secaggplus_mod), the server not asking for secure mode: a node whose config
+    sets secure-noise (TOML true, or the string "true" the local-noise path accepts) draws
+    every rounding and Skellam share from a SecureGenerator; without it, from numpy."""
+    from types import SimpleNamespace
+
+    from flwr.app import RecordDict
+
+    import dpprecond.secagg.sums as sums
+    from dpprecond.adapters.flower import PartitionedDataset
+    from dpprecond.adapters.flower.client_app import ClientInfo
+    from dpprecond.adapters.flower.secagg import (
+        SecAggDPStrategy,
+        make_dual_client_app,
+        run_secagg,
+    )
+    from dpprecond.fl import FLConfig
+    from dpprecond.fl.models import LinearSoftmax
+
+    config = FLConfig(n_rounds=1, clip_norm=1.0, target_epsilon=4.0, weighting="size",
+                      trust="secure-aggregation", adaptive_clip=None)
+    loader = PartitionedDataset("digits", seed=5)
+    n_rows = sum(loader(ClientInfo(i, K, {}, {})).X.shape[0] for i in range(K))
+    model = loader(ClientInfo(0, K, {}, {})).model
+    assert isinstance(model, LinearSoftmax)
+    kinds: list[str] = []
+    real = sums.skellam_noise
+
+    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
+        kinds.append(type(rng).__name__)
+        return real(lam, size, rng)
+
+    monkeypatch.setattr(sums, "skellam_noise", noise)
+    for secure in (value, None):
+        def cfg(i: int, secure: object = secure) -> dict:
+            base = {"partition-id": i, "num-partitions": K}
+            return base if secure is None else {**base, "secure-noise": secure}
+
+        kinds.clear()
+        grid = Grid(make_dual_client_app(loader), node_config=cfg)
+        grid.run = SimpleNamespace(run_id=1)  # type: ignore[attr-defined]  (read by Flower)
+        strategy = SecAggDPStrategy(model, "fedgd", config, K, n_rows)
+        context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                          run_config={})
+        result = run_secagg(grid, context, strategy)  # type: ignore[arg-type]
+        assert [r["n_replied"] for r in result.history] == [K]
+        want = "SecureGenerator" if secure is not None else "Generator"
+        assert kinds == [want] * K, (secure, kinds)

@@ -107,6 +107,7 @@ from dpprecond._validation import (
 from dpprecond.accounting import PrivacyLedger
 from dpprecond.adapters.flower.client_app import (
     LoadData,
+    _as_bool,
     _run_config_seed,
     client_info,
     query_reply,
@@ -511,10 +512,8 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
                                info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
         local = load_data(info)
         fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
-        secure = info.node_config.get("secure-noise", False)
-        if not isinstance(secure, bool):
-            raise TypeError(f"Expected node config secure-noise to be true or false, got "
-                            f"{secure!r}.")
+        # as the local-noise path reads it (a bool, or "true" / "false")
+        secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
         client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
                                 floor, secure=secure)
         arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
