@@ -35,3 +35,30 @@ def test_the_log_pmf_is_accurate_to_1e_10(lam: float) -> None:
     relevant = exact > -200.0  # below, the test rejects whatever the error
     err = np.abs(ours - exact)[relevant]
     assert relevant.sum() > 20 and err.max() < 1e-10, (err.max(), k[relevant][err.argmax()])
+
+
+def test_numpys_poisson_sampler_loses_the_integers_above_2_53() -> None:
+    """Why a Skellam share's mean is capped at 2^50: numpy's PTRS forms the variate in
+    float64, so above 2^53 every draw is a multiple of the mean's ulp (at 2^55, of 4):
+    such shares put the summed noise on a lattice, and the low bits of the integer sum
+    are released exactly (no epsilon bounds that)."""
+    x = np.random.default_rng(0).poisson(2.0**55, 2000)
+    assert np.all(x % 4 == 0)
+    y = np.random.default_rng(0).poisson(MAX_LAM, 2000)
+    assert len(np.unique(y % 4)) == 4
+
+
+def test_a_plan_whose_shares_exceed_2_50_is_refused_before_any_draw() -> None:
+    """plan_sum (every secure sum's plan, made before the charge of an FL round) refuses a
+    Skellam share mean above 2^50, the largest either sampler draws on every integer
+    (numpy's lost the odd integers above 2^53; secure mode's refuses above 2^50 at the
+    first draw, after the charge)."""
+    from dpprecond.secagg.sums import plan_sum
+
+    kw = dict(n_rows=10, n_clients=2, min_clients=2)
+    d2 = plan_sum(4, 1.0, 1.0, **kw).l2_sensitivity  # type: ignore[arg-type]
+    ok = plan_sum(4, 1.0, 0.9 * math.sqrt(4.0 * MAX_LAM) / d2, **kw)  # type: ignore[arg-type]
+    assert ok.share_parameter <= MAX_LAM
+    for lam in (2.0 * MAX_LAM, 2.0**55, 1e17):
+        with pytest.raises(ValueError, match="Skellam shares of mean"):
+            plan_sum(4, 1.0, math.sqrt(4.0 * lam) / d2, **kw)  # type: ignore[arg-type]

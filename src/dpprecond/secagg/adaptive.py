@@ -203,7 +203,7 @@ class SecureClip:
         it settles where the applied clip's fraction is the target quantile.
 
         A clip with no exact plan (a scale that overflows near ``2^-1000``, integers beyond
-        ``2^52`` or Skellam shares beyond numpy's Poisson sampler at a huge clip: the plan's
+        ``2^52`` or Skellam share means beyond 2^50 at a huge clip: the plan's
         scale stops at 1, so its modulus grows with ``C``) is not taken: the clip stays at
         the round's, whose plan exists, as the local path keeps its clip within the range
         its noise allows. The choice reads only public values."""

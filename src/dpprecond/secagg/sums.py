@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 from dp_accounting import dp_event
 
+from dpprecond._poisson import MAX_LAM
 from dpprecond._validation import check_int, check_positive
 from dpprecond.secagg.skellam import (
     MAX_BITS,
@@ -116,8 +117,11 @@ ROUNDING_INFLATION = 2.0**-10
 MAX_WRAP_PROBABILITY = 1e-12
 #: Scaled parts must stay below this in absolute value (exact floor and int64 cast).
 EXACT_LIMIT = 2.0**52
-#: numpy's Poisson sampler refuses larger means.
-MAX_SHARE_PARAMETER = 1e18
+#: The largest Skellam share mean: above it a float64 mean no longer places a Poisson
+#: variate on every integer (numpy's sampler returns only multiples of the mean's ulp
+#: above 2^53, which would put the summed noise on a lattice and release the sum's low
+#: bits exactly); secure mode's sampler refuses larger means (``_poisson.MAX_LAM``).
+MAX_SHARE_PARAMETER = MAX_LAM
 
 
 class ClientParts:
@@ -386,8 +390,9 @@ def _plan_at_scale(dim: int, sensitivity: float, z: float, scale: float, n_rows:
                          "rounding): lower the number of rows per fit or the clip radius.")
     if plan.share_parameter > MAX_SHARE_PARAMETER:
         raise ValueError(f"noise_multiplier={z:g} needs Skellam shares of mean "
-                         f"{plan.share_parameter:.3g} > {MAX_SHARE_PARAMETER:g} (numpy's "
-                         "Poisson sampler); raise epsilon.")
+                         f"{plan.share_parameter:.3g} > 2^50, the largest the Poisson "
+                         "samplers draw on every integer in float64; raise epsilon or "
+                         "min_clients.")
     for bits in range(2, MAX_BITS + 1):
         plan = SumPlan(dim, sensitivity, z, scale, n_rows, n_clients, min_clients, bits)
         if plan.wrap_probability() <= max_wrap_probability:
