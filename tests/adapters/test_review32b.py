@@ -56,9 +56,10 @@ def test_a_secure_noise_node_refuses_a_secagg_plus_pca_release(digits, dual) -> 
 def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
         monkeypatch, value) -> None:
     """make_dual_client_app on SecAgg+ FL rounds (the in-process Grid, every SecAgg+ stage
-    through secaggplus_mod), the server not asking for secure mode: a node whose config
-    sets secure-noise (TOML true, or the string "true" the local-noise path accepts) draws
-    every rounding and Skellam share from a SecureGenerator; without it, from numpy."""
+    through secaggplus_mod): a node whose config sets secure-noise (TOML true, or the
+    string "true" the local-noise path accepts) draws every rounding and Skellam share
+    from a SecureGenerator, as does a node asked by a secure strategy (plan-secure);
+    neither: from numpy."""
     from types import SimpleNamespace
 
     from flwr.app import RecordDict
@@ -88,7 +89,7 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
         return real(lam, size, rng)
 
     monkeypatch.setattr(sums, "skellam_noise", noise)
-    for secure in (value, None):
+    for secure, asked in ((value, False), (None, False), (None, True)):
         def cfg(i: int, secure: object = secure) -> dict:
             base = {"partition-id": i, "num-partitions": K}
             return base if secure is None else {**base, "secure-noise": secure}
@@ -96,10 +97,10 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
         kinds.clear()
         grid = Grid(make_dual_client_app(loader), node_config=cfg)
         grid.run = SimpleNamespace(run_id=1)  # type: ignore[attr-defined]  (read by Flower)
-        strategy = SecAggDPStrategy(model, "fedgd", config, K, n_rows)
+        strategy = SecAggDPStrategy(model, "fedgd", config, K, n_rows, secure=asked)
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                           run_config={})
         result = run_secagg(grid, context, strategy)  # type: ignore[arg-type]
         assert [r["n_replied"] for r in result.history] == [K]
-        want = "SecureGenerator" if secure is not None else "Generator"
-        assert kinds == [want] * K, (secure, kinds)
+        want = "SecureGenerator" if secure is not None or asked else "Generator"
+        assert kinds == [want] * K, (secure, asked, kinds)
