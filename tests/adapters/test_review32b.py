@@ -104,3 +104,18 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
         assert [r["n_replied"] for r in result.history] == [K]
         want = "SecureGenerator" if secure is not None or asked else "Generator"
         assert kinds == [want] * K, (secure, asked, kinds)
+
+
+def test_the_pca_preflight_refuses_secure_mode_under_secure_aggregation() -> None:
+    """check_pca_run_config (the ServerApp's first step and the pre-flight CLI's check)
+    refuses trust='secure-aggregation' with secure=true, as fit_pca_on_flower does: the
+    pre-flight used to drop `secure` before check_pca_config and pass it."""
+    from dpprecond.adapters.flower.app import RunConfigError
+    from dpprecond.adapters.flower.pca_app import check_pca_run_config
+
+    rc = {"row-norm": 8.0, "trust": "secure-aggregation", "secure": True}
+    with pytest.raises(RunConfigError, match="secure=True is not available"):
+        check_pca_run_config(rc)
+    settings = check_pca_run_config({**rc, "secure": False})
+    assert settings.trust == "secure-aggregation" and settings.secure is False
+    assert check_pca_run_config({**rc, "trust": "local"}).secure is True

@@ -205,8 +205,7 @@ def check_pca_run_config(run_config: dict[str, Any]) -> PCARunSettings:
     try:
         settings = pca_settings_from_run_config(rc)
         kwargs = settings.fit_kwargs()
-        check_pca_config(kwargs.pop("n_components"), **{k: v for k, v in kwargs.items()
-                                                        if k != "secure"})
+        check_pca_config(kwargs.pop("n_components"), **kwargs)
     except RunConfigError:
         raise
     except (ValueError, TypeError, PrivacyBudgetExceededError) as exc:
