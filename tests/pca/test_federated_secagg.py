@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from dpprecond.accounting import calibrate_noise, epsilon_of, gaussian
+from dpprecond.accounting import PrivacyLedger, calibrate_noise, epsilon_of, gaussian
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.noise import gaussian as gaussian_noise
 from dpprecond.noise import release, symmetric_gaussian
@@ -334,6 +334,20 @@ def test_secure_mode_draws_every_share_from_the_csprng(data: np.ndarray, monkeyp
     assert a.dp_event == seeded.dp_event and a.epsilon == seeded.epsilon
     assert not np.array_equal(a.components, b.components)
     np.testing.assert_allclose(a.components @ a.components.T, np.eye(2), atol=1e-8)
+
+
+def test_a_release_no_plan_carries_says_the_fit_was_charged() -> None:
+    """A release planned during the fit whose Skellam share would exceed the samplers'
+    2^50 (epsilon 0.003, d = 300: noise multiplier 1032) stops the fit by name, saying
+    that the fit's event was charged when it began (the ledger holds it)."""
+    X = np.random.default_rng(0).standard_normal((3000, 300))
+    ledger = PrivacyLedger(1e-6, accountant="rdp")
+    with pytest.raises(ValueError, match=r"2\^50.*raise epsilon.*planned during the fit"
+                                         r".*charged when the fit began"):
+        fit_private_pca(X, 2, method="analyze_gauss", target_epsilon=0.003,
+                        target_delta=1e-6, row_norm=40.0, clients=[0, 1000, 2000, 3000],
+                        trust="secure-aggregation", ledger=ledger)
+    assert len(ledger.events) == 1
 
 
 def test_fit_refusals_name_the_setting(data: np.ndarray) -> None:

@@ -501,9 +501,15 @@ def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows:
     """
     delta_fp = float(sensitivity) * fp
     z = std / delta_fp * (1.0 + 2.0**-40)
-    return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
-                        min_clients=min_clients, inflation=inflation,
-                        max_wrap_probability=max_wrap_probability)
+    try:
+        return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
+                            min_clients=min_clients, inflation=inflation,
+                            max_wrap_probability=max_wrap_probability)
+    except ValueError as exc:  # planned when the release is made, after the fit's charge
+        raise ValueError(f"{exc} This release ({dim} coordinates) was planned during the "
+                         "fit: nothing of it was released, but the fit's planned event was "
+                         "charged when the fit began (and any earlier release of it was made).") \
+            from exc
 
 
 def check_release_args(std: float, sensitivity: float | None) -> float:
