@@ -213,9 +213,17 @@ def check_modulus(plan: BudgetPlan, n_features: int, n_rows: int, n_clients: int
                          "MAX_SECAGG_CLIENTS, as for the FL rounds); run the secure fit in "
                          "process, fit_private_pca(X, clients=bounds, trust="
                          "'secure-aggregation'), or merge clients.")
-    need = [(sum_modulus_bits(dim, n_rows, n_clients, z, min_clients), what, dim, z)
-            for what, dim, z in secure_release_sums(method, plan, n_features, n_components,
-                                                    options)]
+    need = []
+    for what, dim, z in secure_release_sums(method, plan, n_features, n_components, options):
+        try:
+            need.append((sum_modulus_bits(dim, n_rows, n_clients, z, min_clients), what,
+                         dim, z))
+        except ValueError as exc:  # no plan at all at the sum's worst scale
+            raise SecureAggregationUnavailableError(
+                f"trust='secure-aggregation' on Flower: a secure sum of {what} of "
+                f"d={n_features} features over n={n_rows} rows ({dim} coordinates at noise "
+                f"multiplier {z:.4g}, {n_clients} clients) has no plan within SecAgg+'s "
+                f"2^{FIT_BITS} at the worst scale a release may give it: {exc}") from exc
     bits, what, dim, z = max(need, key=lambda item: item[0])
     if bits > FIT_BITS:
         raise SecureAggregationUnavailableError(_refusal(
