@@ -31,6 +31,7 @@ from dpprecond.adapters.flower.pca_secagg import gram_modulus_bits
 from dpprecond.pca import fit_private_pca
 from dpprecond.secagg.fl import FIT_BITS
 from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autouse)
+from tests.spies import recording_app
 
 K = 3
 SEED = 11
@@ -144,16 +145,8 @@ def test_the_fl_client_app_answers_pca_under_both_trust_models(digits, trust) ->
         from dpprecond.adapters.flower.pca import add_pca_handler
 
         rows = SplitRows(*digits)
-        inner = add_pca_handler(make_dual_client_app(rows, noise_seed=SEED), rows,
-                                noise_seed=SEED)
-        errors: list[str] = []
-
-        def recording(message: Message, context: Context) -> Message:
-            try:
-                return inner(message, context)
-            except Exception as exc:
-                errors.append(str(exc))
-                raise
+        recording, errors = recording_app(add_pca_handler(
+            make_dual_client_app(rows, noise_seed=SEED), rows, noise_seed=SEED))
 
         with pytest.raises(ClientMissingError, match="SecAgg\\+ released nothing"):
             fit_pca_on_flower(Grid(recording), 4, method="analyze_gauss",  # type: ignore[arg-type]

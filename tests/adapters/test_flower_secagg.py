@@ -127,9 +127,9 @@ def test_secure_mode_on_secagg_plus_clients(monkeypatch):
     secure-noise) draws its rounding and Skellam share from the OS CSPRNG, and the decoded
     sum is the clipped gradient sum within its noise; a seeded client refuses it, and a
     secure strategy or client refuses a seed."""
-    import dpprecond.secagg.sums as sums
     from dpprecond.fl.models import clip_rows_safely
     from dpprecond.secagg.skellam import aggregate, decode
+    from tests.spies import share_sources
 
     data = _engine_data()
     model = LinearSoftmax(data.X.shape[1], 10)
@@ -144,14 +144,7 @@ def test_secure_mode_on_secagg_plus_clients(monkeypatch):
     params = np.random.default_rng(0).standard_normal(model.n_params) * 0.05
     with pytest.raises(ValueError, match="secure mode refuses seeds"):
         SecAggDPClient(model, data.X[:10], data.y[:10], 0, SEED).fit([params], config)
-    kinds: list[str] = []
-    real = sums.skellam_noise
-
-    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
-        kinds.append(type(rng).__name__)
-        return real(lam, size, rng)
-
-    monkeypatch.setattr(sums, "skellam_noise", noise)
+    kinds = share_sources(monkeypatch)
     messages = []
     for i in range(K):
         lo, hi = data.bounds[i], data.bounds[i + 1]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import Context, Message
+from flwr.app import Context
 
 from dpprecond.adapters.flower.pca import ClientMissingError, SplitRows, fit_pca_on_flower
 from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autouse)
 from tests.adapters.test_flower_pca_secagg import FIT, Grid, K
+from tests.spies import recording_app, share_sources
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +34,8 @@ def test_a_secure_noise_node_refuses_a_secagg_plus_pca_release(digits, dual) -> 
     from dpprecond.adapters.flower.secagg import make_dual_client_app
 
     rows = SplitRows(*digits)
-    inner = (make_dual_client_app(rows, pca=True) if dual else make_pca_client_app(rows))
-    errors: list[str] = []
-
-    def recording(message: Message, context: Context) -> Message:
-        try:
-            return inner(message, context)
-        except Exception as exc:
-            errors.append(str(exc))
-            raise
+    recording, errors = recording_app(
+        make_dual_client_app(rows, pca=True) if dual else make_pca_client_app(rows))
 
     def cfg(i: int) -> dict:
         return {"partition-id": i, "num-partitions": K, "secure-noise": True}
@@ -64,7 +58,6 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
 
     from flwr.app import RecordDict
 
-    import dpprecond.secagg.sums as sums
     from dpprecond.adapters.flower import PartitionedDataset
     from dpprecond.adapters.flower.client_app import ClientInfo
     from dpprecond.adapters.flower.secagg import (
@@ -81,14 +74,7 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
     n_rows = sum(loader(ClientInfo(i, K, {}, {})).X.shape[0] for i in range(K))
     model = loader(ClientInfo(0, K, {}, {})).model
     assert isinstance(model, LinearSoftmax)
-    kinds: list[str] = []
-    real = sums.skellam_noise
-
-    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
-        kinds.append(type(rng).__name__)
-        return real(lam, size, rng)
-
-    monkeypatch.setattr(sums, "skellam_noise", noise)
+    kinds = share_sources(monkeypatch)
     for secure, asked in ((value, False), (None, False), (None, True)):
         def cfg(i: int, secure: object = secure) -> dict:
             base = {"partition-id": i, "num-partitions": K}

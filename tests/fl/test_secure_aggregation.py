@@ -119,16 +119,11 @@ def test_secure_mode_draws_every_share_and_rounding_from_the_csprng(digits, monk
     and its Skellam share, drawn from one stream) comes from a SecureGenerator, whose
     Poisson draws are two per share; two runs differ, and the plan, events and epsilon are
     the seeded run's (the settings alone fix them)."""
-    import dpprecond.secagg.sums as sums
     import dpprecond.secure as secure_module
+    from tests.spies import share_sources
 
-    kinds: list[str] = []
     poisson = [0]
-    real_noise, real_poisson = sums.skellam_noise, secure_module.SecureGenerator.poisson
-
-    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
-        kinds.append(type(rng).__name__)
-        return real_noise(lam, size, rng)
+    real_poisson = secure_module.SecureGenerator.poisson
 
     def counting(self, lam=1.0, size=None):  # type: ignore[no-untyped-def]
         poisson[0] += 1
@@ -138,7 +133,7 @@ def test_secure_mode_draws_every_share_and_rounding_from_the_csprng(digits, monk
     seeded = run_federated(X, y, Xt, yt, 10, algorithm=algorithm, n_clients=K, seed=3,
                            config=_config())
     with monkeypatch.context() as m:
-        m.setattr(sums, "skellam_noise", noise)
+        kinds = share_sources(m)
         m.setattr(secure_module.SecureGenerator, "poisson", counting)
         a = run_federated(X, y, Xt, yt, 10, algorithm=algorithm, n_clients=K,
                           config=_config(), secure=True)

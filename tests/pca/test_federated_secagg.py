@@ -313,19 +313,12 @@ def test_secure_mode_draws_every_share_from_the_csprng(data: np.ndarray, monkeyp
     """secure=True under secure aggregation, in process: every client message of every
     sum (its rounding and Skellam share, one stream) from a SecureGenerator; the plan's
     event and epsilon are the seeded fit's; two fits differ."""
-    import dpprecond.secagg.sums as sums
-
-    kinds: list[str] = []
-    real = sums.skellam_noise
-
-    def noise(lam, size, rng):  # type: ignore[no-untyped-def]
-        kinds.append(type(rng).__name__)
-        return real(lam, size, rng)
+    from tests.spies import share_sources
 
     kw = dict(method=method, target_epsilon=2.0, target_delta=1e-6, row_norm=8.0,
               clients=BOUNDS, trust="secure-aggregation")
     seeded = fit_private_pca(data, 2, seed=3, **kw)
-    monkeypatch.setattr(sums, "skellam_noise", noise)
+    kinds = share_sources(monkeypatch)
     a = fit_private_pca(data, 2, secure=True, **kw)
     b = fit_private_pca(data, 2, secure=True, **kw)
     K = len(BOUNDS) - 1
