@@ -172,7 +172,8 @@ def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
 
     from dpprecond.adapters.flower.pca import SECURE_AGGREGATION_REFUSAL
     from dpprecond.adapters.flower.secagg import SECAGG_MODULUS
-    from dpprecond.secagg.fl import ACCOUNTED_INFLATION, FIT_BITS
+    from dpprecond.pca.secure_plan import MAX_FIT_INFLATION, gram_modulus_bits
+    from dpprecond.secagg.fl import FIT_BITS
     from dpprecond.secagg.sums import plan_sum
 
     for d, n, bits in ((64, 1437, 28), (784, 60_000, 37)):
@@ -180,9 +181,11 @@ def test_the_refusal_states_the_secure_sums_true_sizes() -> None:
                         min_clients=5)
         assert plan.bits == bits
         assert f"{bits}" in SECURE_AGGREGATION_REFUSAL
-    coarse = plan_sum(784 * 785 // 2, math.sqrt(2.0), 1.0, n_rows=60_000, n_clients=5,
-                      min_clients=5, inflation=ACCOUNTED_INFLATION)
-    assert coarse.bits == 33 and "33 bits at the 2^-6" in SECURE_AGGREGATION_REFUSAL
+    assert "28 to 29 bits" in SECURE_AGGREGATION_REFUSAL  # 29: the worst scale
+    for n, bits in ((60_000, 30), (600_000, 34)):  # at the coarsest scale, 2^-3
+        assert gram_modulus_bits(784, n, 5, 1.0, inflation=MAX_FIT_INFLATION) == bits
+    assert "30 bits, at epsilon 1" in SECURE_AGGREGATION_REFUSAL
+    assert "34 bits at 2^-3" in SECURE_AGGREGATION_REFUSAL and MAX_FIT_INFLATION == 2.0**-3
     assert SECAGG_MODULUS == 2**31 and FIT_BITS == 30  # a 2^30 quantization range at most
     assert "2^30" in SECURE_AGGREGATION_REFUSAL and "not wired" not in SECURE_AGGREGATION_REFUSAL
 

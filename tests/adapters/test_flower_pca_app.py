@@ -191,10 +191,11 @@ def test_the_preflight_check_exits_non_zero_on_a_bad_run_config() -> None:
 
 
 def test_a_secure_run_on_a_shape_secaggplus_cannot_carry_contacts_no_node(monkeypatch) -> None:
-    """Fashion-MNIST's shape (60,000 rows, d = 784) needs 37 bits, above SecAgg+'s 2^30:
-    under secure aggregation the app refuses it from the run config's dataset before any
-    message (n-clients = 0 is bounded at 2 clients), and the pre-flight check exits with
-    the same reason; digits (1,797 rows, d = 64) passes."""
+    """Ten times Fashion-MNIST's rows (600,000, d = 784) need 34 bits even at the coarsest
+    rounding scale (2^-3), above SecAgg+'s 2^30: under secure aggregation the app refuses
+    it from the run config's dataset before any message (n-clients = 0 is bounded at 2
+    clients), and the pre-flight check exits with the same reason; digits (1,797 rows,
+    d = 64) and Fashion-MNIST's own shape (37 bits at 2^-10, 30 at 2^-3) pass."""
     from types import SimpleNamespace
 
     import dpprecond.adapters.flower.data as data
@@ -206,16 +207,20 @@ def test_a_secure_run_on_a_shape_secaggplus_cannot_carry_contacts_no_node(monkey
           "trust": "secure-aggregation", "row-norm": 28.0}
     check_secure_shape(check_pca_run_config(rc))  # digits: fits
     check_secure_shape(check_pca_run_config({**rc, "trust": "local"}))
-    shape = SimpleNamespace(X_train=SimpleNamespace(shape=(60_000, 784)))
+    fmnist = SimpleNamespace(X_train=SimpleNamespace(shape=(60_000, 784)))
+    monkeypatch.setattr(data, "raw_dataset", lambda name, path=None: fmnist)
+    check_secure_shape(check_pca_run_config({**rc, "n-clients": 20}))  # coarsened: fits
+    shape = SimpleNamespace(X_train=SimpleNamespace(shape=(600_000, 784)))
     monkeypatch.setattr(data, "raw_dataset", lambda name, path=None: shape)
     for n_clients in (0, 20):
         run = {**rc, "n-clients": n_clients}
         grid = Grid(make_pca_client_app(load_pca_rows))
         context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                           run_config=run)
-        with pytest.raises(SecureAggregationUnavailableError, match=r"modulus of 2\^37"):
+        with pytest.raises(SecureAggregationUnavailableError,
+                           match=r"modulus of 2\^34 even at the coarsest"):
             run_pca_from_run_config(grid, context)
         assert grid.types == {}  # no node contacted
     check_secure_shape(check_pca_run_config({**rc, "trust": "local"}))  # local: no bound
-    with pytest.raises(RunConfigError, match=r"modulus of 2\^37"):
+    with pytest.raises(RunConfigError, match=r"modulus of 2\^34"):
         check_pca_app(APP, ["trust='secure-aggregation' row-norm=28.0"])

@@ -99,7 +99,8 @@ def _grid(digits, **kwargs) -> Grid:
     ("auto", {"center": "private"})])
 def test_secagg_plus_fit_is_the_in_process_secure_fit(digits, method, options) -> None:
     X, bounds = digits
-    ref = fit_private_pca(X, 4, method=method, seed=SEED, clients=bounds, **FIT, **options)
+    ref = fit_private_pca(X, 4, method=method, seed=SEED, clients=bounds, **FIT,
+                          max_modulus_bits=FIT_BITS, **options)
     grid = _grid(digits)
     got = fit_pca_on_flower(grid, 4, method=method, **FIT, **options)
     assert np.array_equal(got.components, ref.components)  # integer sums: bit for bit
@@ -244,21 +245,32 @@ def test_a_release_outside_secaggplus_is_refused(digits) -> None:
     assert reply.has_error()
 
 
-def test_fashion_mnist_shape_is_refused_before_any_release(digits) -> None:
-    """d = 784, n = 60,000: 37 bits (the docstring's figure); digits: 29 at most."""
+def test_a_shape_no_scale_fits_is_refused_before_any_release(digits) -> None:
+    """d = 784, n = 60,000 (Fashion-MNIST's shape): 37 bits at the 2^-10 rounding scale, 30
+    at 2^-3, where a fit on SecAgg+ takes it (the docstring's figures); ten times the
+    rows, 34 bits even at 2^-3, is refused after registration, before any release."""
+    from dpprecond.adapters.flower.pca_secagg import check_modulus
+
     assert gram_modulus_bits(784, 60_000, 3, 2.2) == 37
+    assert gram_modulus_bits(784, 60_000, 3, 2.2, inflation=2.0**-3) == 30
     assert gram_modulus_bits(64, 1437, 3, 2.2) == 29 <= FIT_BITS
     assert gram_modulus_bits(64, 1437, 8, 2.2) <= FIT_BITS
-    X = np.broadcast_to(0.5, (60_000, 784))  # Fashion-MNIST's shape, no memory: the
-    # refusal comes after registration (which tells the server n and d), before any release
+    budget = {key: FIT[key] for key in ("target_epsilon", "target_delta")}
+    assert check_modulus(784, 60_000, K, None, method="auto", n_components=4,
+                         **budget) == 2.0**-3
+    assert check_modulus(64, 1437, K, None, method="auto", n_components=4,
+                         **budget) == 2.0**-10
+    X = np.broadcast_to(0.5, (600_000, 784))  # no memory: the refusal comes after
+    # registration (which tells the server n and d), before any release
     bounds = np.linspace(0, X.shape[0], K + 1).astype(np.int64)
     grid = Grid(make_pca_client_app(SplitRows(X, bounds), noise_seed=SEED))
+    ledger = PrivacyLedger(1e-5, accountant="rdp")
     with pytest.raises(SecureAggregationUnavailableError,
-                       match=r"d=784 features over n=60000 rows.*2\^37.*2\^30.*in process"):
-        fit_pca_on_flower(grid, 4, **{**FIT, "row_norm": 28.0})
-    assert "train" not in grid.types and "2^30" in SECURE_AGGREGATION_REFUSAL
-    assert "37 bits" in SECURE_AGGREGATION_REFUSAL and "not wired" not in \
-        SECURE_AGGREGATION_REFUSAL
+                       match=r"d=784 features over n=600000 rows.*2\^34 even at the "
+                             r"coarsest.*2\^30.*in process"):
+        fit_pca_on_flower(grid, 4, ledger=ledger, **{**FIT, "row_norm": 28.0})
+    assert "train" not in grid.types and ledger.events == []
+    assert "2^30" in SECURE_AGGREGATION_REFUSAL and "2^-3" in SECURE_AGGREGATION_REFUSAL
 
 
 @pytest.mark.parametrize(("settings", "error", "match"), [

@@ -27,7 +27,6 @@ from dpprecond.adapters.flower.pca import (
 )
 from dpprecond.adapters.flower.pca_secagg import SecAggPlusPCATransport, check_modulus
 from dpprecond.pca import fit_private_pca
-from dpprecond.pca.api import planned_budget
 from dpprecond.secagg.fl import FIT_BITS
 from dpprecond.secagg.sums import SumPlan
 from tests.adapters.test_flower_pca_secagg import (  # noqa: F401
@@ -45,28 +44,25 @@ def _unit_rows(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 
 CASES = [
-    # auto's probe at 10 z: the probe needs 31 bits, the Gram sums 28 (z = 1000, used
-    # before the 2^50 cap on a share's mean, has no plan in process either; at z = 350
-    # the probe's worst-scale bound has none within the cap, which is refused as well)
+    # auto's probe at 10 z: z = 350 gives the probe's default-scale plan Skellam shares
+    # above the 2^50 cap on a share's mean (z = 1000, used before that cap, has no plan in
+    # process either): no release could start, so no coarser scale is tried
     ("auto", 300, 20, 2, {"noise_multiplier": 350.0, "target_epsilon": None}),
-    # power with k = d: products of d^2 coordinates, 31 bits; the Gram's 30
-    ("power", 3000, 100, 100, {"target_epsilon": 2.0}),
+    # power with k = d: products of d^2 coordinates; 31 bits at 2^-10 and n = 3,000 (it
+    # runs coarsened: test below), 34 bits even at 2^-3 with 256 times the rows
+    ("power", 3000 * 256, 100, 100, {"target_epsilon": 2.0}),
 ]
 
 
 @pytest.mark.parametrize(("method", "n", "d", "k", "budget"), CASES)
 def test_a_fit_whose_sums_secaggplus_cannot_carry_is_refused_before_any_charge(
         method, n, d, k, budget) -> None:
-    X = _unit_rows(n, d)
+    X = np.broadcast_to(0.9 / np.sqrt(d), (n, d))  # the refusal needs only n and d
     bounds = np.linspace(0, n, 4).astype(np.int64)
     fit = {"target_delta": 1e-5, "row_norm": 1.0, "trust": "secure-aggregation", **budget}
-    ref = fit_private_pca(X, k, method=method, clients=bounds, seed=SEED, **fit)
-    bits = ref.info["secure_aggregation"]["modulus_bits"]
-    assert max(bits) > FIT_BITS  # the in-process fit's sums: beyond SecAgg+'s 2^30
-    plan = planned_budget(method, **{key: val for key, val in fit.items()
-                                     if key != "row_norm"})
+    budget_kw = {key: val for key, val in fit.items() if key not in ("row_norm", "trust")}
     with pytest.raises(SecureAggregationUnavailableError, match=r"2\^30"):
-        check_modulus(plan, d, n, 3, None, method=method, n_components=k, options={})
+        check_modulus(d, n, 3, None, method=method, n_components=k, options={}, **budget_kw)
     ledger = PrivacyLedger(1e-5, accountant="rdp")
     grid = Grid(make_pca_client_app(SplitRows(X, bounds), noise_seed=SEED))
     with pytest.raises(SecureAggregationUnavailableError, match=r"2\^30"):
@@ -75,16 +71,43 @@ def test_a_fit_whose_sums_secaggplus_cannot_carry_is_refused_before_any_charge(
     assert ledger.events == []  # and nothing charged: nothing was released
 
 
+def test_a_fit_beyond_2_30_at_the_default_scale_runs_coarsened_as_in_process() -> None:
+    """power with k = d = 100 over 3,000 rows: its products need 31 bits at the 2^-10
+    rounding scale; on SecAgg+ the fit coarsens them to 30 (inflation bound 2^-9) and is
+    the in-process fit with max_modulus_bits=30, bit for bit; the uncapped in-process fit
+    takes 31 bits."""
+    n, d, k = 3000, 100, 100
+    X = _unit_rows(n, d)
+    bounds = np.linspace(0, n, 4).astype(np.int64)
+    fit = {"target_delta": 1e-5, "row_norm": 1.0, "trust": "secure-aggregation",
+           "target_epsilon": 2.0, "method": "power", "n_iter": 2}
+    free = fit_private_pca(X, k, clients=bounds, seed=SEED, **fit)
+    assert max(free.info["secure_aggregation"]["modulus_bits"]) == 31
+    ref = fit_private_pca(X, k, clients=bounds, seed=SEED, max_modulus_bits=FIT_BITS, **fit)
+    sums = ref.info["secure_aggregation"]
+    assert max(sums["modulus_bits"]) == FIT_BITS
+    assert sums["max_modulus_bits"] == FIT_BITS and sums["accounted_inflation"] == 2.0**-9
+    assert ref.dp_event != free.dp_event and abs(ref.epsilon - 2.0) < 1e-3
+    ledger = PrivacyLedger(1e-5, accountant="rdp")
+    grid = Grid(make_pca_client_app(SplitRows(X, bounds), noise_seed=SEED))
+    got = fit_pca_on_flower(grid, k, ledger=ledger, **fit)
+    assert np.array_equal(got.components, ref.components)  # integer sums: bit for bit
+    assert got.dp_event == ref.dp_event and ledger.events == [ref.dp_event]
+    assert {key: val for key, val in got.info["secure_aggregation"].items()
+            if not key.endswith("_per_release")} == sums
+
+
 def test_the_precheck_accepts_the_fits_secaggplus_runs(digits) -> None:  # noqa: F811
-    """The digits fits of the merge's tests (up to 29 bits) still pass the pre-check."""
+    """The digits fits of the merge's tests (up to 29 bits) pass the pre-check at the
+    default scale."""
     X, bounds = digits
     for method, options in [("auto", {}), ("auto", {"branch": "iterate"}), ("power", {}),
                             ("analyze_gauss", {"center": "private"})]:
-        fit = {key: val for key, val in FIT.items() if key != "row_norm"}
-        plan = planned_budget(method, **fit, **options)
+        budget = {key: FIT[key] for key in ("target_epsilon", "target_delta")}
+        center = options.get("center")
         opts = {key: val for key, val in options.items() if key != "center"}
-        check_modulus(plan, X.shape[1], bounds[-1], 3, None, method=method, n_components=4,
-                      options=opts)
+        assert check_modulus(X.shape[1], bounds[-1], 3, None, method=method, n_components=4,
+                             center=center, options=opts, **budget) == 2.0**-10
 
 
 def test_a_federation_beyond_the_exact_recovery_is_refused() -> None:
@@ -93,14 +116,13 @@ def test_a_federation_beyond_the_exact_recovery_is_refused() -> None:
     PCA's pre-check."""
     from dpprecond.adapters.flower.secagg import MAX_SECAGG_CLIENTS
 
-    plan = planned_budget("analyze_gauss", target_epsilon=2.0, target_delta=1e-5,
-                          trust="secure-aggregation")
+    budget = {"target_epsilon": 2.0, "target_delta": 1e-5}
     n = MAX_SECAGG_CLIENTS + 1
-    check_modulus(plan, 4, n, MAX_SECAGG_CLIENTS, None, method="analyze_gauss",
-                  n_components=2)  # control: at the cap, within 2^30
+    check_modulus(4, n, MAX_SECAGG_CLIENTS, None, method="analyze_gauss", n_components=2,
+                  **budget)  # control: at the cap, within 2^30
     with pytest.raises(ValueError, match=f"n_clients={MAX_SECAGG_CLIENTS + 1}"):
-        check_modulus(plan, 4, n, MAX_SECAGG_CLIENTS + 1, None, method="analyze_gauss",
-                      n_components=2)
+        check_modulus(4, n, MAX_SECAGG_CLIENTS + 1, None, method="analyze_gauss",
+                      n_components=2, **budget)
 
 
 def test_worst_case_messages_decode_exactly_with_a_dropout(monkeypatch) -> None:

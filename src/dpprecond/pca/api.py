@@ -34,14 +34,21 @@ from dpprecond.accounting import AccountantName, PrivacyLedger, epsilon_of
 from dpprecond.noise import release
 from dpprecond.pca.budget import Budget, BudgetPlan, GaussianScale, secure_aggregation_plan
 from dpprecond.pca.core import flip_signs
-from dpprecond.pca.federated import TRUST_MODELS, FederatedRows, LocalNoise
+from dpprecond.pca.federated import (
+    TRUST_MODELS,
+    FederatedRows,
+    LocalNoise,
+    check_client_bounds,
+)
 from dpprecond.pca.methods import FEDERATED_METHODS, METHODS, FitContext
 from dpprecond.pca.rows import make_rows, mean_sensitivity, noise_inflation
+from dpprecond.pca.secure_plan import ModulusUnavailableError, capped_secure_plan
+from dpprecond.secagg.skellam import MAX_BITS
 from dpprecond.secagg.sums import SecureSums
 from dpprecond.secure import SecureGenerator
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "PCAResult", "check_dense", "check_pca_input",
-           "fit_private_pca", "planned_budget", "planned_event"]
+           "fit_private_pca", "planned_budget", "planned_event", "planned_secure_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +298,21 @@ def _remote_spent(event: Any, delta: float, accountant: AccountantName,
     return spent
 
 
+def _fit_bits(max_modulus_bits: int | None, federation: Any, secagg: bool) -> int | None:
+    """The cap on a secure fit's moduli: ``max_modulus_bits`` and the remote federation's
+    transport's (the smaller), or ``None`` (up to ``2^62``)."""
+    caps = []
+    if max_modulus_bits is not None:
+        if not secagg:
+            raise ValueError(f"max_modulus_bits={max_modulus_bits!r} applies to "
+                             "trust='secure-aggregation' only (the modulus of its secure "
+                             "sums); leave it None.")
+        caps.append(check_int("max_modulus_bits", max_modulus_bits, low=2, high=MAX_BITS))
+    if secagg and federation is not None and federation.secure_fit_bits is not None:
+        caps.append(int(federation.secure_fit_bits))
+    return min(caps) if caps else None
+
+
 def _refuse_nonprivate_secure_aggregation() -> None:
     raise ValueError("trust='secure-aggregation' is a private mechanism (every release is "
                      "a secure sum with the clients' Skellam noise); a non-private fit "
@@ -304,7 +326,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                     diagnostics: bool = False, secure: bool = False,
                     clients: Any = None, trust: str = "local",
                     noise_multiplier: float | None = None, min_clients: int | None = None,
-                    **options: Any) -> PCAResult:
+                    max_modulus_bits: int | None = None, **options: Any) -> PCAResult:
     """Differentially private top-k PCA of the rows of ``X``.
 
     Privacy unit: one row of ``X``, replace-one adjacency. Rows are divided by the public
@@ -394,6 +416,17 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         hold (default ``K``, all clients). Each share carries ``1/min_clients`` of the
         calibrated variance, so up to ``K - min_clients`` dropouts leave the sum private,
         at ``K / min_clients`` times the variance when every client answers.
+    max_modulus_bits : int, optional
+        With ``trust="secure-aggregation"``: the largest modulus ``2^b`` the secure
+        aggregation carries (default: up to ``2^62`` in process; a remote federation's
+        secure transport sets its own, Flower's SecAgg+ 30). Sums that need more at the
+        default rounding scale are coarsened to fit, at up to 12.5% more noise std, and
+        the fit's events are calibrated at the coarsest scale any sum may take, so the
+        epsilon is the target (:mod:`dpprecond.pca.secure_plan`; ``info
+        ["secure_aggregation"]`` gives ``max_modulus_bits`` and ``accounted_inflation``);
+        a fit no scale fits is refused before the ledger is charged. Methods ``auto``,
+        ``analyze_gauss``, ``power``. In process, it reproduces a capped deployment's
+        releases.
     noise_multiplier : float, optional
         Instead of ``target_epsilon``: the fit is exactly one Gaussian mechanism with this
         noise multiplier (its releases' precisions ``1/z_i^2`` add up to
@@ -482,8 +515,30 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                       secure_transport=bool(getattr(X, "secure_aggregation", False)))
     mean_share = opts.get("mean_share") if isinstance(center, str) else None
     plan = spec.plan(budget if noise else None, delta, opts, mean_share)
-    if secagg:
+    fit_bits = _fit_bits(max_modulus_bits, X if remote else None, secagg)
+    inflation_bound: float | None = None
+    if secagg and fit_bits is None:
         plan = secure_aggregation_plan(plan, _secure_epsilon(budget, delta), delta)
+    elif fit_bits is not None:  # secure sums within 2^fit_bits: one inflation bound
+        from dpprecond.pca.remote import REMOTE_METHODS
+
+        if spec.name not in REMOTE_METHODS:
+            raise ValueError(f"max_modulus_bits caps the secure sums of "
+                             f"{list(REMOTE_METHODS)}; method={spec.name!r} is not one of "
+                             "them (drop max_modulus_bits, or choose one).")
+        K = X.n_clients if remote else check_client_bounds(clients, n).size - 1
+        if min_clients is not None:
+            min_clients = check_int("min_clients", min_clients, low=1, high=K)
+        try:
+            plan, inflation_bound = capped_secure_plan(
+                plan, _secure_epsilon(budget, delta), delta, method=spec.name,
+                n_features=d, n_components=k, n_rows=n, n_clients=K,
+                min_clients=min_clients, fit_bits=fit_bits, options=opts)
+        except ModulusUnavailableError as exc:
+            raise ModulusUnavailableError(
+                f"{exc} (max_modulus_bits={fit_bits}). Raise max_modulus_bits (in process "
+                "up to 62, the default), fit fewer rows or features, or raise epsilon. "
+                "Nothing was released or charged.") from None
     if ledger is not None and noise:  # refuse before any data is touched
         ledger.check(plan.event)
     info: dict[str, Any] = {"noise_multipliers": dict(plan.noise_multipliers),
@@ -499,7 +554,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         from dpprecond.pca.remote_secure import secure_noise_sources
 
         mean_stream, init_stream, main_stream = secure_noise_sources(
-            X, fp=noise_inflation(rows), min_clients=min_clients)
+            X, fp=noise_inflation(rows), min_clients=min_clients, fit_bits=fit_bits,
+            max_inflation=inflation_bound)
         if ledger is not None:  # charged before the first share, as in process
             ledger.spend(plan.event)
     elif remote:  # every pass a message round; each client adds its own noise
@@ -523,7 +579,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
             slack = noise_inflation(rows)
             mean_stream, init_stream, main_stream = (
                 SecureSums(streams[:K], streams[K], n_rows=n, fp=slack,
-                           min_clients=min_clients, plans=sums_made)
+                           min_clients=min_clients, plans=sums_made, fit_bits=fit_bits,
+                           max_inflation=inflation_bound)
                 for streams in (s.spawn(K + 1) for s in (mean_stream, init_stream,
                                                          main_stream)))
             if ledger is not None:  # charged before the first share, as the FL rounds
@@ -557,6 +614,9 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     eps = math.inf if plan.scale == 0 else epsilon_of(event, delta, accountant)
     if secagg:
         info.update(accountant="rdp", secure_aggregation=main_stream.summary())
+        if fit_bits is not None:
+            info["secure_aggregation"].update(max_modulus_bits=fit_bits,
+                                              accounted_inflation=inflation_bound)
     elif ledger is not None and noise:
         ledger.spend(event)
     explained = total = ratio = None
@@ -581,3 +641,30 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                      mean=mean_used, explained_variance=explained, info=info,
                      diagnostics=diag, total_variance=total, n_samples=n,
                      explained_variance_ratio=ratio)
+
+
+def planned_secure_budget(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
+                          target_delta: float, n_features: int, n_components: int,
+                          n_rows: int, n_clients: int, min_clients: int | None = None,
+                          max_modulus_bits: int, center: str | np.ndarray | None = None,
+                          noise_multiplier: float | None = None,
+                          **options: Any) -> tuple[BudgetPlan, float]:
+    """The plan of a federated fit under ``trust="secure-aggregation"`` whose sums must
+    fit ``2^max_modulus_bits``, and its inflation bound, from public values alone.
+
+    What :func:`fit_private_pca` with ``max_modulus_bits`` (or a remote federation whose
+    transport caps the modulus) plans for ``n_rows`` rows of ``n_features`` over
+    ``n_clients`` clients (:func:`~dpprecond.pca.secure_plan.capped_secure_plan`). Raises
+    :class:`~dpprecond.pca.secure_plan.ModulusUnavailableError` when no scale fits.
+    """
+    plan = planned_budget(method, target_epsilon=target_epsilon, target_delta=target_delta,
+                          center=center, noise_multiplier=noise_multiplier, **options)
+    spec = METHODS[method]
+    delta = check_target_delta("target_delta", target_delta)
+    budget = _budget_of(target_epsilon, noise_multiplier)
+    return capped_secure_plan(plan, _secure_epsilon(budget, delta), delta, method=spec.name,
+                              n_features=n_features, n_components=n_components,
+                              n_rows=n_rows, n_clients=n_clients, min_clients=min_clients,
+                              fit_bits=check_int("max_modulus_bits", max_modulus_bits,
+                                                 low=2, high=MAX_BITS),
+                              options=spec.options(options))

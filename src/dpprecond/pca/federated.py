@@ -82,7 +82,7 @@ from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
 from dpprecond.secagg.sums import ClientParts
 
 __all__ = ["TRUST_MODELS", "FederatedRows", "LocalNoise", "TrustModel",
-           "combined_rounding_slack"]
+           "check_client_bounds", "combined_rounding_slack"]
 
 #: Who adds the noise of federated PCA: every client its own full noise (``local``) or
 #: every client a Skellam share of a secure sum (``secure-aggregation``).
@@ -99,6 +99,23 @@ def combined_rounding_slack(client_slacks: Sequence[float], n: int) -> float:
     (:mod:`dpprecond.pca.remote`, whose clients report their own bounds).
     """
     return max(client_slacks) + 2.0 * len(client_slacks) * 2.0**-53 * n
+
+
+def check_client_bounds(bounds: Any, n: int) -> np.ndarray:
+    """Client bounds ``0 = b_0 < b_1 < ... < b_K = n`` as int64 (``ValueError`` naming the
+    bounds otherwise: floats, unsorted, an empty client, not ending at ``n``)."""
+    raw = np.asarray(bounds)
+    if raw.dtype.kind not in "iu":  # 0.5 or 14.0 would be truncated silently
+        raise ValueError(f"Expected client bounds of integers 0 = b_0 < b_1 < ... < b_K = "
+                         f"n = {n}, got dtype {raw.dtype} "
+                         f"({raw.ravel().tolist()[:6]}); pass row indices as ints.")
+    out = raw.astype(np.int64)
+    if out.ndim != 1 or out.size < 2 or out[0] != 0 or out[-1] != n or \
+            np.any(np.diff(out) <= 0):
+        raise ValueError(f"Expected client bounds 0 = b_0 < b_1 < ... < b_K = n = {n} "
+                         "(every client holds at least one row), got "
+                         f"{out.tolist()[:6]}{'...' if out.size > 6 else ''}.")
+    return out
 
 
 class FederatedRows:
@@ -125,18 +142,7 @@ class FederatedRows:
                   block_bytes: int = DEFAULT_BLOCK_BYTES,
                   shared: bool = False) -> FederatedRows:
         """Split ``X`` at ``bounds`` (``0 = b_0 < b_1 < ... < b_K = n``) into clients."""
-        raw = np.asarray(bounds)
-        n = X.shape[0]
-        if raw.dtype.kind not in "iu":  # 0.5 or 14.0 would be truncated silently
-            raise ValueError(f"Expected client bounds of integers 0 = b_0 < b_1 < ... < b_K = "
-                             f"n = {n}, got dtype {raw.dtype} "
-                             f"({raw.ravel().tolist()[:6]}); pass row indices as ints.")
-        bounds = raw.astype(np.int64)
-        if bounds.ndim != 1 or bounds.size < 2 or bounds[0] != 0 or bounds[-1] != n or \
-                np.any(np.diff(bounds) <= 0):
-            raise ValueError(f"Expected client bounds 0 = b_0 < b_1 < ... < b_K = n = {n} "
-                             "(every client holds at least one row), got "
-                             f"{bounds.tolist()[:6]}{'...' if bounds.size > 6 else ''}.")
+        bounds = check_client_bounds(bounds, X.shape[0])
         parts = [ClippedRows.from_data(X[lo:hi], row_norm, block_bytes=block_bytes)
                  for lo, hi in pairwise(bounds)]
         return cls(parts, bounds, shared=shared)

@@ -536,7 +536,9 @@ class RemoteFederation:
         secure sum of the clients' messages
         (:func:`~dpprecond.pca.remote_secure.client_secure_message`); needed for
         ``trust="secure-aggregation"`` (the fit's streams are then
-        :func:`~dpprecond.pca.remote_secure.secure_noise_sources`).
+        :func:`~dpprecond.pca.remote_secure.secure_noise_sources`). Its optional attribute
+        ``fit_bits`` is the largest modulus ``2^fit_bits`` it carries (Flower's SecAgg+:
+        30); the fit then caps every sum to it (:mod:`dpprecond.pca.secure_plan`).
     """
 
     def __init__(self, transport: Transport, n_rows: Sequence[int], n_features: int, *,
@@ -594,6 +596,14 @@ class RemoteFederation:
     def secure_aggregation(self) -> bool:
         """True when the federation sums securely (it has a ``secure_transport``)."""
         return self._session.secure_transport is not None
+
+    @property
+    def secure_fit_bits(self) -> int | None:
+        """The largest modulus ``2^bits`` the secure transport carries (its ``fit_bits``
+        attribute; ``None``: up to ``2^62``): a fit caps its sums to it
+        (:mod:`dpprecond.pca.secure_plan`)."""
+        bits = getattr(self._session.secure_transport, "fit_bits", None)
+        return None if bits is None else int(bits)
 
     @property
     def session(self) -> _Session:

@@ -99,22 +99,42 @@ MAX_PUBLIC_DRAW = 10**7
 
 _PLAN_FIELDS = ("dim", "sensitivity", "noise_multiplier", "n_rows", "n_clients",
                 "min_clients", "scale", "bits")
+#: A capped fit's plans also carry the cap and the fit's inflation bound.
+_CAP_FIELDS = ("fit_bits", "max_inflation")
 
 
-def plan_to_request(plan: SumPlan) -> dict[str, Any]:
-    """A sum's plan as request fields (every field is public)."""
-    return {key: getattr(plan, key) for key in _PLAN_FIELDS}
+def plan_to_request(plan: SumPlan, *, fit_bits: int | None = None,
+                    max_inflation: float | None = None) -> dict[str, Any]:
+    """A sum's plan as request fields (every field is public); with ``fit_bits``, also the
+    cap and the inflation bound its scale was coarsened under
+    (:mod:`dpprecond.pca.secure_plan`)."""
+    fields: dict[str, Any] = {key: getattr(plan, key) for key in _PLAN_FIELDS}
+    if fit_bits is not None:
+        fields.update(fit_bits=int(fit_bits), max_inflation=float(max_inflation or 0.0))
+    return fields
 
 
 def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
     """The plan a client accepts: re-derived from the sent inputs with
     :func:`~dpprecond.secagg.sums.plan_sum` (which validates them); a sent scale or modulus
     that differs from the derived one, or a federation of another size than the client's
-    ``n_clients``, is refused (``ValueError``)."""
-    if not isinstance(fields, dict) or set(fields) != set(_PLAN_FIELDS):
+    ``n_clients``, is refused (``ValueError``). A plan sent with ``fit_bits`` and
+    ``max_inflation`` is re-derived under that cap (``plan_sum`` checks the bound: at most
+    ``1/5``, and at least the default ``2^-10``)."""
+    capped = isinstance(fields, dict) and set(fields) == set(_PLAN_FIELDS) | set(_CAP_FIELDS)
+    if not isinstance(fields, dict) or (set(fields) != set(_PLAN_FIELDS) and not capped):
         raise ValueError(f"Refusing a secure release whose plan has fields "
                          f"{sorted(fields) if isinstance(fields, dict) else fields!r}; "
-                         f"expected {list(_PLAN_FIELDS)}.")
+                         f"expected {list(_PLAN_FIELDS)}, optionally with "
+                         f"{list(_CAP_FIELDS)}.")
+    cap: dict[str, Any] = {}
+    if capped:
+        bits, bound = fields["fit_bits"], fields["max_inflation"]
+        if isinstance(bits, bool) or not isinstance(bits, int) \
+                or isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            raise ValueError(f"Refusing a plan with fit_bits={bits!r}, max_inflation="
+                             f"{bound!r}: expected an int and a number.")
+        cap = {"fit_bits": bits, "max_inflation": float(bound)}
     for key in ("dim", "n_rows", "n_clients", "min_clients", "bits"):
         if isinstance(fields[key], bool) or not isinstance(fields[key], int):
             raise ValueError(f"Refusing a plan with {key}={fields[key]!r}: expected an int.")
@@ -124,7 +144,7 @@ def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
                          "modulus depend on it).")
     plan = plan_sum(fields["dim"], float(fields["sensitivity"]),
                     float(fields["noise_multiplier"]), n_rows=fields["n_rows"],
-                    n_clients=fields["n_clients"], min_clients=fields["min_clients"])
+                    n_clients=fields["n_clients"], min_clients=fields["min_clients"], **cap)
     for key in ("scale", "bits"):
         if fields[key] != getattr(plan, key):
             raise ValueError(f"Refusing a plan whose {key}={fields[key]!r} is not the "
@@ -142,12 +162,15 @@ class RemoteSecureSums:
     """
 
     def __init__(self, session: _Session, stream: int, *, n_rows: int, fp: float,
-                 min_clients: int | None = None, plans: list[SumPlan] | None = None) -> None:
+                 min_clients: int | None = None, plans: list[SumPlan] | None = None,
+                 fit_bits: int | None = None, max_inflation: float | None = None) -> None:
         self._session, self.stream = session, int(stream)
         self.n_clients = int(session.n_clients)
         self.n_rows, self.fp = int(n_rows), float(fp)
         self.min_clients = self.n_clients if min_clients is None else int(min_clients)
         self.plans: list[SumPlan] = [] if plans is None else plans
+        #: the transport's cap and the fit's inflation bound (SecureSums' attributes)
+        self.fit_bits, self.max_inflation = fit_bits, max_inflation
 
     @property
     def noise_amplification(self) -> float:
@@ -177,14 +200,17 @@ class RemoteSecureSums:
         sensitivity = check_release_args(std, sensitivity)
         plan = release_plan(release_dim(value.shape, symmetric), std, sensitivity,
                             fp=self.fp, n_rows=self.n_rows, n_clients=self.n_clients,
-                            min_clients=self.min_clients)
+                            min_clients=self.min_clients, fit_bits=self.fit_bits,
+                            max_inflation=self.max_inflation)
         self.plans.append(plan)
         arrays: list[np.ndarray] = []
         encoded = _encode(value, arrays)
         s = self._session
         total, n_shares = s.secure_call(arrays, plan, stream=self.stream,
                                         symmetric=bool(symmetric), value=encoded,
-                                        plan=plan_to_request(plan))
+                                        plan=plan_to_request(
+                                            plan, fit_bits=self.fit_bits,
+                                            max_inflation=self.max_inflation))
         try:
             out = decode(total, plan, n_shares)
         except InsufficientNoiseError as exc:
@@ -203,17 +229,21 @@ class RemoteSecureSums:
 
 
 def secure_noise_sources(federation: RemoteFederation, *, fp: float,
-                         min_clients: int | None) -> tuple[RemoteSecureSums, ...]:
+                         min_clients: int | None, fit_bits: int | None = None,
+                         max_inflation: float | None = None
+                         ) -> tuple[RemoteSecureSums, ...]:
     """The fit's mean, init and main streams as secure sums over ``federation`` (sharing
     one plan list); ``fp`` is the rows' rounding factor
-    (:func:`~dpprecond.pca.rows.noise_inflation` of its remote rows)."""
+    (:func:`~dpprecond.pca.rows.noise_inflation` of its remote rows); ``fit_bits`` and
+    ``max_inflation`` cap every sum's modulus (:mod:`dpprecond.pca.secure_plan`)."""
     if not federation.secure_aggregation:
         raise ValueError("This federation has no secure_transport; trust="
                          "'secure-aggregation' needs one (RemoteFederation(..., "
                          "secure_transport=...)).")
     plans: list[SumPlan] = []
     return tuple(RemoteSecureSums(federation.session, j, n_rows=federation.shape[0], fp=fp,
-                                  min_clients=min_clients, plans=plans)
+                                  min_clients=min_clients, plans=plans, fit_bits=fit_bits,
+                                  max_inflation=max_inflation)
                  for j in range(len(STREAMS)))
 
 

@@ -489,22 +489,27 @@ def skellam_release_events(event: dp_event.DpEvent, factor: float = 1.0,
 
 def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows: int,
                  n_clients: int, min_clients: int, inflation: float = ROUNDING_INFLATION,
-                 max_wrap_probability: float = MAX_WRAP_PROBABILITY) -> SumPlan:
+                 max_wrap_probability: float = MAX_WRAP_PROBABILITY,
+                 fit_bits: int | None = None, max_inflation: float | None = None) -> SumPlan:
     """The plan of a PCA release of ``dim`` coordinates with central noise std ``std``.
 
     The sum's sensitivity is ``Delta fp`` (the release's central sensitivity times the
     rows' rounding factor, :func:`~dpprecond.pca.rows.noise_inflation`) and its noise
     multiplier ``z = std / (Delta fp)``, nudged up by ``2^-40`` (``std`` was formed as
     ``(z fp) Delta`` in floating point, and the sum must carry at least the accounted
-    ``z``). The one derivation of :class:`SecureSums` and of a fit over a network
-    (:mod:`dpprecond.pca.remote_secure`), so both plan the same sums.
+    ``z``). With ``fit_bits`` the scale coarsens to fit ``2^fit_bits`` while the inflation
+    stays at most ``max_inflation`` (:func:`plan_sum`; the fit's events are calibrated at
+    that bound, :mod:`dpprecond.pca.secure_plan`). The one derivation of
+    :class:`SecureSums` and of a fit over a network (:mod:`dpprecond.pca.remote_secure`),
+    so both plan the same sums.
     """
     delta_fp = float(sensitivity) * fp
     z = std / delta_fp * (1.0 + 2.0**-40)
     try:
         return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
                             min_clients=min_clients, inflation=inflation,
-                            max_wrap_probability=max_wrap_probability)
+                            max_wrap_probability=max_wrap_probability, fit_bits=fit_bits,
+                            max_inflation=max_inflation)
     except ValueError as exc:  # planned when the release is made, after the fit's charge
         raise ValueError(f"{exc} This release ({dim} coordinates) was planned during the "
                          "fit: nothing of it was released, but the fit's planned event was "
@@ -584,7 +589,8 @@ class SecureSums:
     def __init__(self, streams: Sequence[Any], public: Any, *, n_rows: int, fp: float,
                  min_clients: int | None = None, inflation: float = ROUNDING_INFLATION,
                  max_wrap_probability: float = MAX_WRAP_PROBABILITY,
-                 plans: list[SumPlan] | None = None) -> None:
+                 plans: list[SumPlan] | None = None, fit_bits: int | None = None,
+                 max_inflation: float | None = None) -> None:
         self.streams = list(streams)
         self.public = public
         self.n_rows = check_int("n_rows", n_rows, low=1)
@@ -594,6 +600,9 @@ class SecureSums:
             "min_clients", min_clients, low=1, high=K)
         self.inflation = check_inflation(inflation)
         self.max_wrap_probability = max_wrap_probability
+        #: With ``fit_bits``, every sum fits ``2^fit_bits``, coarsening its scale up to the
+        #: inflation ``max_inflation`` (:mod:`dpprecond.pca.secure_plan`).
+        self.fit_bits, self.max_inflation = fit_bits, max_inflation
         self.plans: list[SumPlan] = [] if plans is None else plans
 
     @property
@@ -643,7 +652,8 @@ class SecureSums:
         plan = release_plan(flat.shape[1], std, sensitivity, fp=self.fp, n_rows=self.n_rows,
                             n_clients=K, min_clients=self.min_clients,
                             inflation=self.inflation,
-                            max_wrap_probability=self.max_wrap_probability)
+                            max_wrap_probability=self.max_wrap_probability,
+                            fit_bits=self.fit_bits, max_inflation=self.max_inflation)
         self.plans.append(plan)
         return unflatten_release(secure_sum(flat, plan, self.streams), value.shape, symmetric)
 
@@ -654,7 +664,8 @@ class SecureSums:
         public = self.public.spawn(n_children)
         return [SecureSums([c[j] for c in per_client], public[j], n_rows=self.n_rows,
                            fp=self.fp, min_clients=self.min_clients, inflation=self.inflation,
-                           max_wrap_probability=self.max_wrap_probability, plans=self.plans)
+                           max_wrap_probability=self.max_wrap_probability, plans=self.plans,
+                           fit_bits=self.fit_bits, max_inflation=self.max_inflation)
                 for j in range(int(n_children))]
 
     def summary(self) -> dict[str, Any]:

@@ -81,7 +81,7 @@ from dpprecond.adapters.flower.pca_secagg import (
     secure_pca_reply,
 )
 from dpprecond.adapters.flower.records import read_array, read_int
-from dpprecond.pca.api import PCAResult, fit_private_pca, planned_budget, planned_event
+from dpprecond.pca.api import PCAResult, fit_private_pca, planned_event
 from dpprecond.pca.federated import TRUST_MODELS
 from dpprecond.pca.methods import METHODS
 from dpprecond.pca.remote import (
@@ -390,11 +390,10 @@ def fit_pca_on_flower(grid: Grid, n_components: int, *, target_epsilon: float | 
     secagg = trust == "secure-aggregation"
     secure_transport = None
     if secagg:
-        plan = planned_budget(method, target_epsilon=target_epsilon,
-                              target_delta=target_delta, center=center,
-                              noise_multiplier=noise_multiplier, trust=trust, **options)
-        check_modulus(plan, d, sum(n_rows), len(nodes), min_clients, method=method,
-                      n_components=n_components, options=options)
+        check_modulus(d, sum(n_rows), len(nodes), min_clients, method=method,
+                      n_components=n_components, target_epsilon=target_epsilon,
+                      target_delta=target_delta, center=center,
+                      noise_multiplier=noise_multiplier, options=options)
         secure_transport = SecAggPlusPCATransport(grid, nodes, timeout)
     federation = RemoteFederation(FlowerTransport(grid, nodes, timeout), n_rows, d,
                                   fit_id=uuid.uuid4().hex, secure_transport=secure_transport)

@@ -275,15 +275,12 @@ def check_secure_shape(settings: PCARunSettings) -> None:
         return
     from dpprecond.adapters.flower.data import raw_dataset
     from dpprecond.adapters.flower.pca_secagg import check_modulus
-    from dpprecond.pca.api import planned_budget
 
     n_rows, d = raw_dataset(settings.data.name, settings.data.data_path).X_train.shape
     k = settings.n_clients or 2
-    plan = planned_budget(settings.method, target_epsilon=settings.target_epsilon,
-                          target_delta=settings.target_delta, center=settings.center,
-                          trust=settings.trust)
-    check_modulus(plan, d, n_rows, k, settings.min_clients, method=settings.method,
-                  n_components=settings.n_components)
+    check_modulus(d, n_rows, k, settings.min_clients, method=settings.method,
+                  n_components=settings.n_components, target_epsilon=settings.target_epsilon,
+                  target_delta=settings.target_delta, center=settings.center)
 
 
 def run_pca_from_run_config(grid: Grid, context: Context) -> PCAResult:

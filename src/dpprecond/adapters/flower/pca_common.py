@@ -24,15 +24,20 @@ class SecureAggregationUnavailableError(ValueError):
 
 SECURE_AGGREGATION_REFUSAL = (
     "Flower's SecAgg+ (flwr 1.42 SecAggPlusWorkflow, modulus_range 2^31) carries secure "
-    "sums of at most 2^30 (dpprecond.secagg.fl.FIT_BITS). A PCA secure sum keeps the "
+    "sums of at most 2^30 (dpprecond.secagg.fl.FIT_BITS). A PCA secure sum starts at the "
     "in-process fit's 2^-10 rounding inflation (dpprecond.secagg.sums.plan_sum, "
-    "wrap-around probability <= 1e-12), and its Gram sum (d(d+1)/2 coordinates) needs "
-    "about log2(n) + log2(sqrt(d(d+1)/2)) + 13 bits: 28 to 29 bits for digits (d = 64, "
-    "1,437 training rows; it runs on SecAgg+), 37 bits for Fashion-MNIST's pixels (d = "
-    "784, 60,000 rows; still 33 bits at the 2^-6 inflation the FL sums may coarsen to, so "
-    "it is refused). Run the secure-aggregation fit in process, fit_private_pca(X, "
-    "clients=bounds, trust='secure-aggregation') (docs/secure_aggregation.md), or use "
-    "trust='local' on Flower (every client adds its own noise).")
+    "wrap-around probability <= 1e-12) and, where that needs more bits, coarsens its "
+    "scale down to an inflation of 2^-3 (noise std at most 12.5% above the central "
+    "Gaussian's; the fit's events are calibrated at that bound: "
+    "dpprecond.pca.secure_plan). Its Gram sum (d(d+1)/2 coordinates) needs about "
+    "log2(n) + log2(sqrt(d(d+1)/2)) + 13 bits at 2^-10 and 7 fewer at 2^-3: digits (d = "
+    "64, 1,437 training rows, 28 to 29 bits) runs at 2^-10, Fashion-MNIST's pixels (d = "
+    "784, 60,000 rows, 37 bits) at 2^-3 (30 bits, at epsilon 1 with up to 20 clients; "
+    "ten times the rows, 34 bits at 2^-3, or epsilon 0.5 with 100 clients, is refused). "
+    "Run the "
+    "secure-aggregation fit in process, fit_private_pca(X, clients=bounds, "
+    "trust='secure-aggregation') (docs/secure_aggregation.md), or use trust='local' on "
+    "Flower (every client adds its own noise).")
 
 
 def _local_rows(data: Any) -> np.ndarray:

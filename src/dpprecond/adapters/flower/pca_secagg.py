@@ -25,16 +25,20 @@ message), clients that add their shares honestly; a client's message alone carri
 (Skellam ``ZCDpEvent``s calibrated in RDP), charged to the ledger before the first share.
 
 Modulus: SecAgg+'s ``modulus_range`` is ``2^31``, so a sum's plan may use at most
-``2^30`` (:data:`~dpprecond.secagg.fl.FIT_BITS`). PCA's plans keep the in-process fit's
-``2^-10`` rounding inflation (the accounting covers no coarser scale), so a federation
-one of whose sums may need more bits is refused after registration, before the ledger
-is charged and before any release (:func:`check_modulus`,
-:class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError`): every sum the
-method may make is bounded (:func:`secure_release_sums`: the Gram sum, the private mean,
-the power method's products of ``d k`` coordinates, ``auto``'s probe, diagnostic,
-completion and iteration steps, each at its own noise multiplier), at the largest
-``gamma Delta`` its sensitivity may give it. The transport still refuses any release
-whose plan would exceed it, before its shares.
+``2^30`` (:data:`~dpprecond.secagg.fl.FIT_BITS`, the transport's ``fit_bits``). The fit
+caps its sums to it (:mod:`dpprecond.pca.secure_plan`): a sum that needs more bits at the
+in-process fit's ``2^-10`` rounding scale is coarsened, at up to 12.5% more noise std, and
+the fit's events are calibrated at the coarsest scale any of its sums may take (the
+epsilon is the target). Before the ledger is charged and before any release, after
+registration (which gives ``n`` and ``d``), :func:`check_modulus` bounds every sum the
+method may make (:func:`secure_release_sums`: the Gram sum, the private mean, the power
+method's products of ``d k`` coordinates, ``auto``'s probe, diagnostic, completion and
+iteration steps, each at its own noise multiplier) at the largest ``gamma Delta`` its
+sensitivity may give it, and refuses a federation that no scale fits
+(:class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError`). Where every
+sum fits at ``2^-10``, the fit is the uncapped in-process fit; otherwise it is the
+in-process fit with ``max_modulus_bits=30``, release for release. The transport still
+refuses any release whose plan would exceed ``2^30``, before its shares.
 
 Dropouts: a sum with fewer than ``min_clients`` surviving shares is not released (SecAgg+
 halts below its reconstruction threshold, ``min_clients``, and the decoder refuses fewer
@@ -45,7 +49,6 @@ privacy spent (the plan, already charged).
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -90,11 +93,16 @@ from dpprecond.adapters.flower.secaggplus import (
     exact_workflow,
     recovered_sum,
 )
-from dpprecond.pca.budget import BudgetPlan
 from dpprecond.pca.remote import ClientMissingError, ClientState
 from dpprecond.pca.remote_secure import client_secure_message
+from dpprecond.pca.secure_plan import (
+    ModulusUnavailableError,
+    gram_modulus_bits,
+    secure_release_sums,
+    sum_modulus_bits,
+)
 from dpprecond.secagg.fl import FIT_BITS
-from dpprecond.secagg.sums import ROUNDING_INFLATION, SumPlan, plan_sum
+from dpprecond.secagg.sums import SumPlan
 
 __all__ = ["SECURE_REQUEST_KEY", "SecAggPlusPCATransport", "check_modulus",
            "gram_modulus_bits", "secure_pca_reply", "secure_release_sums", "sum_modulus_bits"]
@@ -103,107 +111,34 @@ __all__ = ["SECURE_REQUEST_KEY", "SecAggPlusPCATransport", "check_modulus",
 SECURE_REQUEST_KEY = "pca-secure-request"
 
 
-def sum_modulus_bits(dim: int, n_rows: int, n_clients: int, noise_multiplier: float,
-                     min_clients: int | None = None) -> int:
-    """Bits of the modulus a secure sum of ``dim`` coordinates over ``n_rows`` rows needs
-    at noise multiplier ``noise_multiplier``, at the largest ``gamma Delta`` any release
-    sensitivity may give it.
-
-    ``gamma`` is the power of two with ``gamma Delta`` in ``[sqrt(m) / 2^-10,
-    2 sqrt(m) / 2^-10)`` (:func:`~dpprecond.secagg.sums.plan_sum`), and the plan's integers
-    depend on ``Delta`` only through ``gamma Delta``: the bound is the plan at a
-    sensitivity just below a power of two of that range. The multiplier is nudged up by
-    ``2^-39`` (:func:`~dpprecond.secagg.sums.release_plan` plans a release at ``z (1 +
-    2^-40)``). The bits grow with ``dim`` and with the multiplier.
-    """
-    worst = math.sqrt(dim) / ROUNDING_INFLATION * 2.0**-20 * (1.0 - 2.0**-20)
-    k_min = n_clients if min_clients is None else min_clients
-    return plan_sum(dim, worst, noise_multiplier * (1.0 + 2.0**-39), n_rows=n_rows,
-                    n_clients=n_clients, min_clients=k_min).bits
+def _refusal(why: str) -> str:
+    return (f"trust='secure-aggregation' on Flower: {why} (Flower's SecAgg+ carries "
+            f"2^{FIT_BITS}: its modulus_range 2^31; dpprecond.secagg.fl.FIT_BITS). Run the "
+            "secure-aggregation fit in process, fit_private_pca(X, clients=bounds, "
+            "trust='secure-aggregation') (up to 2^62), use trust='local' on Flower, or fit "
+            "fewer rows or features.")
 
 
-def gram_modulus_bits(n_features: int, n_rows: int, n_clients: int,
-                      noise_multiplier: float, min_clients: int | None = None) -> int:
-    """Bits of the modulus a secure Gram sum of ``d = n_features`` (its ``d (d + 1) / 2``
-    coordinates) needs over ``n_rows`` rows (:func:`sum_modulus_bits`)."""
-    return sum_modulus_bits(n_features * (n_features + 1) // 2, n_rows, n_clients,
-                            noise_multiplier, min_clients)
+def check_modulus(n_features: int, n_rows: int, n_clients: int, min_clients: int | None, *,
+                  method: str, n_components: int, target_epsilon: float | None,
+                  target_delta: float, center: Any = None,
+                  noise_multiplier: float | None = None,
+                  options: dict[str, Any] | None = None) -> float:
+    """Refuse a federation one of whose secure sums SecAgg+ cannot carry (before the
+    ledger is charged and before any release); return the fit's inflation bound.
 
-
-def secure_release_sums(method: str, plan: BudgetPlan, n_features: int, n_components: int,
-                        options: dict[str, Any] | None = None
-                        ) -> list[tuple[str, int, float]]:
-    """Every kind of secure sum a fit of ``method`` may make: ``(what, coordinates, noise
-    multiplier)``, the largest multiplier of each kind.
-
-    The multipliers are the plan's (``z0``, ``z_power``, ``z_mean``) and, for ``auto``,
-    those :func:`~dpprecond.pca.auto.fit_auto` splits ``z_pca`` into: ``M1`` at ``z /
-    sqrt(init_share)``, the probe at ``z / sqrt(probe_share)``, the rescaled diagnostic at
-    ``z / sqrt(rescale_share)`` (``branch="rule"``), the completion at ``z / sqrt(rest)``
-    and the iteration's steps at ``z / sqrt(rest w_0)`` (``w_0 = 1 / (2^T - 1)`` the
-    smallest step weight of the most steps ``T`` it may take). ``options`` are the
-    method's (``auto``'s: :data:`~dpprecond.pca.auto.AUTO_DEFAULTS`).
-    """
-    from dpprecond.pca.auto import AUTO_DEFAULTS, HIST_EDGES, check_auto_options
-
-    d = int(n_features)
-    k = min(int(n_components), d)  # a larger k is refused by the fit, by name
-    z = plan.noise_multipliers
-    gram, product = d * (d + 1) // 2, d * k
-    sums: list[tuple[str, int, float]] = []
-    if "z_mean" in z:
-        sums.append(("the private mean", d, z["z_mean"]))
-    if method == "auto":
-        opts = check_auto_options({key: val for key, val in (options or {}).items()
-                                   if key in AUTO_DEFAULTS})
-        zp, s1, sc = z["z_pca"], opts["init_share"], opts["probe_share"]
-        rest = 1.0 - s1 - sc
-        sums += [("the Gram matrix", gram, zp / math.sqrt(s1)),
-                 ("auto's probe", 2 * (HIST_EDGES.size + 1), zp / math.sqrt(sc))]
-        left = rest
-        if opts["branch"] == "rule":
-            st = opts["rescale_share"]
-            sums.append(("auto's rescaled Gram matrix", gram, zp / math.sqrt(st)))
-            left = rest - st  # check_auto_options: rest > rescale_share
-        z_left = zp / math.sqrt(left)
-        if opts["branch"] != "iterate":
-            sums.append(("the Gram matrix's completion", gram, z_left))
-        if opts["branch"] != "analyze_gauss":
-            steps = opts["n_iter"] if opts["n_iter"] is not None else max(opts["iter_choices"])
-            sums.append(("auto's clipped step", product,
-                         z_left * math.sqrt(2.0**steps - 1.0)))
-    elif method == "power":
-        if "z0" in z:
-            sums.append(("the Gram matrix", gram, z["z0"]))
-        sums.append(("a power iteration's product", product, z["z_power"]))
-    else:
-        sums.append(("the Gram matrix", gram, z["z0"]))
-    return [(what, dim, mult) for what, dim, mult in sums if math.isfinite(mult)]
-
-
-def _refusal(bits: int, what: str) -> str:
-    return (f"trust='secure-aggregation' on Flower: {what} needs a modulus of 2^{bits}, "
-            f"above the 2^{FIT_BITS} that Flower's SecAgg+ carries exactly (its modulus_range "
-            f"2^31; dpprecond.secagg.fl.FIT_BITS). PCA's secure sums keep the 2^-10 rounding "
-            "inflation their accounting covers. Run the secure-aggregation fit in process, "
-            "fit_private_pca(X, clients=bounds, trust='secure-aggregation') (up to 2^62), "
-            "use trust='local' on Flower, or fit fewer rows or features.")
-
-
-def check_modulus(plan: BudgetPlan, n_features: int, n_rows: int, n_clients: int,
-                  min_clients: int | None, *, method: str, n_components: int,
-                  options: dict[str, Any] | None = None) -> None:
-    """Refuse a federation one of whose secure sums may not run on SecAgg+ (before the
-    ledger is charged and before any release).
-
-    Every sum :func:`secure_release_sums` lists for ``method`` is bounded with
-    :func:`sum_modulus_bits`. Raises
+    The fit's plan under SecAgg+'s cap, ``2^30``
+    (:func:`~dpprecond.pca.api.planned_secure_budget`: every sum the method may make,
+    at the largest ``gamma Delta`` its sensitivity may give it, at the finest rounding
+    scale that fits, up to :data:`~dpprecond.pca.secure_plan.MAX_FIT_INFLATION`). Raises
     :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
     sum that needs the most bits, the bits and the in-process alternative; ``ValueError``
     for fewer than 2 clients (SecAgg+ masks pairwise) or more than
     :data:`~dpprecond.adapters.flower.secaggplus.MAX_SECAGG_CLIENTS` (the float recovery of
     the sum, :func:`~dpprecond.adapters.flower.secaggplus.recovered_sum`, is exact up to it).
     """
+    from dpprecond.pca.api import planned_secure_budget
+
     if n_clients < 2:
         raise ValueError(f"trust='secure-aggregation' needs at least 2 clients (SecAgg+ masks "
                          f"each message with its neighbours'); got {n_clients}.")
@@ -213,22 +148,15 @@ def check_modulus(plan: BudgetPlan, n_features: int, n_rows: int, n_clients: int
                          "MAX_SECAGG_CLIENTS, as for the FL rounds); run the secure fit in "
                          "process, fit_private_pca(X, clients=bounds, trust="
                          "'secure-aggregation'), or merge clients.")
-    need = []
-    for what, dim, z in secure_release_sums(method, plan, n_features, n_components, options):
-        try:
-            need.append((sum_modulus_bits(dim, n_rows, n_clients, z, min_clients), what,
-                         dim, z))
-        except ValueError as exc:  # no plan at all at the sum's worst scale
-            raise SecureAggregationUnavailableError(
-                f"trust='secure-aggregation' on Flower: a secure sum of {what} of "
-                f"d={n_features} features over n={n_rows} rows ({dim} coordinates at noise "
-                f"multiplier {z:.4g}, {n_clients} clients) has no plan within SecAgg+'s "
-                f"2^{FIT_BITS} at the worst scale a release may give it: {exc}") from exc
-    bits, what, dim, z = max(need, key=lambda item: item[0])
-    if bits > FIT_BITS:
-        raise SecureAggregationUnavailableError(_refusal(
-            bits, f"a secure sum of {what} of d={n_features} features over n={n_rows} rows "
-                  f"({dim} coordinates at noise multiplier {z:.4g}, {n_clients} clients)"))
+    try:
+        _, bound = planned_secure_budget(
+            method, target_epsilon=target_epsilon, target_delta=target_delta,
+            n_features=n_features, n_components=n_components, n_rows=n_rows,
+            n_clients=n_clients, min_clients=min_clients, max_modulus_bits=FIT_BITS,
+            center=center, noise_multiplier=noise_multiplier, **(options or {}))
+    except ModulusUnavailableError as exc:
+        raise SecureAggregationUnavailableError(_refusal(str(exc))) from exc
+    return bound
 
 
 class _ReleaseStrategy(Strategy):
@@ -288,6 +216,10 @@ class SecAggPlusPCATransport:
     than ``min_clients`` clients completed it).
     """
 
+    #: The largest modulus ``2^fit_bits`` SecAgg+ carries exactly: the fit caps its sums
+    #: to it (:attr:`~dpprecond.pca.remote.RemoteFederation.secure_fit_bits`).
+    fit_bits = FIT_BITS
+
     def __init__(self, grid: Grid, nodes: list[int], timeout: float) -> None:
         self.grid, self.nodes, self.timeout = grid, [int(n) for n in nodes], float(timeout)
         self.rounds = 0
@@ -298,8 +230,9 @@ class SecAggPlusPCATransport:
                  plan: SumPlan) -> tuple[np.ndarray, int]:
         if plan.modulus >= SECAGG_MODULUS:  # the pre-check bounds every sum: never here
             raise SecureAggregationUnavailableError(_refusal(
-                plan.bits, f"release {self.rounds + 1} ({plan.dim} coordinates)")
-                + " Nothing of this release was sent; the fit's plan was charged.")
+                f"release {self.rounds + 1} ({plan.dim} coordinates) needs a modulus of "
+                f"2^{plan.bits}") + " Nothing of this release was sent; the fit's plan was "
+                "charged.")
         self.rounds += 1
         proxies: list[ClientProxy] = [GridClientProxy(n, self.grid, 0) for n in self.nodes]
         manager = SimpleClientManager()
