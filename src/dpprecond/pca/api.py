@@ -190,7 +190,10 @@ def planned_event(method: str = DEFAULT_METHOD, *, target_epsilon: float | None,
     (``method="exact"``, ``add_noise=False``) is a ``NonPrivateDpEvent``. With
     ``trust="secure-aggregation"`` it is the plan of the secure sums (Skellam
     ``ZCDpEvent``s calibrated in RDP, :func:`~dpprecond.pca.budget.secure_aggregation_plan`),
-    which is what a federated fit under that trust model records.
+    which is what a federated fit under that trust model records when its sums are not
+    capped; a fit under a modulus cap (``max_modulus_bits``, Flower's SecAgg+) may be
+    calibrated at a coarser rounding scale, to the same target:
+    :func:`planned_secure_budget` gives its plan.
     """
     spec = METHODS[check_choice("method", method, list(METHODS))]
     check_choice("trust", trust, TRUST_MODELS)
