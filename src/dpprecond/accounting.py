@@ -313,10 +313,13 @@ def calibrate_noise(make_event: Callable[[float], dp_event.DpEvent], epsilon: fl
 
 def event_to_dict(event: dp_event.DpEvent) -> dict:
     """A JSON-ready description of the events this package produces (see
-    :func:`event_from_dict`): Gaussian, Poisson-sampled, self-composed, composed,
-    repeat-and-select, non-private and no-op events."""
+    :func:`event_from_dict`): Gaussian, zero-concentrated (the secure sums' Skellam bound),
+    Poisson-sampled, self-composed, composed, repeat-and-select, non-private and no-op
+    events."""
     if isinstance(event, dp_event.GaussianDpEvent):
         return {"gaussian": float(event.noise_multiplier)}
+    if isinstance(event, dp_event.ZCDpEvent):
+        return {"zcdp": [float(event.rho), float(event.xi)]}
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         return {"poisson": float(event.sampling_probability),
                 "event": event_to_dict(event.event)}
@@ -338,6 +341,12 @@ def event_from_dict(data: dict) -> dp_event.DpEvent:
     """Inverse of :func:`event_to_dict` (``ValueError`` for anything else)."""
     if "gaussian" in data:
         return dp_event.GaussianDpEvent(float(data["gaussian"]))
+    if "zcdp" in data:
+        rho, xi = (float(v) for v in data["zcdp"])
+        if not (math.isfinite(rho) and math.isfinite(xi) and rho >= 0 and xi >= 0):
+            raise ValueError(f"Not a serialized ZCDpEvent: rho={rho!r}, xi={xi!r} (finite, "
+                             ">= 0 expected).")
+        return dp_event.ZCDpEvent(rho, xi)
     if "poisson" in data:
         return dp_event.PoissonSampledDpEvent(float(data["poisson"]),
                                               event_from_dict(data["event"]))

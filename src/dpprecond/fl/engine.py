@@ -82,12 +82,17 @@ logger = logging.getLogger(__name__)
 _STATE_FORMAT = 2
 
 
-def _fingerprint(method: Method, config: FLConfig, data: ClientData, model: FLModel,
-                 X_test: np.ndarray, y_test: np.ndarray) -> str:
+def fingerprint_of(method: Method, config: FLConfig, data: ClientData, model: FLModel,
+                   X_test: np.ndarray, y_test: np.ndarray, *,
+                   extra: dict[str, Any] | None = None) -> str:
+    """The run a checkpoint belongs to: method, config, model, data and test data (and
+    ``extra`` settings of the run, e.g. secure aggregation's ``min_clients``)."""
     h = hashlib.sha256()
-    h.update(json.dumps({"method": method.describe(), "config": asdict(config),
-                         "model": repr(model), "state": _STATE_FORMAT},
-                        sort_keys=True, default=str).encode())
+    facts = {"method": method.describe(), "config": asdict(config), "model": repr(model),
+             "state": _STATE_FORMAT}
+    if extra:
+        facts["extra"] = extra
+    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
     for arr in (data.X, data.y, data.bounds, X_test, y_test):
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
@@ -113,6 +118,37 @@ def _check_resume(path: Path, state: dict[str, Any], n_rounds: int, model: FLMod
                f"floats of shape {expected}")
     if not all(isinstance(e, dp_event.DpEvent) for e in state["events"]):
         refuse("its events are not DpEvents")
+
+
+def open_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence, *,
+                    seeded: bool, n_rounds: int, model: FLModel
+                    ) -> tuple[dict[str, Any] | None, np.random.SeedSequence]:
+    """``(the checkpoint's state or None, the run's root seed sequence)``: the state of
+    ``path`` when it exists and belongs to this run (same ``fingerprint``; with a seed,
+    the same seed), whose root it restores; else ``ValueError`` naming the file."""
+    if not path.exists():
+        return None, root
+    resume = load_checkpoint(path)
+    if resume["fingerprint"] != fingerprint:
+        raise ValueError(f"The checkpoint {path} belongs to another run (method, config, "
+                         "model or data differ); delete it or pass another checkpoint path.")
+    if seeded and (resume["entropy"], tuple(resume["spawn_key"])) != (
+            root.entropy, tuple(root.spawn_key)):
+        raise ValueError(f"The checkpoint {path} was made with another seed.")
+    _check_resume(path, resume, n_rounds, model)
+    return resume, np.random.SeedSequence(resume["entropy"],
+                                          spawn_key=tuple(resume["spawn_key"]))
+
+
+def write_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence,
+                     done: int, params: np.ndarray, state: Any,
+                     history: list[dict[str, float]], events: list[dp_event.DpEvent]) -> None:
+    """Write a run's state after ``done`` rounds (:func:`~dpprecond.fl.checkpoint.
+    save_checkpoint`: atomically, the root seed included)."""
+    save_checkpoint(path, {
+        "fingerprint": fingerprint, "entropy": root.entropy,
+        "spawn_key": list(root.spawn_key), "round": done, "params": params, "state": state,
+        "history": history, "events": events})
 
 
 def _plan(model: FLModel, method: Method,
@@ -207,13 +243,12 @@ def simulate(model: FLModel, data: ClientData,
     """
     config = config.validated()
     if config.trust == "secure-aggregation":  # the distributed-noise rounds (dpprecond.secagg)
-        if checkpoint is not None:
-            raise ValueError("checkpoint is not supported with trust='secure-aggregation'.")
         from dpprecond.secagg.fl import simulate_secure
 
         return simulate_secure(model, data, method, config, X_test=X_test, y_test=y_test,
                                seed=seed, ledger=ledger, secure=secure, progress=progress,
-                               callback=callback)
+                               callback=callback, checkpoint=checkpoint,
+                               checkpoint_every=checkpoint_every)
     # adaptive clipping as the run uses it ("auto" resolved), recorded in the run's config
     config = replace(config, adaptive_clip=resolve_adaptive_clip(as_method(method), config))
     method = with_adaptive_clip(as_method(method), config)  # a no-op without adaptive_clip
@@ -246,20 +281,9 @@ def simulate(model: FLModel, data: ClientData,
     fingerprint = ""
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
-        fingerprint = _fingerprint(method, config, data, model, X_test, y_test)
-        if checkpoint.exists():
-            resume = load_checkpoint(checkpoint)
-            if resume["fingerprint"] != fingerprint:
-                raise ValueError(f"The checkpoint {checkpoint} belongs to another run (method, "
-                                 "config, model or data differ); delete it or pass another "
-                                 "checkpoint path.")
-            if seed is not None and (resume["entropy"], tuple(resume["spawn_key"])) != (
-                    root.entropy, tuple(root.spawn_key)):
-                raise ValueError(f"The checkpoint {checkpoint} was made with another seed.")
-            _check_resume(checkpoint, resume, config.n_rounds, model)
-            root = np.random.SeedSequence(resume["entropy"],
-                                          spawn_key=tuple(resume["spawn_key"]))
-    entropy, spawn_key = root.entropy, tuple(root.spawn_key)
+        fingerprint = fingerprint_of(method, config, data, model, X_test, y_test)
+        resume, root = open_checkpoint(checkpoint, fingerprint, root, seeded=seed is not None,
+                                       n_rounds=config.n_rounds, model=model)
     init_seq, noise_root, setup_root = root.spawn(3)
     if secure:
         noise_root = setup_root = SECURE_ROOT  # type: ignore[assignment]
@@ -345,10 +369,8 @@ def simulate(model: FLModel, data: ClientData,
                 callback(record)
             if checkpoint is not None and (t + 1) % checkpoint_every == 0 \
                     and t + 1 < config.n_rounds:
-                save_checkpoint(checkpoint, {
-                    "fingerprint": fingerprint, "entropy": entropy, "spawn_key": list(spawn_key),
-                    "round": t + 1, "params": params, "state": state, "history": history,
-                    "events": events})
+                write_checkpoint(checkpoint, fingerprint, root, t + 1, params, state, history,
+                                 events)
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)  # the seed must not outlive the run
     check_history(history, method.name)  # every method warns when its test loss climbed

@@ -118,9 +118,11 @@ clients' parts, each round has the plan of its clip, and the event is the same
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -494,7 +496,9 @@ def simulate_secure(model: FLModel, data: ClientData,
                     min_clients: int | None = None, ledger: PrivacyLedger | None = None,
                     secure: bool = False, max_client_rows: int | None = None,
                     progress: bool = False,
-                    callback: Callable[[dict[str, float]], None] | None = None) -> FLResult:
+                    callback: Callable[[dict[str, float]], None] | None = None,
+                    checkpoint: str | os.PathLike | None = None,
+                    checkpoint_every: int = 10) -> FLResult:
     """:func:`~dpprecond.fl.engine.simulate` under secure aggregation (module docstring).
 
     Parameters
@@ -520,6 +524,14 @@ def simulate_secure(model: FLModel, data: ClientData,
     progress, callback
         As for :func:`~dpprecond.fl.engine.simulate`: a tqdm bar over the rounds, and a
         function called with each round's history record after the round.
+    checkpoint, checkpoint_every
+        As for :func:`~dpprecond.fl.engine.simulate` (the one-message gradient methods; a
+        covariance method's run is refused: its setup sum is not kept): the model, the
+        server transform's state, the adaptive clip's target and applied clips, the
+        history and the events so far, and the root seed. Every round's streams are
+        derived from the root and the round, so a resumed seeded run releases the
+        uninterrupted run's sums; the resumed rounds' events are recorded in the ledger
+        again. The fingerprint also covers ``min_clients`` and ``max_client_rows``.
 
     Returns
     -------
@@ -559,6 +571,11 @@ def simulate_secure(model: FLModel, data: ClientData,
                          "noise is known to whoever knows the seed; pass seed=None.")
     root = check_seed("seed", seed)
     if isinstance(gm, CovarianceMethod):
+        if checkpoint is not None:
+            raise ValueError(f"checkpoint is not supported for {gm.name} under trust="
+                             "'secure-aggregation' (its one-off setup sum would have to be "
+                             "kept with the run); drop checkpoint, or use a one-message "
+                             "gradient method.")
         return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
                                     ledger, max_client_rows, _Report(progress, callback),
                                     secure=secure)
@@ -575,6 +592,12 @@ def simulate_secure(model: FLModel, data: ClientData,
         clip.plan()
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
+    resume: Resume | None = None
+    if checkpoint is not None:
+        resume = Resume.open(Path(checkpoint), gm, config, data, model, X_test, y_test,
+                             root, seeded=seed is not None, every=checkpoint_every,
+                             extra={"min_clients": k_min, "max_client_rows": rows})
+        root = resume.root
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, _ = root.spawn(3)
     if secure:
@@ -588,10 +611,15 @@ def simulate_secure(model: FLModel, data: ClientData,
     wrap = plan.wrap_probability(K)
     logger.info("secure-aggregation run %s: K=%d, T=%d, z=%.4g, 2^%d modulus, wrap <= %.3g",
                 gm.name, K, config.n_rounds, z, plan.bits, wrap)
+    state = transform.init(params)
+    if resume is not None and resume.state is not None:  # the rounds done, recorded again
+        params, state = resume.state["params"], resume.restore(resume.state["state"], clip)
+        for event in resume.state["events"]:
+            spend(event)
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
-        transform.init(params), transform.update, spend,
-        X_test, y_test, clip, _Report(progress, callback))
+        state, transform.update, spend,
+        X_test, y_test, clip, _Report(progress, callback), resume)
     info = {**asdict(config), **gm.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None}
     if clip is not None:  # the last round's plan; every round's clip (public)
@@ -599,6 +627,65 @@ def simulate_secure(model: FLModel, data: ClientData,
                     adaptive_clip=asdict(clip.settings))
     return FLResult(params, history, z, history[-1]["epsilon"], config.target_delta, info,
                     spend.events)
+
+
+class Resume:
+    """A secure-aggregation run's checkpoint (:mod:`dpprecond.fl.checkpoint`, the engine's
+    format and checks: :func:`~dpprecond.fl.engine.open_checkpoint`): its state when the
+    run resumes, and the writes every ``every`` rounds. The saved state is ``(the server
+    transform's state, the adaptive clip's {"clip", "norms"} or None)``."""
+
+    def __init__(self, path: Path, fingerprint: str, root: np.random.SeedSequence,
+                 state: dict[str, Any] | None, every: int) -> None:
+        self.path, self.fingerprint, self.root = path, fingerprint, root
+        self.state, self.every = state, every
+
+    @classmethod
+    def open(cls, path: Path, method: Method, config: FLConfig, data: ClientData,
+             model: FLModel, X_test: np.ndarray, y_test: np.ndarray,
+             root: np.random.SeedSequence, *, seeded: bool, every: int,
+             extra: dict[str, Any]) -> Resume:
+        from dpprecond.fl.engine import fingerprint_of, open_checkpoint
+
+        every = check_int("checkpoint_every", every, low=1)
+        fingerprint = fingerprint_of(method, config, data, model, X_test, y_test,
+                                     extra=extra)
+        state, root = open_checkpoint(path, fingerprint, root, seeded=seeded,
+                                      n_rounds=config.n_rounds, model=model)
+        return cls(path, fingerprint, root, state, every)
+
+    def restore(self, saved: Any, clip: SecureClip | None) -> Any:
+        """The transform's state; the clip's target and history set from the checkpoint."""
+        if not isinstance(saved, tuple) or len(saved) != 2 or \
+                (saved[1] is None) != (clip is None):
+            raise ValueError(f"The checkpoint {self.path} does not fit this run (its state "
+                             "is not this run's transform and clip); delete it to start the "
+                             "run from the beginning.")
+        if clip is not None:
+            kept = saved[1]
+            if not isinstance(kept, dict) or set(kept) != {"clip", "norms"}:
+                raise ValueError(f"The checkpoint {self.path} has no adaptive clip state; "
+                                 "delete it to start the run from the beginning.")
+            clip.clip = check_positive("the checkpoint's clip", kept["clip"])
+            clip.norms = [float(v) for v in kept["norms"]]
+        return saved[0]
+
+    def save(self, done: int, n_rounds: int, params: np.ndarray, state: Any,
+             history: list[dict[str, float]], events: list[dp_event.DpEvent],
+             clip: SecureClip | None) -> None:
+        """Write the state after ``done`` rounds, every ``every`` rounds before the last."""
+        from dpprecond.fl.engine import write_checkpoint
+
+        if done % self.every or done >= n_rounds:
+            return
+        kept = None if clip is None else {"clip": float(clip.clip),
+                                          "norms": [float(v) for v in clip.norms]}
+        write_checkpoint(self.path, self.fingerprint, self.root, done, params,
+                         (state, kept), history, events)
+
+    def done(self) -> None:
+        """The run completed: the checkpoint (it holds the seed) is deleted."""
+        self.path.unlink(missing_ok=True)
 
 
 class _Spend:
@@ -649,8 +736,9 @@ class _Report:
                  callback: Callable[[dict[str, float]], None] | None = None) -> None:
         self.progress, self.callback = bool(progress), callback
 
-    def rounds(self, n_rounds: int) -> Any:
-        return tqdm(range(n_rounds), disable=not self.progress, desc="rounds", leave=False)
+    def rounds(self, n_rounds: int, first: int = 0) -> Any:
+        return tqdm(range(first, n_rounds), disable=not self.progress, desc="rounds",
+                    leave=False, initial=first, total=n_rounds)
 
     def __call__(self, record: dict[str, float]) -> None:
         if self.callback is not None:
@@ -662,7 +750,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
                    X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
                    step: Any, spend: _Spend, X_test: np.ndarray,
                    y_test: np.ndarray, clip: SecureClip | None = None,
-                   report: _Report | None = None
+                   report: _Report | None = None, resume: Resume | None = None
                    ) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
     sum of the clients' parts (streams ``(t, i)`` of ``noise_root``), its size-weighted
@@ -670,13 +758,17 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
     (updates, state)`` (the server half, post-processing), and the round's history
     record. With ``clip`` (adaptive clipping) each round's parts carry the count
     (:func:`~dpprecond.secagg.adaptive.counted_parts`, the round's own plan) and the
-    decoded count moves the clip."""
+    decoded count moves the clip. With ``resume`` the rounds start after the checkpoint's
+    and a checkpoint is written every ``resume.every`` rounds."""
     K = data.n_clients
     divisor = _divisor(config, data)
     client_level = is_client_level(config)
     history: list[dict[str, float]] = []
+    first = 0
+    if resume is not None and resume.state is not None:
+        history, first = list(resume.state["history"]), int(resume.state["round"])
     report = _Report() if report is None else report
-    for t in report.rounds(config.n_rounds):
+    for t in report.rounds(config.n_rounds, first):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
         if clip is not None:  # the round's plan from the public clip, before the charge
@@ -706,6 +798,10 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
         if clip is not None:
             history[-1]["clip_norm"] = used
         report(history[-1])
+        if resume is not None:
+            resume.save(t + 1, config.n_rounds, params, state, history, spend.events, clip)
+    if resume is not None:
+        resume.done()
     return params, history
 
 

@@ -1,0 +1,132 @@
+"""Checkpoints of secure-aggregation runs (secagg/fl.py ``Resume``): a run stopped mid-way
+resumes to the uninterrupted run's model, history and events, for the fixed and the
+adaptive clip and client-level DP; a checkpoint of another run is refused; the
+covariance methods refuse a checkpoint by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpprecond.accounting import PrivacyLedger
+from dpprecond.fl import ClientData, FLConfig, make_method, simulate
+from dpprecond.fl.checkpoint import load_checkpoint
+from dpprecond.fl.models import LinearSoftmax
+from dpprecond.fl.partition import make_partition
+
+from .conftest import make_problem
+
+ROUNDS, EVERY, STOP_AFTER = 9, 2, 5
+
+
+class Stop(Exception):
+    pass
+
+
+def _data() -> tuple[ClientData, np.ndarray, np.ndarray]:
+    X, y, Xt, yt = make_problem(n=300)
+    parts = make_partition(y, 5, "dirichlet", 0.5, np.random.default_rng(1))
+    return ClientData.from_partition(X, y, parts, 3), Xt, yt
+
+
+def _run(method: str, config: FLConfig, seed, ckpt: Path | None = None, *,
+         stop: bool = False, ledger: PrivacyLedger | None = None, **kwargs):
+    data, Xt, yt = _data()
+
+    def halt(record: dict) -> None:
+        if stop and record["round"] == STOP_AFTER:
+            raise Stop
+
+    return simulate(LinearSoftmax(6, 3), data, make_method(method), config, X_test=Xt,
+                    y_test=yt, seed=seed, checkpoint=ckpt, checkpoint_every=EVERY,
+                    callback=halt, ledger=ledger, **kwargs)
+
+
+def _strip(history: list[dict]) -> list[dict]:  # wall times differ
+    return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+
+
+CONFIGS = {
+    "adaptive clip (the default)": ("sofim-lagged", {}),
+    "fixed clip, adam": ("adam", {"adaptive_clip": None}),
+    "client-level, local steps": ("fedgd", {"mechanism": "client-level", "local_steps": 2,
+                                            "clip_norm": 1.0}),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_a_stopped_secure_run_resumes_to_the_same_model(tmp_path: Path, case: str) -> None:
+    method, settings = CONFIGS[case]
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation",
+                      **settings)
+    reference = _run(method, config, seed=11)
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run(method, config, seed=11, ckpt=ckpt, stop=True)
+    saved = load_checkpoint(ckpt)
+    assert saved["round"] == (STOP_AFTER // EVERY) * EVERY  # the last one before the stop
+    assert len(saved["events"]) == saved["round"]  # one secure sum a round
+    ledger = PrivacyLedger(1e-5, accountant="rdp")
+    resumed = _run(method, config, seed=11, ckpt=ckpt, ledger=ledger)
+    np.testing.assert_array_equal(resumed.params, reference.params)
+    assert _strip(resumed.history) == _strip(reference.history)
+    assert resumed.events == reference.events and resumed.epsilon == reference.epsilon
+    assert ledger.events == reference.events  # the resumed rounds recorded again
+    assert resumed.config.get("clip_norms") == reference.config.get("clip_norms")
+    assert not ckpt.exists()  # the noise seed does not outlive the run
+
+
+def test_a_checkpoint_of_another_secure_run_is_refused(tmp_path: Path) -> None:
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation")
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run("sofim-lagged", config, seed=3, ckpt=ckpt, stop=True)
+    data, Xt, yt = _data()
+    from dpprecond.secagg.fl import simulate_secure
+
+    with pytest.raises(ValueError, match="belongs to another run"):  # min_clients differs
+        simulate_secure(LinearSoftmax(6, 3), data, make_method("sofim-lagged"), config,
+                        X_test=Xt, y_test=yt, seed=3, min_clients=4, checkpoint=ckpt)
+    with pytest.raises(ValueError, match="another seed"):
+        _run("sofim-lagged", config, seed=4, ckpt=ckpt)
+    local = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0)  # the local run is another run
+    with pytest.raises(ValueError, match="belongs to another run"):
+        _run("sofim-lagged", local, seed=3, ckpt=ckpt)
+    assert ckpt.exists()  # a refusal deletes nothing
+
+
+def test_a_covariance_method_refuses_a_checkpoint_by_name(tmp_path: Path) -> None:
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation")
+    with pytest.raises(ValueError, match=r"checkpoint is not supported for fednew under "
+                                         r"trust='secure-aggregation'"):
+        _run("fednew", config, seed=3, ckpt=tmp_path / "c.npz")
+    assert not (tmp_path / "c.npz").exists()
+
+
+def test_secure_mode_resumes_with_fresh_noise(tmp_path: Path) -> None:
+    """Secure mode's shares come from the OS CSPRNG: a resumed run continues (its first
+    rounds' model and events kept), with noise nobody can regenerate."""
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation")
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run("sofim-lagged", config, seed=None, ckpt=ckpt, stop=True, secure=True)
+    saved = load_checkpoint(ckpt)
+    resumed = _run("sofim-lagged", config, seed=None, ckpt=ckpt, secure=True)
+    assert _strip(resumed.history[:saved["round"]]) == _strip(saved["history"])
+    assert len(resumed.events) == ROUNDS and not ckpt.exists()
+
+
+def test_the_secure_sums_events_round_trip_and_malformed_ones_are_refused() -> None:
+    from dp_accounting import dp_event
+
+    from dpprecond.accounting import event_from_dict, event_to_dict
+
+    event = dp_event.ZCDpEvent(0.0114493977434457, 0.00572469887172287)
+    assert event_from_dict(event_to_dict(event)) == event
+    nested = dp_event.SelfComposedDpEvent(event, 3)
+    assert event_from_dict(event_to_dict(nested)) == nested
+    for bad in ([-1.0, 0.0], [0.1, float("nan")], [float("inf"), 0.0]):
+        with pytest.raises(ValueError, match="Not a serialized ZCDpEvent"):
+            event_from_dict({"zcdp": bad})
