@@ -1,5 +1,5 @@
-"""Spies the secure-aggregation tests share: where each Skellam share's randomness came
-from, and what a ClientApp raised."""
+"""Spies the secure-aggregation tests share: where each Skellam share's (and each public
+draw's) randomness came from, and what a ClientApp raised."""
 
 from __future__ import annotations
 
@@ -22,6 +22,25 @@ def share_sources(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(lam, size, rng)
 
     monkeypatch.setattr(sums, "skellam_noise", noise)
+    return kinds
+
+
+def public_draw_sources(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Patch ``pca.remote_secure._generator``; the returned list gets the type name of the
+    generator of every public draw of a secure fit over a network (one client, one
+    ``secure-public`` request) from then on."""
+    import dpprecond.pca.remote_secure as remote_secure
+
+    kinds: list[str] = []
+    real = remote_secure._generator
+
+    def generator(state: Any, key: str, seed: Any, secure: bool, *spawn_key: int) -> Any:
+        gen = real(state, key, seed, secure, *spawn_key)
+        if key.startswith("public-"):
+            kinds.append(type(gen).__name__)
+        return gen
+
+    monkeypatch.setattr(remote_secure, "_generator", generator)
     return kinds
 
 

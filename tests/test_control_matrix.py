@@ -720,10 +720,14 @@ class FlowerPCARow(EntryPoint):
         assert got.info["trust"] == "secure-aggregation"
         assert max(got.info["secure_aggregation"]["modulus_bits"]) <= 30
         assert secagg.types["train"] == 4 * (len(BOUNDS) - 1)  # analyze_gauss: 1 release
-        grid = self.grid()
-        with refused(ValueError, "trust='secure-aggregation'", "numpy generators"):
-            self.run(grid, trust="secure-aggregation", secure=True)
-        assert grid.sent == 0
+        from tests.spies import share_sources
+
+        kinds = share_sources(c.monkeypatch)  # secure mode: every share from the CSPRNG
+        secagg = Grid(make_pca_client_app(SplitRows(PCA_X, BOUNDS)), n_nodes=len(BOUNDS) - 1)
+        secure = self.run(secagg, trust="secure-aggregation", secure=True)
+        assert secure.info["secure_aggregation"]["secure"] is True
+        assert kinds == ["SecureGenerator"] * (len(BOUNDS) - 1)
+        assert secure.epsilon == got.epsilon and secure.dp_event == got.dp_event
 
 
 #: Every entry point, by row name (the order of docs/privacy.md's table).

@@ -28,7 +28,6 @@ from dpprecond.adapters.flower import make_client_app
 from dpprecond.adapters.flower.client_app import ClientInfo
 from dpprecond.adapters.flower.pca import (
     ClientMissingError,
-    SecureAggregationUnavailableError,
     SplitRows,
     add_pca_handler,
     fit_pca_on_flower,
@@ -154,15 +153,6 @@ def test_flower_fit_is_the_in_process_local_fit(digits, method: str, options: di
     other = fit_private_pca(X, 4, method=method, seed=SEED + 1, clients=bounds, **FIT,
                             **options)
     assert np.abs(other.components - ref.components).max() > 1e-6
-
-
-def test_secure_mode_with_secure_aggregation_is_refused_before_any_message(digits) -> None:
-    grid = _seeded_grid(digits)
-    with pytest.raises(SecureAggregationUnavailableError, match="numpy generators"):
-        fit_pca_on_flower(grid, 4, trust="secure-aggregation", secure=True, **FIT)
-    with pytest.raises(SecureAggregationUnavailableError):
-        make_pca_server_app(4, trust="secure-aggregation", secure=True, **FIT)
-    assert grid.sent == 0
 
 
 def test_the_refusal_states_the_secure_sums_true_sizes() -> None:

@@ -276,7 +276,7 @@ def test_a_shape_no_scale_fits_is_refused_before_any_release(digits) -> None:
 @pytest.mark.parametrize(("settings", "error", "match"), [
     ({"method": "fixed"}, ValueError, "does not run on Flower"),
     ({"method": "select"}, ValueError, "does not run on Flower"),
-    ({"secure": True}, SecureAggregationUnavailableError, "numpy generators"),
+    ({"secure": "yes"}, TypeError, "secure"),
     ({"seed": 3}, ValueError, "clients draw the noise"),
     ({"min_clients": 1}, ValueError, "min_clients"),
     ({"trust": "local", "min_clients": 2}, ValueError, "min_clients"),
@@ -288,6 +288,43 @@ def test_settings_are_refused_before_any_message(digits, settings, error, match)
     with pytest.raises(error, match=match):
         make_pca_server_app(4, **{**FIT, **settings})
     assert not grid.types
+
+
+def test_secure_mode_on_secagg_plus_draws_every_share_from_the_csprng(
+        digits, monkeypatch) -> None:
+    """secure=True at the server on SecAgg+ (unseeded clients, the power method: sums and
+    a public draw): every client's rounding and Skellam share of every sum from a
+    SecureGenerator, the result says so, and the plan, event and epsilon are the
+    non-secure fit's; a seeded client refuses (by name, nothing released, its nodes'
+    errors recorded) and make_pca_server_app accepts the setting."""
+    from tests.spies import share_sources
+
+    X, bounds = digits
+    ref = fit_private_pca(X, 4, method="power", seed=SEED, clients=bounds, **FIT,
+                          max_modulus_bits=FIT_BITS)
+    kinds = share_sources(monkeypatch)
+    grid = Grid(make_pca_client_app(SplitRows(*digits)))
+    got = fit_pca_on_flower(grid, 4, method="power", secure=True, **FIT)
+    sums = got.info["secure_aggregation"]
+    assert kinds == ["SecureGenerator"] * (K * sums["n_sums"]) and sums["n_sums"] > 1
+    assert sums["secure"] is True and sums["shares_per_release"] == [K] * sums["n_sums"]
+    assert got.dp_event == ref.dp_event and got.epsilon == ref.epsilon
+    assert sums["modulus_bits"] == ref.info["secure_aggregation"]["modulus_bits"]
+    assert grid.types["train"] == 4 * K * sums["n_sums"]
+    np.testing.assert_allclose(got.components @ got.components.T, np.eye(4), atol=1e-8)
+    plain = fit_pca_on_flower(Grid(make_pca_client_app(SplitRows(*digits))), 4,
+                              method="power", **FIT)
+    assert plain.info["secure_aggregation"]["secure"] is False
+    assert plain.dp_event == got.dp_event and plain.epsilon == got.epsilon
+    make_pca_server_app(4, method="power", secure=True, **FIT)  # accepted when built
+    recording, errors = recording_app(make_pca_client_app(SplitRows(*digits),
+                                                          noise_seed=SEED))
+    seeded = Grid(recording)  # type: ignore[arg-type]
+    ledger = PrivacyLedger(1e-5, 10.0, accountant="rdp")
+    with pytest.raises(ClientMissingError, match="refuses seeds"):
+        fit_pca_on_flower(seeded, 4, method="power", secure=True, ledger=ledger, **FIT)
+    assert "train" not in seeded.types and ledger.events == []  # before any release
+    assert len(errors) == K and all("refuses seeds" in e for e in errors)
 
 
 @pytest.mark.slow

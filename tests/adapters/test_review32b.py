@@ -1,9 +1,9 @@
 """Review 32b: a SuperNode's own secure-mode setting on Flower's SecAgg+ PCA releases.
 
 Node config ``secure-noise=true`` is documented as the operator's own demand for
-secure-mode noise "whatever the server asks" (docs/flower.md). The SecAgg+ PCA client
-draws its Skellam shares from numpy generators, so such a node must refuse a secure PCA
-release rather than answer it with non-secure noise.
+secure-mode noise "whatever the server asks" (docs/flower.md). On SecAgg+ PCA such a node
+draws its rounding uniforms, its Skellam shares and its public draws from the OS CSPRNG
+(it used to refuse every release); a seeded one refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from flwr.app import Context
 from dpprecond.adapters.flower.pca import ClientMissingError, SplitRows, fit_pca_on_flower
 from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autouse)
 from tests.adapters.test_flower_pca_secagg import FIT, Grid, K
-from tests.spies import recording_app, share_sources
+from tests.spies import public_draw_sources, recording_app, share_sources
 
 
 @pytest.fixture(scope="module")
@@ -27,23 +27,42 @@ def digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("dual", [False, True])
-def test_a_secure_noise_node_refuses_a_secagg_plus_pca_release(digits, dual) -> None:
-    """Every node sets secure-noise=true: none answers a SecAgg+ PCA release (whose share
-    would come from a numpy generator), by name; nothing is released."""
+def test_a_secure_noise_node_answers_secagg_plus_pca_from_the_csprng(
+        digits, monkeypatch, dual) -> None:
+    """Every node sets secure-noise=true (the server does not ask for secure mode): each
+    answers every SecAgg+ PCA release with a rounding and Skellam share from a
+    SecureGenerator, and its public draws (the power method's start) too; the fit's
+    event and epsilon are unchanged, and the result does not claim secure mode (the
+    server did not ask for it). A node without it draws from numpy; a seeded node with
+    it refuses, by name, before any release."""
     from dpprecond.adapters.flower.pca import make_pca_client_app
     from dpprecond.adapters.flower.secagg import make_dual_client_app
 
-    rows = SplitRows(*digits)
-    recording, errors = recording_app(
-        make_dual_client_app(rows, pca=True) if dual else make_pca_client_app(rows))
+    def app(**kw: object) -> object:
+        rows = SplitRows(*digits)
+        return make_dual_client_app(rows, pca=True, **kw) if dual \
+            else make_pca_client_app(rows, **kw)
 
     def cfg(i: int) -> dict:
         return {"partition-id": i, "num-partitions": K, "secure-noise": True}
 
-    with pytest.raises(ClientMissingError, match="released nothing"):
-        fit_pca_on_flower(Grid(recording, node_config=cfg), 4,  # type: ignore[arg-type]
-                          method="analyze_gauss", connect_timeout=0.5, **FIT)
-    assert errors and all("secure-noise" in e for e in errors)
+    shares, public = share_sources(monkeypatch), public_draw_sources(monkeypatch)
+    got = fit_pca_on_flower(Grid(app(), node_config=cfg), 4,  # type: ignore[arg-type]
+                            method="power", **FIT)
+    sums = got.info["secure_aggregation"]
+    assert shares == ["SecureGenerator"] * (K * sums["n_sums"]) and sums["n_sums"] > 1
+    assert public == ["SecureGenerator"] * K and sums["secure"] is False
+    shares.clear()
+    public.clear()
+    plain = fit_pca_on_flower(Grid(app()), 4, method="power", **FIT)  # type: ignore[arg-type]
+    assert shares == ["Generator"] * (K * sums["n_sums"]) and public == ["Generator"] * K
+    assert plain.dp_event == got.dp_event and plain.epsilon == got.epsilon
+    recording, errors = recording_app(app(noise_seed=3))  # type: ignore[arg-type]
+    seeded = Grid(recording, node_config=cfg)  # type: ignore[arg-type]
+    with pytest.raises(ClientMissingError, match="refuses seeds"):
+        fit_pca_on_flower(seeded, 4, method="power", **FIT)
+    assert "train" not in seeded.types
+    assert len(errors) == K and all("refuses seeds" in e for e in errors)
 
 
 @pytest.mark.parametrize("value", [True, "true"])
@@ -92,16 +111,18 @@ def test_a_secure_noise_node_draws_its_secagg_plus_fl_shares_from_the_csprng(
         assert kinds == [want] * K, (secure, asked, kinds)
 
 
-def test_the_pca_preflight_refuses_secure_mode_under_secure_aggregation() -> None:
+def test_the_pca_preflight_passes_secure_mode_under_secure_aggregation() -> None:
     """check_pca_run_config (the ServerApp's first step and the pre-flight CLI's check)
-    refuses trust='secure-aggregation' with secure=true, as fit_pca_on_flower does: the
-    pre-flight used to drop `secure` before check_pca_config and pass it."""
+    passes trust='secure-aggregation' with secure=true on to the fit (which runs it, as
+    fit_pca_on_flower does), and still refuses it with a noise-seed."""
     from dpprecond.adapters.flower.app import RunConfigError
     from dpprecond.adapters.flower.pca_app import check_pca_run_config
 
     rc = {"row-norm": 8.0, "trust": "secure-aggregation", "secure": True}
-    with pytest.raises(RunConfigError, match="secure=True is not available"):
-        check_pca_run_config(rc)
-    settings = check_pca_run_config({**rc, "secure": False})
-    assert settings.trust == "secure-aggregation" and settings.secure is False
+    settings = check_pca_run_config(rc)
+    assert settings.trust == "secure-aggregation" and settings.secure is True
+    assert settings.fit_kwargs()["secure"] is True
+    assert check_pca_run_config({**rc, "secure": False}).secure is False
     assert check_pca_run_config({**rc, "trust": "local"}).secure is True
+    with pytest.raises(RunConfigError, match="secure=true refuses seeds"):
+        check_pca_run_config({**rc, "noise-seed": 3})

@@ -312,7 +312,8 @@ def test_secure_mode_draws_every_share_from_the_csprng(data: np.ndarray, monkeyp
                                                        method: str) -> None:
     """secure=True under secure aggregation, in process: every client message of every
     sum (its rounding and Skellam share, one stream) from a SecureGenerator; the plan's
-    event and epsilon are the seeded fit's; two fits differ."""
+    event and epsilon are the seeded fit's, the result records secure mode; two fits
+    differ."""
     from tests.spies import share_sources
 
     kw = dict(method=method, target_epsilon=2.0, target_delta=1e-6, row_norm=8.0,
@@ -325,6 +326,8 @@ def test_secure_mode_draws_every_share_from_the_csprng(data: np.ndarray, monkeyp
     n_sums = a.info["secure_aggregation"]["n_sums"] + b.info["secure_aggregation"]["n_sums"]
     assert kinds == ["SecureGenerator"] * (K * n_sums) and n_sums >= 2
     assert a.dp_event == seeded.dp_event and a.epsilon == seeded.epsilon
+    assert a.info["secure_aggregation"]["secure"] is True  # recorded, as over a network
+    assert seeded.info["secure_aggregation"]["secure"] is False
     assert not np.array_equal(a.components, b.components)
     np.testing.assert_allclose(a.components @ a.components.T, np.eye(2), atol=1e-8)
 

@@ -408,12 +408,14 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
         against a server that sees nothing but the sums. Its epsilon is from the Skellam
         events (``ZCDpEvent``, dp_accounting's RDP accountant, whatever ``accountant``
         says; ``info["accountant"]``), calibrated to the target; ``info
-        ["secure_aggregation"]`` lists the sums' moduli and wrap-around bound. With
-        ``secure=True`` (in process) every client's rounding and Skellam share, and the
-        server's public draws, come from the OS CSPRNG; the decoded sums are not snapped
-        (integer noise on integer parts). Not with a non-private fit, nor ``secure=True``
-        on a remote federation. Without ``clients``, ``trust`` must stay
-        ``"local"``.
+        ["secure_aggregation"]`` lists the sums' moduli and wrap-around bound (and
+        ``secure``: whether secure mode was asked for). With ``secure=True`` every
+        client's rounding and Skellam share, and the server's public draws, come from the
+        OS CSPRNG (in process, and on a remote federation, whose every request then asks
+        its clients for secure mode: a seeded client refuses,
+        :mod:`dpprecond.pca.remote_secure`); the decoded sums are not snapped (integer
+        noise on integer parts). Not with a non-private fit. Without ``clients``,
+        ``trust`` must stay ``"local"``.
     min_clients : int, optional
         With ``trust="secure-aggregation"``: the fewest noise shares a released sum may
         hold (default ``K``, all clients). Each share carries ``1/min_clients`` of the
@@ -506,12 +508,6 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
     if secagg:
         if not noise:
             _refuse_nonprivate_secure_aggregation()
-        if secure and remote:
-            raise ValueError("secure=True is not available with trust='secure-aggregation' "
-                             "on a remote federation (Flower's SecAgg+ PCA clients draw "
-                             "their shares from numpy generators); run the secure fit in "
-                             "process (fit_private_pca(X, clients=bounds, trust="
-                             "'secure-aggregation', secure=True)) or drop secure.")
     if remote:
         _check_remote(spec.name, clients=clients, trust=trust, seed=seed, noise=noise,
                       diagnostics=diagnostics,
@@ -549,7 +545,7 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
 
     # -- rows: every release is computed from the clipped rows (pca/rows.py) ---------------
     if remote and secagg:  # every release one secure sum of the clients' messages
-        rows: Any = X.remote_rows(row_norm, spent=_remote_spent(
+        rows: Any = X.remote_rows(row_norm, secure=secure, spent=_remote_spent(
             plan.event, delta, "rdp", ledger, charged=True))
         info.update(n_clients=rows.n_clients, trust=trust)
         if min_clients is not None:

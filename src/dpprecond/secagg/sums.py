@@ -670,8 +670,8 @@ class SecureSums:
 
     def summary(self) -> dict[str, Any]:
         """Public facts of the sums made: count, modulus bits, scales, wrap bound (union
-        over the sums), largest rounding inflation."""
-        return plans_summary(self.plans, self.min_clients)
+        over the sums), largest rounding inflation, and ``secure`` (:attr:`secure`)."""
+        return {**plans_summary(self.plans, self.min_clients), "secure": self.secure}
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"SecureSums has no {name!r}: under trust='secure-aggregation' "

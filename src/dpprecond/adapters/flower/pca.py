@@ -38,7 +38,9 @@ components equal the in-process fit's up to the summation order of the parts (th
 server adds ``K`` noisy parts where the in-process fit adds ``K`` exact parts and then the
 summed noise; differences at the last bits, ~1e-15 relative). Otherwise every request
 draws fresh OS entropy; node config ``secure-noise=true`` (or ``secure=True`` at the
-server) makes the clients draw from :mod:`dpprecond.secure` and snap their releases.
+server) makes the clients draw from :mod:`dpprecond.secure` and snap their releases
+(under ``trust="secure-aggregation"``: their rounding, Skellam shares and public draws from
+the OS CSPRNG, nothing snapped; a seeded client refuses secure mode either way).
 Node config ``min-noise-multiplier=Z`` refuses a release that would make the fit, with its
 earlier releases, a Gaussian mechanism of noise multiplier below ``Z`` (the precisions
 ``(bound / std)^2`` add, with the sensitivity bound the client computes itself).
@@ -154,11 +156,9 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
                      **options: Any) -> Any:
     """Check a Flower PCA fit's settings without sending anything; return its planned event.
 
-    Raises :class:`SecureAggregationUnavailableError` for a ``trust="secure-aggregation"``
-    setting SecAgg+ PCA does not run (``secure=True``; a method other than
-    :data:`~dpprecond.pca.remote_secure.SECURE_REMOTE_METHODS` is a ``ValueError`` as for
-    local trust), ``ValueError``/``TypeError`` naming any other bad setting (method,
-    options, budget, ``row_norm``, ``center``, timeouts, ``min_clients``) and
+    Raises ``ValueError``/``TypeError`` naming a bad setting (method: one of
+    :data:`~dpprecond.pca.remote.REMOTE_METHODS` under both trust models; options, budget,
+    ``row_norm``, ``center``, timeouts, ``min_clients``, ``secure``) and
     :class:`~dpprecond.PrivacyBudgetExceededError` when ``ledger`` cannot afford the plan.
     """
     for name in ("seed", "clients", "diagnostics"):
@@ -172,13 +172,9 @@ def check_pca_config(n_components: Any, *, target_epsilon: float | None,
                                 "diagnostics": "they are functions of the clients' private "
                                                "rows, which the server never sees."}[name])
     check_choice("trust", trust, TRUST_MODELS)
+    if not isinstance(secure, bool):
+        raise TypeError(f"Expected secure to be True or False, got {secure!r}.")
     if trust == "secure-aggregation":
-        if secure:
-            raise SecureAggregationUnavailableError(
-                "secure=True is not available with trust='secure-aggregation' on Flower: the "
-                "SecAgg+ PCA clients draw their Skellam shares from numpy generators (the "
-                "in-process secure fit, fit_private_pca(X, clients=bounds, trust="
-                "'secure-aggregation', secure=True), draws them from the CSPRNG).")
         if min_clients is not None:
             check_int("min_clients", min_clients, low=2,
                       high=n_clients if n_clients is not None else None)
@@ -477,7 +473,7 @@ def pca_reply(message: Message, context: Context, load_rows: LoadRows, *,
     state = _load_state(context)
     if request.get("kind") == "secure-public":  # the server's public draw (secure fit)
         out = client_public_draw(request, X, n_clients=info.n_clients, state=state,
-                                 noise_seed=seed)
+                                 noise_seed=seed, secure=secure)
     else:
         out = client_answer(request, arrays, X, client_id=info.client_id, state=state,
                             noise_seed=seed, secure=secure,

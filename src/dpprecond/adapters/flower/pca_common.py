@@ -19,7 +19,7 @@ _STATE, _DRAWS = "dpprecond-pca-state", "dpprecond-pca-draws"
 
 class SecureAggregationUnavailableError(ValueError):
     """``trust="secure-aggregation"`` for PCA on Flower: the fit's secure sums need a larger
-    modulus than Flower's SecAgg+ carries (or a setting SecAgg+ PCA does not run)."""
+    modulus than Flower's SecAgg+ carries."""
 
 
 SECURE_AGGREGATION_REFUSAL = (

@@ -19,6 +19,11 @@ server recovers the modular sum and decodes it with :func:`~dpprecond.secagg.ske
 (the in-process decoder). Registration, the rounding bounds and public draws are plain
 ``query.pca`` rounds (:mod:`dpprecond.adapters.flower.pca`).
 
+Secure mode: the server's ``secure=True`` (sent with every request) or a node's own
+``secure-noise=true`` draws that client's rounding uniforms, Skellam shares and public
+draws from the OS CSPRNG, as the in-process secure fit's clients
+(:mod:`dpprecond.pca.remote_secure`); a seeded client refuses it.
+
 Trust model: an honest-but-curious server that sees only each sum (SecAgg+ masks every
 message), clients that add their shares honestly; a client's message alone carries only
 ``1/min_clients`` of the noise variance. Accounting: the in-process secure fit's plan
@@ -271,9 +276,11 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
     settings other than the exact ones or a threshold that could unmask fewer than
     ``min_clients`` shares (``secaggplus.check_secaggplus_state``), and every request
     :func:`~dpprecond.pca.remote_secure.client_secure_message` refuses. Node config
-    ``min-noise-multiplier`` and ``allow-seeded-noise`` apply as for the local path; a
-    node with ``secure-noise=true`` refuses every such release (its Skellam share would
-    come from a numpy generator, not the OS CSPRNG its operator asked for).
+    ``min-noise-multiplier``, ``allow-seeded-noise`` and ``secure-noise`` apply as for the
+    local path: with ``secure-noise=true`` (whatever the server asks) or a request in
+    secure mode (the server's ``secure=True``), the rounding uniforms and the Skellam
+    share come from the OS CSPRNG (:class:`~dpprecond.secure.SecureGenerator`), and a
+    seeded client refuses.
     """
     if RECORD_KEY_CONFIGS not in message.content.config_records:
         raise ValueError("Refusing a PCA secure release outside SecAgg+: a client's message "
@@ -284,12 +291,7 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
         raise ValueError("The SecAgg+ fit request has no PCA release request; this client "
                          "answers dpprecond's federated PCA only.")
     info = client_info(context)
-    if _as_bool("secure-noise", info.node_config.get("secure-noise", False)):
-        raise ValueError("This node's config sets secure-noise=true, but a SecAgg+ PCA "
-                         "release draws its Skellam share from a numpy generator (secure "
-                         "mode runs the secure sums in process only); refusing to answer. "
-                         "Run the fit with trust='local' or in process, or unset "
-                         "secure-noise.")
+    secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
     floor = info.node_config.get("min-noise-multiplier", 0.0)
     if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor >= 0:
         raise TypeError(f"Expected node config min-noise-multiplier to be a number >= 0, got "
@@ -301,7 +303,8 @@ def secure_pca_reply(message: Message, context: Context, load_rows: Any, *,
     X = _local_rows(load_rows(info))
     sent, plan = client_secure_message(request, arrays, X, client_id=info.client_id,
                                        n_clients=info.n_clients, state=state,
-                                       noise_seed=seed, min_noise_multiplier=float(floor))
+                                       noise_seed=seed, min_noise_multiplier=float(floor),
+                                       secure=secure)
     q = config.get("secagg-range")
     if q != plan.modulus or plan.modulus >= SECAGG_MODULUS:
         raise ValueError(f"Refusing secagg-range={q!r} for a plan of modulus 2^{plan.bits}: "
