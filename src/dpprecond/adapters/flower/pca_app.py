@@ -264,10 +264,11 @@ def check_secure_shape(settings: PCARunSettings) -> None:
     :func:`~dpprecond.adapters.flower.pca.fit_pca_on_flower` would otherwise learn at
     registration; this loads the dataset). Every sum the method may make is bounded as
     the fit bounds it (:func:`~dpprecond.adapters.flower.pca_secagg.check_modulus`) at the
-    run config's ``n-clients``, or at 2 clients when it is ``0`` (the fewest SecAgg+
-    masks; with ``K`` clients, ``min_clients <= K``, a sum's bound ``gamma n Delta + K``
-    and noise variance ``K / min_clients`` times the plan's are no smaller, so a shape
-    refused at 2 is refused at every ``K``). Raises
+    run config's ``n-clients``, or, when it is ``0``, at the fewest clients that may
+    register: ``min-clients`` (a federation has at least that many) or 2 (the fewest
+    SecAgg+ masks). With ``K`` clients, ``min_clients <= K``, a sum's bound ``gamma n
+    Delta + K`` and noise variance ``K / min_clients`` times the plan's are no smaller,
+    so a shape refused at that ``K`` is refused at every ``K``. Raises
     :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
     sum and the bits; a shape that passes is checked again, exactly, after registration.
     """
@@ -277,7 +278,7 @@ def check_secure_shape(settings: PCARunSettings) -> None:
     from dpprecond.adapters.flower.pca_secagg import check_modulus
 
     n_rows, d = raw_dataset(settings.data.name, settings.data.data_path).X_train.shape
-    k = settings.n_clients or 2
+    k = settings.n_clients or max(2, settings.min_clients or 2)
     check_modulus(d, n_rows, k, settings.min_clients, method=settings.method,
                   n_components=settings.n_components, target_epsilon=settings.target_epsilon,
                   target_delta=settings.target_delta, center=settings.center)

@@ -1,0 +1,60 @@
+"""Review 33a: the Flower-side privacy controls (the PCA app's pre-flight bound on the
+secure sums, check_secure_shape).
+
+``check_secure_shape`` refuses, before any node is contacted, a dataset no federation
+could carry on SecAgg+; with ``n-clients = 0`` it bounds the federation it has not met.
+A refusal there must hold for every federation that could register: a shape the exact
+check after registration (``check_modulus`` at the registered ``K``) accepts must not be
+refused beforehand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
+from dpprecond.adapters.flower.pca_app import check_pca_run_config, check_secure_shape
+from dpprecond.adapters.flower.pca_secagg import check_modulus
+
+DIGITS = (1437, 64)  # the digits training split's rows and pixels
+
+
+def _exact(settings, n_clients: int) -> None:
+    """The check after registration, at the registered federation's size."""
+    n, d = DIGITS
+    check_modulus(d, n, n_clients, settings.min_clients, method=settings.method,
+                  n_components=settings.n_components, target_epsilon=settings.target_epsilon,
+                  target_delta=settings.target_delta, center=settings.center)
+
+
+def test_an_unknown_federation_with_min_clients_above_two_is_not_refused() -> None:
+    """n-clients = 0, min-clients = 3: every federation that may run has K >= 3; bounding
+    it at 2 clients asked for a plan with min_clients > n_clients and refused digits
+    (which a federation of 10 runs) as 'no plan at the worst scale'."""
+    rc = {"row-norm": 8.0, "trust": "secure-aggregation", "min-clients": 3,
+          "n-clients": 0, "n-components": 5, "method": "auto"}
+    settings = check_pca_run_config(rc)
+    _exact(settings, 10)  # the federation registers 10 clients: it runs
+    check_secure_shape(settings)  # so the pre-flight must not refuse it
+    check_secure_shape(replace(settings, n_clients=10))
+
+
+def test_an_unknown_federation_whose_sums_need_too_many_bits_is_still_refused(
+        monkeypatch) -> None:
+    """The bits a sum needs grow with K (its signal bound and its rounding), so a shape
+    that needs more than 2^30 at the fewest clients is refused, with or without
+    min-clients (600,000 rows of 784 pixels: 34 bits at 2^-3)."""
+    from types import SimpleNamespace
+
+    import dpprecond.adapters.flower.data as data
+
+    shape = SimpleNamespace(X_train=SimpleNamespace(shape=(600_000, 784)))
+    monkeypatch.setattr(data, "raw_dataset", lambda name, path=None: shape)
+    rc = {"row-norm": 28.0, "trust": "secure-aggregation", "n-clients": 0,
+          "n-components": 3, "method": "analyze_gauss", "target-epsilon": 2.0}
+    for extra in ({}, {"min-clients": 3}):
+        with pytest.raises(SecureAggregationUnavailableError,
+                           match=r"modulus of 2\^34 even at the coarsest"):
+            check_secure_shape(check_pca_run_config({**rc, **extra}))
