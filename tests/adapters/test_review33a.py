@@ -41,6 +41,24 @@ def test_an_unknown_federation_with_min_clients_above_two_is_not_refused() -> No
     check_secure_shape(replace(settings, n_clients=10))
 
 
+@pytest.mark.parametrize("center", ["", "private"])
+def test_an_unknown_federation_whose_sums_have_no_plan_at_two_clients_is_not_refused(
+        center) -> None:
+    """n-clients = 0 and every client a share (min-clients = 0): at K = 2 each Skellam
+    share carries half the noise variance, and at epsilon 0.02 auto's steps need shares
+    above the samplers' 2^50 (no plan), while at K = 10 every share is a tenth and the
+    whole fit fits 2^30. A share's mean falls as K grows, so a refusal at 2 clients for
+    want of a plan is no refusal at every K: the pre-flight must leave it to the exact
+    check after registration (before the charge)."""
+    rc = {"row-norm": 8.0, "trust": "secure-aggregation", "n-clients": 0,
+          "n-components": 5, "method": "auto", "target-epsilon": 0.02, "center": center}
+    settings = check_pca_run_config(rc)
+    with pytest.raises(SecureAggregationUnavailableError, match="no plan"):
+        _exact(settings, 2)  # two clients: refused after registration, as before
+    _exact(settings, 10)  # ten: it runs
+    check_secure_shape(settings)
+
+
 def test_an_unknown_federation_whose_sums_need_too_many_bits_is_still_refused(
         monkeypatch) -> None:
     """The bits a sum needs grow with K (its signal bound and its rounding), so a shape
