@@ -17,6 +17,7 @@ import pytest
 from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
 from dpprecond.adapters.flower.pca_app import check_pca_run_config, check_secure_shape
 from dpprecond.adapters.flower.pca_secagg import check_modulus
+from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autouse)
 
 DIGITS = (1437, 64)  # the digits training split's rows and pixels
 
@@ -76,3 +77,71 @@ def test_an_unknown_federation_whose_sums_need_too_many_bits_is_still_refused(
         with pytest.raises(SecureAggregationUnavailableError,
                            match=r"modulus of 2\^34 even at the coarsest"):
             check_secure_shape(check_pca_run_config({**rc, **extra}))
+
+
+# -- the SecAgg+ FL ClientApp of the Python API (make_secagg_client_app) ---------------
+
+
+def _secagg_fl_run(app, node_config, *, secure: bool = False):
+    """One SecAgg+ FL round of fedgd on digits over the in-process Grid (every SecAgg+
+    stage through secaggplus_mod); the strategy's result."""
+    from types import SimpleNamespace
+
+    from flwr.app import Context, RecordDict
+
+    from dpprecond.adapters.flower import PartitionedDataset
+    from dpprecond.adapters.flower.client_app import ClientInfo
+    from dpprecond.adapters.flower.secagg import SecAggDPStrategy, run_secagg
+    from dpprecond.fl import FLConfig
+    from tests.adapters.test_flower_pca_secagg import Grid, K
+
+    config = FLConfig(n_rounds=1, clip_norm=1.0, target_epsilon=4.0, weighting="size",
+                      trust="secure-aggregation", adaptive_clip=None)
+    loader = PartitionedDataset("digits", seed=5)
+    n_rows = sum(loader(ClientInfo(i, K, {}, {})).X.shape[0] for i in range(K))
+    model = loader(ClientInfo(0, K, {}, {})).model
+    grid = Grid(app(loader), node_config=lambda i: {"partition-id": i, "num-partitions": K,
+                                                     **node_config})
+    grid.run = SimpleNamespace(run_id=1)  # type: ignore[attr-defined]  (read by Flower)
+    strategy = SecAggDPStrategy(model, "fedgd", config, K, n_rows, secure=secure)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config={})
+    return run_secagg(grid, context, strategy), strategy  # type: ignore[arg-type]
+
+
+def test_make_secagg_client_app_honours_the_node_configs_secure_noise(monkeypatch) -> None:
+    """A SuperNode whose operator set secure-noise=true draws its SecAgg+ shares from the
+    CSPRNG whatever the server asks, under make_secagg_client_app as under the dual
+    ClientApp (it built SecAggDPClient without reading the node config: numpy shares)."""
+    from dpprecond.adapters.flower.secagg import make_secagg_client_app
+    from tests.adapters.test_flower_pca_secagg import K
+    from tests.spies import share_sources
+
+    kinds = share_sources(monkeypatch)
+    result, _ = _secagg_fl_run(make_secagg_client_app, {"secure-noise": True})
+    assert [r["n_replied"] for r in result.history] == [K]
+    assert kinds == ["SecureGenerator"] * K
+    kinds.clear()
+    result, _ = _secagg_fl_run(make_secagg_client_app, {})
+    assert kinds == ["Generator"] * K
+
+
+def test_make_secagg_client_app_honours_the_node_configs_noise_floor() -> None:
+    """Node config min-noise-multiplier=Z: every client of make_secagg_client_app refuses
+    a round whose sum's noise multiplier is below Z, by name (it answered: no floor), so
+    nothing is released; at a floor below the plan's the round runs."""
+    from dpprecond.adapters.flower.secagg import make_secagg_client_app
+    from tests.adapters.test_flower_pca_secagg import K
+    from tests.spies import recording_app
+
+    def app(loader):
+        recording, got = recording_app(make_secagg_client_app(loader))
+        app.errors = got  # type: ignore[attr-defined]
+        return recording
+
+    result, strategy = _secagg_fl_run(app, {"min-noise-multiplier": 1e6})
+    assert result.history == []
+    assert app.errors and all("floor" in e for e in app.errors)  # type: ignore[attr-defined]
+    low = 0.5 * strategy.plan_.noise_multiplier
+    result, _ = _secagg_fl_run(app, {"min-noise-multiplier": low})
+    assert [r["n_replied"] for r in result.history] == [K]

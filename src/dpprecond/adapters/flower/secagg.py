@@ -508,12 +508,9 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
         check_secaggplus_request(message, context)  # masked, exact, or no answer
         info = client_info(context)
         seed = noise_seed if noise_seed is not None else _run_config_seed(info)
-        floor = check_positive("min-noise-multiplier",
-                               info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+        floor, secure = _node_guards(info)  # as the local-noise path reads them
         local = load_data(info)
         fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
-        # as the local-noise path reads it (a bool, or "true" / "false")
-        secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
         client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
                                 floor, secure=secure)
         arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
@@ -525,14 +522,30 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
     return app
 
 
+def _node_guards(info: Any) -> tuple[float, bool]:
+    """The node config's ``min-noise-multiplier`` (a number >= 0, default 0) and
+    ``secure-noise`` (a bool or ``"true"``/``"false"``, default false), as every
+    dpprecond ClientApp reads them."""
+    floor = check_positive("min-noise-multiplier",
+                           info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+    return floor, _as_bool("secure-noise", info.node_config.get("secure-noise", False))
+
+
 def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
-    """A ClientApp whose client is :class:`SecAggDPClient`, wrapped by ``secaggplus_mod``."""
+    """A ClientApp whose client is :class:`SecAggDPClient`, wrapped by ``secaggplus_mod``.
+
+    The node config's guards apply as in :func:`make_dual_client_app`:
+    ``min-noise-multiplier`` (the client's floor) and ``secure-noise`` (secure mode
+    whatever the server asks; refused with ``noise_seed``). The run config's
+    ``noise-seed`` is never followed (fresh OS entropy unless ``noise_seed`` is given).
+    """
 
     def client_fn(context: Context) -> Any:
         info = client_info(context)
+        floor, secure = _node_guards(info)
         local = load_data(info)
         return SecAggDPClient(local.model, local.X, local.y, info.client_id,
-                              noise_seed).to_client()
+                              noise_seed, floor, secure=secure).to_client()
 
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod, _secaggplus_checked])
 
