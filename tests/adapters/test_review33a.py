@@ -145,3 +145,38 @@ def test_make_secagg_client_app_honours_the_node_configs_noise_floor() -> None:
     low = 0.5 * strategy.plan_.noise_multiplier
     result, _ = _secagg_fl_run(app, {"min-noise-multiplier": low})
     assert [r["n_replied"] for r in result.history] == [K]
+
+
+# -- the FL app's run config under secure aggregation ------------------------------------
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"n-clients": 5, "min-clients": 6}, r"min-clients=6 exceeds n-clients=5"),
+    ({"n-clients": 1}, r"n-clients=1"),
+])
+def test_the_fl_preflight_refuses_a_secure_federation_secaggplus_refuses(extra, match) -> None:
+    """check_run_config (the ServerApp's first check and the pre-flight CLI) passed
+    min-clients above an explicit n-clients, and a one-client federation, under
+    trust='secure-aggregation', which SecAggDPStrategy then refused with its own
+    parameter names (min_clients, n_clients) after the dataset was loaded; the pre-flight
+    said the run config was valid. Both are refused there now, naming the run-config
+    keys; a federation whose size comes from the SuperNodes (n-clients = 0) is checked
+    once the size is known."""
+    from flwr.app import Context, RecordDict
+
+    from dpprecond.adapters.flower.app import (
+        RunConfigError,
+        check_run_config,
+        secagg_strategy_from_run_config,
+    )
+
+    base = {"trust": "secure-aggregation", "noise-multiplier": 1.0, "algorithm": "fedgd",
+            "weighting": "size"}
+    with pytest.raises(RunConfigError, match=match):
+        check_run_config({**base, **extra})
+    check_run_config({**base, "n-clients": 5, "min-clients": 5})
+    rc = {**base, "n-clients": 0, "min-clients": 6}
+    check_run_config(rc)  # the size is not known yet
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(RunConfigError, match=r"min-clients=6 exceeds n-clients=5"):
+        secagg_strategy_from_run_config(context, n_clients=5)
