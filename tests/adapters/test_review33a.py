@@ -180,3 +180,38 @@ def test_the_fl_preflight_refuses_a_secure_federation_secaggplus_refuses(extra, 
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
     with pytest.raises(RunConfigError, match=r"min-clients=6 exceeds n-clients=5"):
         secagg_strategy_from_run_config(context, n_clients=5)
+
+
+def test_the_example_pca_server_app_checks_the_shape_before_contacting_a_node(
+        monkeypatch) -> None:
+    """examples/flower-pca-app's ServerApp (what `flwr run` runs) refuses, under secure
+    aggregation, a dataset whose sums SecAgg+ cannot carry before any node is contacted,
+    as the library's pca_app.server_app does (it skipped check_secure_shape: the nodes
+    were registered first and the shape refused only then)."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from flwr.app import Context, RecordDict
+
+    import dpprecond.adapters.flower.data as data
+    from dpprecond.adapters.flower.pca import make_pca_client_app
+    from dpprecond.adapters.flower.pca_app import load_pca_rows
+    from tests.adapters.test_flower_pca_secagg import Grid
+
+    path = (Path(__file__).resolve().parents[2] / "examples" / "flower-pca-app" / "pca_app"
+            / "server_app.py")
+    spec = importlib.util.spec_from_file_location("review33a_example_pca_server", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    shape = SimpleNamespace(X_train=SimpleNamespace(shape=(600_000, 784)))
+    monkeypatch.setattr(data, "raw_dataset", lambda name, path=None: shape)
+    rc = {"row-norm": 28.0, "trust": "secure-aggregation", "n-components": 3,
+          "method": "analyze_gauss", "target-epsilon": 2.0, "connect-timeout": 0.5}
+    grid = Grid(make_pca_client_app(load_pca_rows))
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(SecureAggregationUnavailableError,
+                       match=r"modulus of 2\^34 even at the coarsest"):
+        example.main(grid, context)
+    assert grid.types == {}  # no node contacted
