@@ -215,3 +215,53 @@ def test_the_example_pca_server_app_checks_the_shape_before_contacting_a_node(
                        match=r"modulus of 2\^34 even at the coarsest"):
         example.main(grid, context)
     assert grid.types == {}  # no node contacted
+
+
+def test_a_secagg_plus_fl_client_refuses_a_plan_for_another_federation_size() -> None:
+    """The SecAgg+ PCA client refuses a plan whose n_clients is not its num-partitions
+    (a share carries 1 / min_clients of the noise, min_clients <= n_clients: a server
+    announcing 1,000 clients to a federation of 3 would have each share carry a
+    thousandth, the sum of the 3 a 333th of the variance). The FL client answered any
+    n_clients; given its node's size it now refuses another by name."""
+    import numpy as np
+
+    from dpprecond.adapters.flower import PartitionedDataset
+    from dpprecond.adapters.flower.client_app import ClientInfo
+    from dpprecond.adapters.flower.secagg import SecAggDPClient, plan_to_config
+    from dpprecond.fl.models import LinearSoftmax
+    from dpprecond.secagg.fl import part_sensitivity, round_plan
+
+    local = PartitionedDataset("digits", seed=5)(ClientInfo(0, 3, {}, {}))
+    model = local.model
+    assert isinstance(model, LinearSoftmax)
+    n = 1437
+    plan = round_plan(model.n_params, part_sensitivity(model, 1.0, n, np.float64), 2.0,
+                      n_rows=n, n_clients=1000, min_clients=1000)
+    config = {"round": 1, "secagg-range": plan.modulus, **plan_to_config(plan, 1.0)}
+    params = [np.zeros(model.n_params)]
+    client = SecAggDPClient(model, local.X, local.y, 0, n_clients=3)
+    with pytest.raises(ValueError, match=r"plan-n-clients=1000 is not this node's "
+                                         r"num-partitions=3"):
+        client.fit(params, config)
+    ok = round_plan(model.n_params, part_sensitivity(model, 1.0, n, np.float64), 2.0,
+                    n_rows=n, n_clients=3, min_clients=3)
+    client.fit(params, {"round": 1, "secagg-range": ok.modulus, **plan_to_config(ok, 1.0)})
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_both_secagg_plus_fl_client_apps_check_the_federation_size(dual) -> None:
+    """Three nodes told num-partitions=4 refuse a SecAgg+ FL round planned for 3 clients
+    (both ClientApps pass the node's size to SecAggDPClient): nothing is released."""
+    from dpprecond.adapters.flower.secagg import make_dual_client_app, make_secagg_client_app
+    from tests.spies import recording_app
+
+    def app(loader):
+        inner = make_dual_client_app(loader) if dual else make_secagg_client_app(loader)
+        recording, got = recording_app(inner)
+        app.errors = got  # type: ignore[attr-defined]
+        return recording
+
+    result, _ = _secagg_fl_run(app, {"num-partitions": 4})
+    assert result.history == []
+    assert app.errors and all("num-partitions=4" in e  # type: ignore[attr-defined]
+                              for e in app.errors)  # type: ignore[attr-defined]
