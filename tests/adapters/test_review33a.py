@@ -22,6 +22,18 @@ from tests.adapters.test_flower_pca import _task_identity  # noqa: F401  (autous
 DIGITS = (1437, 64)  # the digits training split's rows and pixels
 
 
+@pytest.fixture(scope="module")
+def digits():
+    """sklearn's digits and the bounds of 3 clients (tests/adapters/test_review32b.py)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from tests.adapters.test_flower_pca_secagg import K
+
+    X = load_digits().data.astype(np.float64)
+    return X, np.linspace(0, X.shape[0], K + 1).astype(np.int64)
+
+
 def _exact(settings, n_clients: int) -> None:
     """The check after registration, at the registered federation's size."""
     n, d = DIGITS
@@ -265,3 +277,25 @@ def test_both_secagg_plus_fl_client_apps_check_the_federation_size(dual) -> None
     assert result.history == []
     assert app.errors and all("num-partitions=4" in e  # type: ignore[attr-defined]
                               for e in app.errors)  # type: ignore[attr-defined]
+
+
+def test_a_registered_federation_smaller_than_min_clients_is_refused_by_name(digits) -> None:
+    """min_clients=5 with n_clients unset, and 3 SuperNodes register: refused after
+    registration, before any release, as a min_clients above the federation's size (it
+    was a SecureAggregationUnavailableError saying the Gram sum 'has no plan at the worst
+    scale' and advising fewer rows or features)."""
+    from dpprecond.adapters.flower.pca import (
+        ClientMissingError,
+        SplitRows,
+        fit_pca_on_flower,
+        make_pca_client_app,
+    )
+    from tests.adapters.test_flower_pca_secagg import FIT, Grid
+
+    grid = Grid(make_pca_client_app(SplitRows(*digits)))
+    with pytest.raises(ValueError, match=r"min_clients=5 exceeds the 3 clients that "
+                                         r"registered") as info:
+        fit_pca_on_flower(grid, 4, method="analyze_gauss", min_clients=5,  # type: ignore
+                          connect_timeout=0.5, **FIT)
+    assert not isinstance(info.value, (SecureAggregationUnavailableError, ClientMissingError))
+    assert set(grid.types) == {"query.pca"}  # registration only: nothing released
