@@ -299,3 +299,24 @@ def test_a_registered_federation_smaller_than_min_clients_is_refused_by_name(dig
                           connect_timeout=0.5, **FIT)
     assert not isinstance(info.value, (SecureAggregationUnavailableError, ClientMissingError))
     assert set(grid.types) == {"query.pca"}  # registration only: nothing released
+
+
+def test_a_nan_noise_floor_is_refused_by_the_local_noise_clientapp() -> None:
+    """Node config min-noise-multiplier=nan (TOML's nan): the SecAgg+ FL and PCA paths
+    refuse it by name; the local-noise FL path compared `z < nan` (always false) and
+    answered every request, with no floor at all."""
+    import numpy as np
+
+    from dpprecond.adapters.flower import PartitionedDataset
+    from dpprecond.adapters.flower.client_app import train_reply
+    from dpprecond.adapters.flower.protocol import RoundRequest
+    from dpprecond.fl.tasks import GradientTask
+    from tests.adapters.test_flower import _context, _train_message
+
+    load = PartitionedDataset("digits", seed=5)
+    params = np.zeros(load.dataset().n_features * load.dataset().n_classes
+                      + load.dataset().n_classes)
+    msg = _train_message(params, RoundRequest(1, GradientTask(1.0, 0.5)))
+    with pytest.raises(ValueError, match="min-noise-multiplier"):
+        train_reply(msg, _context({"min-noise-multiplier": float("nan")}), load)
+    train_reply(msg, _context({"min-noise-multiplier": 0.25}), load)  # a real floor
