@@ -80,7 +80,8 @@ from dpprecond.fl.models import LinearSoftmax
 from dpprecond.secagg.fl import check_secure_aggregation
 
 __all__ = ["OPTIONS_TABLE", "RUN_CONFIG_KEYS", "RunConfigError", "check_app",
-           "check_run_config", "client_app", "config_from_run_config", "federation_size",
+           "check_run_config", "check_secure_federation", "client_app",
+           "config_from_run_config", "federation_size",
            "load_client_data", "method_from_run_config", "read_app_run_config",
            "run_from_run_config",
            "run_secagg", "save_result", "secagg_strategy_from_run_config", "server_app",
@@ -154,6 +155,24 @@ def check_min_replies(min_replies: int, n_clients: int | None,
                              "min-replies.")
 
 
+def check_secure_federation(n_clients: int | None, min_clients: int) -> None:
+    """Under ``trust="secure-aggregation"``: refuse a federation SecAgg+ does not run, by
+    its run-config keys: ``n-clients = 1`` (SecAgg+ masks each message with its
+    neighbours') and ``min-clients`` above ``n-clients`` (no round could hold that many
+    shares). ``n_clients`` is ``None`` while the federation's size is not known."""
+    if n_clients is None:
+        return
+    if n_clients < 2:
+        raise ValueError(f"Run config n-clients={n_clients} under "
+                         "trust='secure-aggregation': SecAgg+ masks each client's message "
+                         "with its neighbours', so it needs at least 2 clients; set "
+                         "n-clients >= 2 (or 0: the federation's size), or trust='local'.")
+    if min_clients > n_clients:
+        raise ValueError(f"Run config min-clients={min_clients} exceeds n-clients="
+                         f"{n_clients}: no round could hold that many shares; set "
+                         f"min-clients <= {n_clients} (0: all the clients).")
+
+
 def check_run_config(run_config: dict[str, Any]) -> None:
     """Check every key and value of a run config; load nothing, contact nobody.
 
@@ -198,6 +217,7 @@ def check_run_config(run_config: dict[str, Any]) -> None:
         check_min_replies(min_replies, n_clients or None,
                           min_clients if config.trust == "secure-aggregation" else None)
         if config.trust == "secure-aggregation":
+            check_secure_federation(n_clients or None, min_clients)
             check_secure_aggregation(method_from_run_config(rc), config,
                                      _bool(rc, "secure", False))
             check_secagg_plus_method(method_from_run_config(rc), config)
@@ -429,6 +449,7 @@ def secagg_strategy_from_run_config(context: Context, *, n_clients: int) -> SecA
         X_test, y_test = ds.X_test, ds.y_test
     min_clients = check_int("min-clients", rc.get("min-clients", 0), low=0) or None
     try:  # the federation's size is known now (n-clients = 0 asks the SuperNodes)
+        check_secure_federation(n_clients, min_clients or 0)
         check_min_replies(_int(rc, "min-replies", 1, low=1), n_clients, min_clients)
     except ValueError as exc:
         raise RunConfigError(f"Invalid run config: {exc}") from exc

@@ -143,6 +143,10 @@ def _check_policy(info: ClientInfo, request: RoundRequest) -> None:
     if not isinstance(floor, numbers.Real) or isinstance(floor, bool):
         raise TypeError(f"Expected node config min-noise-multiplier to be a number, got "
                         f"{floor!r}.")
+    if not float(floor) >= 0:  # nan: `z < nan` is always false, which would be no floor
+        raise ValueError(f"Expected node config min-noise-multiplier to be a number >= 0, "
+                         f"got {floor!r}; set it to the smallest noise multiplier this node "
+                         "accepts (0: no floor). Refusing to answer.")
     lowest = min(request.noise_multipliers)  # every release asked for, count included
     if lowest < float(floor):
         raise ValueError(f"The server asked for noise_multiplier={lowest:g} "

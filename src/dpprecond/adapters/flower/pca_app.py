@@ -264,23 +264,41 @@ def check_secure_shape(settings: PCARunSettings) -> None:
     :func:`~dpprecond.adapters.flower.pca.fit_pca_on_flower` would otherwise learn at
     registration; this loads the dataset). Every sum the method may make is bounded as
     the fit bounds it (:func:`~dpprecond.adapters.flower.pca_secagg.check_modulus`) at the
-    run config's ``n-clients``, or at 2 clients when it is ``0`` (the fewest SecAgg+
-    masks; with ``K`` clients, ``min_clients <= K``, a sum's bound ``gamma n Delta + K``
-    and noise variance ``K / min_clients`` times the plan's are no smaller, so a shape
-    refused at 2 is refused at every ``K``). Raises
+    run config's ``n-clients``, or, when it is ``0``, at the fewest clients that may
+    register: ``min-clients`` (a federation has at least that many) or 2 (the fewest
+    SecAgg+ masks). With ``K`` clients, ``min_clients <= K``, a sum's bound ``gamma n
+    Delta + K`` and noise variance ``K / min_clients`` times the plan's are no smaller,
+    so a shape whose sums need more than ``2^30`` at that ``K`` needs more at every ``K``.
+    One refusal does not carry over: without ``min-clients`` (every client a share) each
+    Skellam share carries ``1 / K`` of the noise, so a sum with no plan at 2 clients (a
+    share's mean above the samplers' ``2^50``) may have one at more; that case is left
+    to the exact check after registration (still before the charge). Raises
     :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
     sum and the bits; a shape that passes is checked again, exactly, after registration.
     """
     if settings.trust != "secure-aggregation":
         return
     from dpprecond.adapters.flower.data import raw_dataset
+    from dpprecond.adapters.flower.pca import SecureAggregationUnavailableError
     from dpprecond.adapters.flower.pca_secagg import check_modulus
+    from dpprecond.pca.secure_plan import ModulusUnavailableError
 
     n_rows, d = raw_dataset(settings.data.name, settings.data.data_path).X_train.shape
-    k = settings.n_clients or 2
-    check_modulus(d, n_rows, k, settings.min_clients, method=settings.method,
-                  n_components=settings.n_components, target_epsilon=settings.target_epsilon,
-                  target_delta=settings.target_delta, center=settings.center)
+    k = settings.n_clients or max(2, settings.min_clients or 2)
+    try:
+        check_modulus(d, n_rows, k, settings.min_clients, method=settings.method,
+                      n_components=settings.n_components,
+                      target_epsilon=settings.target_epsilon,
+                      target_delta=settings.target_delta, center=settings.center)
+    except SecureAggregationUnavailableError as exc:
+        cause = exc.__cause__
+        no_plan = isinstance(cause, ModulusUnavailableError) and cause.__cause__ is not None
+        if settings.n_clients or settings.min_clients or not no_plan:
+            raise
+        # K unknown and min_clients = K: a share's mean (var / 2K) falls as K grows, so
+        # "no plan at 2 clients" is no bound on the federation that registers
+        logger.info("secure PCA pre-flight: no plan at 2 clients (%s); the federation's "
+                    "size decides after registration", cause)
 
 
 def run_pca_from_run_config(grid: Grid, context: Context) -> PCAResult:

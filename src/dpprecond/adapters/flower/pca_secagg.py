@@ -138,9 +138,10 @@ def check_modulus(n_features: int, n_rows: int, n_clients: int, min_clients: int
     scale that fits, up to :data:`~dpprecond.pca.secure_plan.MAX_FIT_INFLATION`). Raises
     :class:`~dpprecond.adapters.flower.pca.SecureAggregationUnavailableError` naming the
     sum that needs the most bits, the bits and the in-process alternative; ``ValueError``
-    for fewer than 2 clients (SecAgg+ masks pairwise) or more than
-    :data:`~dpprecond.adapters.flower.secaggplus.MAX_SECAGG_CLIENTS` (the float recovery of
-    the sum, :func:`~dpprecond.adapters.flower.secaggplus.recovered_sum`, is exact up to it).
+    for ``min_clients`` above ``n_clients``, for fewer than 2 clients (SecAgg+ masks
+    pairwise) or more than :data:`~dpprecond.adapters.flower.secaggplus.MAX_SECAGG_CLIENTS`
+    (the float recovery of the sum, :func:`~dpprecond.adapters.flower.secaggplus.
+    recovered_sum`, is exact up to it).
     """
     from dpprecond.pca.api import planned_secure_budget
 
@@ -153,6 +154,11 @@ def check_modulus(n_features: int, n_rows: int, n_clients: int, min_clients: int
                          "MAX_SECAGG_CLIENTS, as for the FL rounds); run the secure fit in "
                          "process, fit_private_pca(X, clients=bounds, trust="
                          "'secure-aggregation'), or merge clients.")
+    if min_clients is not None and min_clients > n_clients:
+        raise ValueError(f"min_clients={min_clients} exceeds the {n_clients} clients that "
+                         "registered: no secure sum could hold that many shares; set "
+                         f"min_clients <= {n_clients} (None: every client), or start more "
+                         "SuperNodes. Nothing was released.")
     try:
         _, bound = planned_secure_budget(
             method, target_epsilon=target_epsilon, target_delta=target_delta,

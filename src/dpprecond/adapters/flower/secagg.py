@@ -285,13 +285,21 @@ class SecAggDPClient(NumPyClient):
         (:class:`~dpprecond.secure.SecureGenerator`). A request with ``plan-secure`` (the
         server's ``secure=True``) turns it on too. Either way a seeded client refuses to
         answer.
+    n_clients : int, optional
+        The federation's size this node was told (its node config's ``num-partitions``;
+        both ClientApps pass it): a plan for another ``n_clients`` is refused (each share
+        carries ``1 / min_clients`` of the noise and ``min_clients <= n_clients``, so a
+        plan announcing more clients than the federation holds under-noises the sum), as
+        the SecAgg+ PCA client refuses it. ``None``: not checked.
     """
 
     def __init__(self, model: FLModel, X: np.ndarray, y: np.ndarray, client_id: int,
                  noise_seed: int | None = None, min_noise_multiplier: float = 0.0,
-                 secure: bool = False) -> None:
+                 secure: bool = False, *, n_clients: int | None = None) -> None:
         self.model, self.X, self.y = model, X, y
         self.client_id = client_id
+        self.n_clients = None if n_clients is None else check_int("n_clients", n_clients,
+                                                                  low=1)
         if not isinstance(secure, bool):
             raise TypeError(f"Expected secure to be True or False, got {secure!r}.")
         self.secure = secure
@@ -309,6 +317,11 @@ class SecAggDPClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict[str, Scalar]
             ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         plan, clip_norm = plan_from_config(config)
+        if self.n_clients is not None and plan.n_clients != self.n_clients:
+            raise ValueError(f"The fit request's plan-n-clients={plan.n_clients} is not this "
+                             f"node's num-partitions={self.n_clients}: each share carries "
+                             "1/min_clients of the noise, so a plan for another federation "
+                             "size does not give the sum its noise; refusing to answer.")
         if plan.noise_multiplier < self.min_noise_multiplier:
             raise ValueError(f"The plan's noise multiplier {plan.noise_multiplier:g} is below "
                              f"this client's floor {self.min_noise_multiplier:g}; refusing to "
@@ -508,14 +521,11 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
         check_secaggplus_request(message, context)  # masked, exact, or no answer
         info = client_info(context)
         seed = noise_seed if noise_seed is not None else _run_config_seed(info)
-        floor = check_positive("min-noise-multiplier",
-                               info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+        floor, secure = _node_guards(info)  # as the local-noise path reads them
         local = load_data(info)
         fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
-        # as the local-noise path reads it (a bool, or "true" / "false")
-        secure = _as_bool("secure-noise", info.node_config.get("secure-noise", False))
         client = SecAggDPClient(local.model, local.X, local.y, info.client_id, seed,
-                                floor, secure=secure)
+                                floor, secure=secure, n_clients=info.n_clients)
         arrays, n, metrics = client.fit(parameters_to_ndarrays(fitins.parameters),
                                         dict(fitins.config))
         fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
@@ -525,14 +535,31 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
     return app
 
 
+def _node_guards(info: Any) -> tuple[float, bool]:
+    """The node config's ``min-noise-multiplier`` (a number >= 0, default 0) and
+    ``secure-noise`` (a bool or ``"true"``/``"false"``, default false), as every
+    dpprecond ClientApp reads them."""
+    floor = check_positive("min-noise-multiplier",
+                           info.node_config.get("min-noise-multiplier", 0.0), allow_zero=True)
+    return floor, _as_bool("secure-noise", info.node_config.get("secure-noise", False))
+
+
 def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None) -> ClientApp:
-    """A ClientApp whose client is :class:`SecAggDPClient`, wrapped by ``secaggplus_mod``."""
+    """A ClientApp whose client is :class:`SecAggDPClient`, wrapped by ``secaggplus_mod``.
+
+    The node config's guards apply as in :func:`make_dual_client_app`:
+    ``min-noise-multiplier`` (the client's floor) and ``secure-noise`` (secure mode
+    whatever the server asks; refused with ``noise_seed``). The run config's
+    ``noise-seed`` is never followed (fresh OS entropy unless ``noise_seed`` is given).
+    """
 
     def client_fn(context: Context) -> Any:
         info = client_info(context)
+        floor, secure = _node_guards(info)
         local = load_data(info)
         return SecAggDPClient(local.model, local.X, local.y, info.client_id,
-                              noise_seed).to_client()
+                              noise_seed, floor, secure=secure,
+                              n_clients=info.n_clients).to_client()
 
     return ClientApp(client_fn=client_fn, mods=[secaggplus_mod, _secaggplus_checked])
 
