@@ -35,7 +35,8 @@ on both sides), and Renyi divergence is jointly quasi-convex, so the Skellam RDP
 ``(D2, D1)`` holds for the release (:func:`dpprecond.secagg.skellam.skellam_rdp`).
 
 Scale: ``gamma`` is the smallest power of two with ``sqrt(m) / (gamma Delta) <=
-inflation`` (:data:`ROUNDING_INFLATION`, ``2^-10``, by default), and at least 1. The
+inflation`` (:data:`ROUNDING_INFLATION`, ``2^-10``, by default), and at least 1 (a plan
+coarsened to fit a modulus cap may go below 1, :func:`plan_sum`). The
 noise is calibrated in integer units as ``noise_multiplier * D2``, i.e. ``z Delta (1 +
 sqrt(m) / (gamma Delta))`` in the data's units: at most ``1 + inflation`` times the
 central Gaussian std of the same release (0.1% by default). The rounding itself adds at
@@ -253,7 +254,7 @@ class SumPlan:
     noise_multiplier : float
         ``z``: the sum's noise std is ``z * D2`` in integer units.
     scale : float
-        ``gamma``, a power of two ``>= 1``.
+        ``gamma``, a power of two (``>= 1`` unless coarsened under a cap).
     n_rows : int
         ``n``: rows of all clients (bounds the signal).
     n_clients : int
@@ -337,10 +338,12 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
     With ``fit_bits`` (and ``max_inflation``, at least ``inflation``): when the plan at
     ``inflation`` needs a modulus above ``2^fit_bits``, ``gamma`` is halved, one bit of
     the modulus at a time, while the plan's own inflation ``sqrt(m) / (gamma Delta)``
-    stays at most ``max_inflation``; the first plan that fits is returned, and the plan at
-    ``inflation`` when none does. A smaller ``gamma`` costs only noise (the decoded std is
-    ``z Delta (1 + inflation)``); the accounting must cover the largest inflation a plan
-    may take (:func:`sum_event` at ``max_inflation``).
+    stays at most ``max_inflation`` (below ``gamma = 1`` if need be, so that the coarsest
+    candidate has ``gamma Delta < 2 sqrt(m) / max_inflation`` whatever ``Delta``); the
+    first plan that fits is returned, and the plan at ``inflation`` when none does. A
+    smaller ``gamma`` costs only noise (the decoded std is ``z Delta (1 + inflation)``);
+    the accounting must cover the largest inflation a plan may take (:func:`sum_event` at
+    ``max_inflation``).
 
     Raises ``ValueError`` naming the quantity when no exact plan exists (a scale that
     overflows, scaled parts beyond ``2^52``, no modulus up to ``2^62``).
@@ -370,8 +373,12 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
     if cap < inflation:
         raise ValueError(f"Expected max_inflation >= inflation ({inflation!r}), got "
                          f"max_inflation={max_inflation!r}.")
+    # Below gamma = 1 too: a sensitivity above sqrt(m) / max_inflation starts at gamma = 1
+    # with gamma Delta = Delta, above the 2 sqrt(m) / max_inflation the fit's pre-check
+    # bounds (secure_plan.sum_modulus_bits); every candidate keeps gamma Delta >= sqrt(m) /
+    # max_inflation, so the coarsest has gamma Delta < 2 sqrt(m) / max_inflation.
     coarser = scale / 2.0
-    while coarser >= 1.0 and math.sqrt(dim) <= cap * coarser * sensitivity:
+    while math.sqrt(dim) <= cap * coarser * sensitivity:
         candidate = _plan_at_scale(dim, sensitivity, z, coarser, n_rows, n_clients,
                                    min_clients, max_wrap_probability)
         if candidate.bits <= fit_bits:

@@ -1,0 +1,55 @@
+"""Review 33c: attacks on the capped secure PCA plan (pca/secure_plan.py, plan_sum's cap).
+
+Each test states the claim it attacks: the pre-check (``capped_secure_plan``) bounds every
+release the fit makes, the releases stay within the accounted inflation, and a client
+accepts only what an honest capped fit sends.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpprecond.data.synthetic import spiked_covariance
+from dpprecond.pca import fit_private_pca
+from dpprecond.pca.secure_plan import fit_inflations, sum_modulus_bits
+from dpprecond.secagg.sums import plan_sum
+
+BOUNDS = np.array([0, 700, 1500, 1501, 3000])
+K = len(BOUNDS) - 1
+FIT = dict(target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, trust="secure-aggregation")
+
+
+@pytest.fixture(scope="module")
+def data() -> np.ndarray:
+    return spiked_covariance(3000, 10, 2, 20.0, seed=4)
+
+
+@pytest.mark.parametrize(("dim", "n_rows", "z"), [(3, 10, 300.0), (20, 3000, 14.5),
+                                                  (4, 100, 2.0)])
+def test_a_large_sensitivity_still_fits_the_worst_scale_bound(dim, n_rows, z) -> None:
+    """gamma Delta can exceed the bound's worst case ``2 sqrt(m) / I`` when gamma stops at
+    1 (a sensitivity above ``sqrt(m) / I``: auto's clipped step at a large clip_radius);
+    the capped plan must still fit the bound and stay within its inflation."""
+    for bound in fit_inflations():
+        cap = sum_modulus_bits(dim, n_rows, K, z, inflation=bound)
+        for s in 2.0 ** np.arange(0.0, 14.0, 0.25):
+            plan = plan_sum(dim, float(s), z, n_rows=n_rows, n_clients=K, min_clients=K,
+                            fit_bits=cap, max_inflation=bound)
+            assert plan.bits <= cap, (bound, s, plan.bits, cap)
+            assert plan.inflation <= bound, (bound, s)
+
+
+@pytest.mark.parametrize("clip_radius", [1e4, 1e6])
+def test_a_large_clip_radius_keeps_every_sum_within_the_cap(data, clip_radius) -> None:
+    """A fixed clip radius is a public option of any size; the capped fit's steps (each of
+    sensitivity ``2 R``) must still fit ``max_modulus_bits`` (the pre-check passed)."""
+    got = fit_private_pca(data, 2, method="auto", branch="iterate", clients=BOUNDS, seed=5,
+                          clip_radius=clip_radius, max_modulus_bits=20, **FIT)
+    sums = got.info["secure_aggregation"]
+    assert max(sums["modulus_bits"]) <= 20, sums["modulus_bits"]
+    assert sums["rounding_inflation"] <= sums["accounted_inflation"]
+    assert got.epsilon <= 1.0
+    assert math.isfinite(float(np.sum(got.components)))
