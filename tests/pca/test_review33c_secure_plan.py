@@ -53,3 +53,19 @@ def test_a_large_clip_radius_keeps_every_sum_within_the_cap(data, clip_radius) -
     assert sums["rounding_inflation"] <= sums["accounted_inflation"]
     assert got.epsilon <= 1.0
     assert math.isfinite(float(np.sum(got.components)))
+
+
+@pytest.mark.parametrize(("dim", "n_rows", "z", "bound"), [
+    (55, 1_131_081, 4.6, 2.0**-3), (20, 234_354, 14.5, 2.0**-10),
+    (307_720, 483_845, 6.5, 2.0**-3)])
+def test_the_worst_scale_bound_is_the_supremum_of_gamma_delta(dim, n_rows, z, bound) -> None:
+    """A release's ``gamma Delta`` takes every value below ``2 sqrt(m) / I``; the bound
+    must hold up to the supremum, not only up to ``(1 - 2^-20)`` of it (at these ``n`` a
+    modulus bit steps within that last 2^-20)."""
+    cap = sum_modulus_bits(dim, n_rows, K, z, inflation=bound)
+    top = float(np.nextafter(2.0 * math.sqrt(dim) / bound, 0.0))
+    for sens in (top * 2.0**-21, top * 2.0**-3, top):
+        plan = plan_sum(dim, sens, z, n_rows=n_rows, n_clients=K, min_clients=K,
+                        fit_bits=cap, max_inflation=bound)
+        assert plan.bits <= cap, (sens, plan.bits, cap)
+        assert plan.inflation <= bound

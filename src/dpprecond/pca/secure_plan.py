@@ -39,6 +39,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from dpprecond.pca.budget import BudgetPlan, secure_aggregation_plan
 from dpprecond.secagg.sums import ROUNDING_INFLATION, check_inflation, plan_sum
 
@@ -72,15 +74,18 @@ def sum_modulus_bits(dim: int, n_rows: int, n_clients: int, noise_multiplier: fl
 
     ``gamma`` is the power of two with ``gamma Delta`` in ``[sqrt(m) / inflation,
     2 sqrt(m) / inflation)`` (:func:`~dpprecond.secagg.sums.plan_sum`), and the plan's
-    integers depend on ``Delta`` only through ``gamma Delta``: the bound is the plan at a
-    sensitivity just below a power of two of that range. The multiplier is nudged up by
+    integers depend on ``Delta`` only through ``gamma Delta`` (its bits grow with it): the
+    bound is the plan at ``gamma = 1`` and ``Delta`` the largest float below ``2 sqrt(m) /
+    inflation``, the supremum a release attains. The multiplier is nudged up by
     ``2^-39`` (:func:`~dpprecond.secagg.sums.release_plan` plans a release at ``z (1 +
     2^-40)``). The bits grow with ``dim``, with the multiplier and as the inflation falls.
     A capped release (``plan_sum(..., fit_bits=, max_inflation=inflation)``) coarsens its
     scale down to the one of this plan, so it fits whenever this bound does.
     """
     inflation = check_inflation(inflation)
-    worst = math.sqrt(dim) / inflation * 2.0**-20 * (1.0 - 2.0**-20)
+    # gamma Delta < 2 sqrt(m) / inflation exactly (for a power-of-two inflation); a plan
+    # at a sensitivity that large takes gamma = 1, so gamma Delta is this value itself.
+    worst = float(np.nextafter(2.0 * math.sqrt(dim) / inflation, 0.0))
     k_min = n_clients if min_clients is None else min_clients
     return plan_sum(dim, worst, noise_multiplier * (1.0 + 2.0**-39), n_rows=n_rows,
                     n_clients=n_clients, min_clients=k_min, inflation=inflation).bits
