@@ -15,7 +15,7 @@ import pytest
 from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.secure_plan import fit_inflations, sum_modulus_bits
-from dpprecond.secagg.sums import plan_sum
+from dpprecond.secagg.sums import PCA_MIN_SCALE, plan_sum
 
 BOUNDS = np.array([0, 700, 1500, 1501, 3000])
 K = len(BOUNDS) - 1
@@ -37,7 +37,7 @@ def test_a_large_sensitivity_still_fits_the_worst_scale_bound(dim, n_rows, z) ->
         cap = sum_modulus_bits(dim, n_rows, K, z, inflation=bound)
         for s in 2.0 ** np.arange(0.0, 14.0, 0.25):
             plan = plan_sum(dim, float(s), z, n_rows=n_rows, n_clients=K, min_clients=K,
-                            fit_bits=cap, max_inflation=bound)
+                            fit_bits=cap, max_inflation=bound, min_scale=PCA_MIN_SCALE)
             assert plan.bits <= cap, (bound, s, plan.bits, cap)
             assert plan.inflation <= bound, (bound, s)
 
@@ -66,6 +66,20 @@ def test_the_worst_scale_bound_is_the_supremum_of_gamma_delta(dim, n_rows, z, bo
     top = float(np.nextafter(2.0 * math.sqrt(dim) / bound, 0.0))
     for sens in (top * 2.0**-21, top * 2.0**-3, top):
         plan = plan_sum(dim, sens, z, n_rows=n_rows, n_clients=K, min_clients=K,
-                        fit_bits=cap, max_inflation=bound)
+                        fit_bits=cap, max_inflation=bound, min_scale=PCA_MIN_SCALE)
         assert plan.bits <= cap, (sens, plan.bits, cap)
         assert plan.inflation <= bound
+
+
+def test_a_large_clip_radius_over_a_capped_transport_is_the_in_process_fit(data) -> None:
+    """The client re-derives the coarsened plan (its scale below 1) and accepts it; the
+    fit over a transport of ``fit_bits = 20`` is the in-process capped fit bit for bit."""
+    from tests.pca.test_secure_plan import _federation
+
+    opts = dict(method="auto", branch="iterate", clip_radius=1e4, **FIT)
+    ref = fit_private_pca(data, 2, clients=BOUNDS, seed=5, max_modulus_bits=20, **opts)
+    log: list = []
+    got = fit_private_pca(_federation(data, 20, log), 2, **opts)
+    assert np.array_equal(got.components, ref.components)
+    assert got.info["secure_aggregation"] == ref.info["secure_aggregation"]
+    assert max(p["bits"] for p in log) <= 20 and min(p["scale"] for p in log) < 1.0

@@ -83,6 +83,7 @@ from dpprecond.pca.remote import (
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES
 from dpprecond.secagg.skellam import InsufficientNoiseError, decode
 from dpprecond.secagg.sums import (
+    PCA_MIN_SCALE,
     SumPlan,
     check_release_args,
     client_message,
@@ -149,7 +150,7 @@ def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
                 or isinstance(bound, bool) or not isinstance(bound, (int, float)):
             raise ValueError(f"Refusing a plan with fit_bits={bits!r}, max_inflation="
                              f"{bound!r}: expected an int and a number.")
-        cap = {"fit_bits": bits, "max_inflation": float(bound)}
+        cap = {"fit_bits": bits, "max_inflation": float(bound), "min_scale": PCA_MIN_SCALE}
     for key in ("dim", "n_rows", "n_clients", "min_clients", "bits"):
         if isinstance(fields[key], bool) or not isinstance(fields[key], int):
             raise ValueError(f"Refusing a plan with {key}={fields[key]!r}: expected an int.")

@@ -23,9 +23,9 @@ all its sums (:func:`capped_secure_plan`):
   (:func:`~dpprecond.pca.budget.secure_aggregation_plan`), so the reported epsilon is the
   target whatever scale each sum takes;
 - each release starts at ``2^-10`` and halves ``gamma`` only while its own modulus exceeds
-  the cap and its inflation stays at most ``I``
-  (:func:`~dpprecond.secagg.sums.plan_sum` with ``fit_bits`` and ``max_inflation``): a sum
-  that fits at the default scale keeps it.
+  the cap and its inflation stays at most ``I``, below ``gamma = 1`` if need be
+  (:func:`~dpprecond.secagg.sums.plan_sum` with ``fit_bits``, ``max_inflation`` and
+  ``min_scale = 0``): a sum that fits at the default scale keeps it.
 
 Where every sum fits at ``2^-10``, ``I = 2^-10`` and the fit is the uncapped fit, event and
 releases alike. Where none of the bounds fits, the fit is refused
@@ -79,8 +79,10 @@ def sum_modulus_bits(dim: int, n_rows: int, n_clients: int, noise_multiplier: fl
     inflation``, the supremum a release attains. The multiplier is nudged up by
     ``2^-39`` (:func:`~dpprecond.secagg.sums.release_plan` plans a release at ``z (1 +
     2^-40)``). The bits grow with ``dim``, with the multiplier and as the inflation falls.
-    A capped release (``plan_sum(..., fit_bits=, max_inflation=inflation)``) coarsens its
-    scale down to the one of this plan, so it fits whenever this bound does.
+    A capped release (:func:`~dpprecond.secagg.sums.release_plan`: ``plan_sum(...,
+    fit_bits=, max_inflation=inflation, min_scale=0)``) coarsens its scale down to a
+    ``gamma Delta`` in ``[sqrt(m) / inflation, 2 sqrt(m) / inflation)``, below
+    ``gamma = 1`` if need be, so it fits whenever this bound does.
     """
     inflation = check_inflation(inflation)
     # gamma Delta < 2 sqrt(m) / inflation exactly (for a power-of-two inflation); a plan

@@ -93,6 +93,7 @@ from dpprecond.secagg.skellam import (
 
 __all__ = [
     "MAX_WRAP_PROBABILITY",
+    "PCA_MIN_SCALE",
     "ROUNDING_INFLATION",
     "ClientParts",
     "SecureSums",
@@ -114,6 +115,11 @@ __all__ = [
 #: Default bound on the rounding's relative inflation of a release's noise std:
 #: ``sqrt(m) / (gamma Delta) <= 2^-10``.
 ROUNDING_INFLATION = 2.0**-10
+#: The smallest scale a PCA release's capped plan coarsens to (:func:`release_plan`,
+#: and the client's re-derivation, :func:`~dpprecond.pca.remote_secure.plan_from_request`):
+#: none, so that its ``gamma Delta`` stays below ``2 sqrt(m) / max_inflation`` for every
+#: sensitivity (the federated rounds keep ``plan_sum``'s default, 1).
+PCA_MIN_SCALE = 0.0
 #: Default bound on the wrap-around probability of one secure sum.
 MAX_WRAP_PROBABILITY = 1e-12
 #: Scaled parts must stay below this in absolute value (exact floor and int64 cast).
@@ -332,15 +338,19 @@ class SumPlan:
 def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: int,
              n_clients: int, min_clients: int, inflation: float = ROUNDING_INFLATION,
              max_wrap_probability: float = MAX_WRAP_PROBABILITY,
-             fit_bits: int | None = None, max_inflation: float | None = None) -> SumPlan:
+             fit_bits: int | None = None, max_inflation: float | None = None,
+             min_scale: float = 1.0) -> SumPlan:
     """The plan of one secure sum: ``gamma`` from the inflation, the smallest modulus.
 
     With ``fit_bits`` (and ``max_inflation``, at least ``inflation``): when the plan at
     ``inflation`` needs a modulus above ``2^fit_bits``, ``gamma`` is halved, one bit of
     the modulus at a time, while the plan's own inflation ``sqrt(m) / (gamma Delta)``
-    stays at most ``max_inflation`` (below ``gamma = 1`` if need be, so that the coarsest
-    candidate has ``gamma Delta < 2 sqrt(m) / max_inflation`` whatever ``Delta``); the
-    first plan that fits is returned, and the plan at ``inflation`` when none does. A
+    stays at most ``max_inflation`` and ``gamma >= min_scale``; the first plan that fits is
+    returned, and the plan at ``inflation`` when none does. ``min_scale`` is 1 for the
+    federated rounds (a huge clip keeps ``gamma = 1``); a PCA fit's capped sums pass 0
+    (:func:`release_plan`), so that the coarsest candidate has ``gamma Delta < 2 sqrt(m) /
+    max_inflation`` whatever ``Delta``, as the fit's pre-check assumes
+    (:func:`~dpprecond.pca.secure_plan.sum_modulus_bits`). A
     smaller ``gamma`` costs only noise (the decoded std is ``z Delta (1 + inflation)``);
     the accounting must cover the largest inflation a plan may take (:func:`sum_event` at
     ``max_inflation``).
@@ -373,12 +383,13 @@ def plan_sum(dim: int, sensitivity: float, noise_multiplier: float, *, n_rows: i
     if cap < inflation:
         raise ValueError(f"Expected max_inflation >= inflation ({inflation!r}), got "
                          f"max_inflation={max_inflation!r}.")
-    # Below gamma = 1 too: a sensitivity above sqrt(m) / max_inflation starts at gamma = 1
-    # with gamma Delta = Delta, above the 2 sqrt(m) / max_inflation the fit's pre-check
-    # bounds (secure_plan.sum_modulus_bits); every candidate keeps gamma Delta >= sqrt(m) /
+    floor = check_positive("min_scale", min_scale, allow_zero=True)
+    # With min_scale < 1, below gamma = 1 too: a sensitivity above sqrt(m) / max_inflation
+    # starts at gamma = 1 with gamma Delta = Delta, above the 2 sqrt(m) / max_inflation a
+    # PCA fit's pre-check bounds; every candidate keeps gamma Delta >= sqrt(m) /
     # max_inflation, so the coarsest has gamma Delta < 2 sqrt(m) / max_inflation.
     coarser = scale / 2.0
-    while math.sqrt(dim) <= cap * coarser * sensitivity:
+    while coarser >= floor and math.sqrt(dim) <= cap * coarser * sensitivity:
         candidate = _plan_at_scale(dim, sensitivity, z, coarser, n_rows, n_clients,
                                    min_clients, max_wrap_probability)
         if candidate.bits <= fit_bits:
@@ -505,8 +516,9 @@ def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows:
     multiplier ``z = std / (Delta fp)``, nudged up by ``2^-40`` (``std`` was formed as
     ``(z fp) Delta`` in floating point, and the sum must carry at least the accounted
     ``z``). With ``fit_bits`` the scale coarsens to fit ``2^fit_bits`` while the inflation
-    stays at most ``max_inflation`` (:func:`plan_sum`; the fit's events are calibrated at
-    that bound, :mod:`dpprecond.pca.secure_plan`). The one derivation of
+    stays at most ``max_inflation``, below ``gamma = 1`` if need be (:func:`plan_sum` at
+    ``min_scale =`` :data:`PCA_MIN_SCALE`; the fit's events are calibrated at that bound,
+    :mod:`dpprecond.pca.secure_plan`). The one derivation of
     :class:`SecureSums` and of a fit over a network (:mod:`dpprecond.pca.remote_secure`),
     so both plan the same sums.
     """
@@ -516,7 +528,7 @@ def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows:
         return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
                             min_clients=min_clients, inflation=inflation,
                             max_wrap_probability=max_wrap_probability, fit_bits=fit_bits,
-                            max_inflation=max_inflation)
+                            max_inflation=max_inflation, min_scale=PCA_MIN_SCALE)
     except ValueError as exc:  # planned when the release is made, after the fit's charge
         raise ValueError(f"{exc} This release ({dim} coordinates) was planned during the "
                          "fit: nothing of it was released, but the fit's planned event was "
