@@ -83,3 +83,28 @@ def test_a_large_clip_radius_over_a_capped_transport_is_the_in_process_fit(data)
     assert np.array_equal(got.components, ref.components)
     assert got.info["secure_aggregation"] == ref.info["secure_aggregation"]
     assert max(p["bits"] for p in log) <= 20 and min(p["scale"] for p in log) < 1.0
+
+
+def test_a_client_refuses_a_cap_coarser_than_any_fit_accounts() -> None:
+    """An honest capped fit sends ``max_inflation`` in ``2^-10 .. 2^-3``
+    (:func:`fit_inflations`); a curious server sending up to ``1/5`` (plan_sum's own
+    limit) makes the client's share cover a sum of ``D = 6`` (Skellam term ``1/(2 z^4
+    D^2)`` 2.25 times the largest an honest fit gives) at the client's floor check
+    unchanged. The client refuses it by name, before it computes its part."""
+    from dpprecond.pca.remote_secure import plan_from_request, plan_to_request
+
+    bits = plan_sum(55, 1.5, 4.6, n_rows=3000, n_clients=K, min_clients=K,
+                    inflation=0.2).bits
+    coarse = plan_sum(55, 1.5, 4.6, n_rows=3000, n_clients=K, min_clients=K, fit_bits=bits,
+                      max_inflation=0.2, min_scale=PCA_MIN_SCALE)
+    assert 2.0**-3 < coarse.inflation <= 0.2 and coarse.bits <= bits  # it exists
+    fields = plan_to_request(coarse, fit_bits=bits, max_inflation=0.2)
+    with pytest.raises(ValueError, match=r"max_inflation=0\.2.*2\^-3"):
+        plan_from_request(fields, K)
+    honest = plan_sum(55, 2.0, 4.6, n_rows=3000, n_clients=K, min_clients=K, fit_bits=18,
+                      max_inflation=2.0**-3, min_scale=PCA_MIN_SCALE)
+    assert plan_from_request(plan_to_request(honest, fit_bits=18, max_inflation=2.0**-3),
+                             K) == honest
+    with pytest.raises(ValueError, match="max_inflation"):  # finer than the default
+        plan_from_request({**plan_to_request(honest, fit_bits=18, max_inflation=2.0**-3),
+                           "max_inflation": 2.0**-11}, K)

@@ -198,7 +198,7 @@ def test_a_client_rederives_a_capped_plan_and_refuses_a_forged_one() -> None:
                            if k not in ("fit_bits", "max_inflation")}, K)
     with pytest.raises(ValueError, match="scale"):  # a coarser scale than the cap needs
         plan_from_request({**fields, "scale": fields["scale"] / 2}, K)
-    with pytest.raises(ValueError, match=r"inflation <= 0\.2"):
+    with pytest.raises(ValueError, match=r"max_inflation=0\.5"):
         plan_from_request({**fields, "max_inflation": 0.5}, K)
     with pytest.raises(ValueError, match="fit_bits=True"):
         plan_from_request({**fields, "fit_bits": True}, K)

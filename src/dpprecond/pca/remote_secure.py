@@ -81,9 +81,11 @@ from dpprecond.pca.remote import (
     request_row_norm,
 )
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES
+from dpprecond.pca.secure_plan import MAX_FIT_INFLATION
 from dpprecond.secagg.skellam import InsufficientNoiseError, decode
 from dpprecond.secagg.sums import (
     PCA_MIN_SCALE,
+    ROUNDING_INFLATION,
     SumPlan,
     check_release_args,
     client_message,
@@ -135,8 +137,8 @@ def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
     :func:`~dpprecond.secagg.sums.plan_sum` (which validates them); a sent scale or modulus
     that differs from the derived one, or a federation of another size than the client's
     ``n_clients``, is refused (``ValueError``). A plan sent with ``fit_bits`` and
-    ``max_inflation`` is re-derived under that cap (``plan_sum`` checks the bound: at most
-    ``1/5``, and at least the default ``2^-10``)."""
+    ``max_inflation`` is re-derived under that cap; the bound must lie in ``[2^-10, 2^-3]``
+    (:func:`~dpprecond.pca.secure_plan.fit_inflations`: what an honest capped fit sends)."""
     capped = isinstance(fields, dict) and set(fields) == set(_PLAN_FIELDS) | set(_CAP_FIELDS)
     if not isinstance(fields, dict) or (set(fields) != set(_PLAN_FIELDS) and not capped):
         raise ValueError(f"Refusing a secure release whose plan has fields "
@@ -150,6 +152,11 @@ def plan_from_request(fields: Any, n_clients: int) -> SumPlan:
                 or isinstance(bound, bool) or not isinstance(bound, (int, float)):
             raise ValueError(f"Refusing a plan with fit_bits={bits!r}, max_inflation="
                              f"{bound!r}: expected an int and a number.")
+        if not ROUNDING_INFLATION <= float(bound) <= MAX_FIT_INFLATION:
+            raise ValueError(f"Refusing a plan with max_inflation={bound!r}: a capped fit's "
+                             f"inflation bound lies in [2^-10, 2^-3] (secure_plan."
+                             "fit_inflations); a coarser one would make this client's share "
+                             "cover a sum of more rounding than any fit accounts for.")
         cap = {"fit_bits": bits, "max_inflation": float(bound), "min_scale": PCA_MIN_SCALE}
     for key in ("dim", "n_rows", "n_clients", "min_clients", "bits"):
         if isinstance(fields[key], bool) or not isinstance(fields[key], int):
