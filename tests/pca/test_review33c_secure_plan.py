@@ -108,3 +108,20 @@ def test_a_client_refuses_a_cap_coarser_than_any_fit_accounts() -> None:
     with pytest.raises(ValueError, match="max_inflation"):  # finer than the default
         plan_from_request({**plan_to_request(honest, fit_bits=18, max_inflation=2.0**-3),
                            "max_inflation": 2.0**-11}, K)
+
+
+def test_a_release_above_the_cap_is_refused_in_process_as_on_a_deployment() -> None:
+    """The in-process fit with ``max_modulus_bits`` reproduces a capped deployment: a
+    release whose plan still needs more than the cap (the pre-check bounds every release,
+    so only a release it missed) is refused by name before any share, not sent at a
+    larger modulus than the deployment carries."""
+    from dpprecond.secagg.sums import release_plan
+
+    free = release_plan(55, 2.0 * 4.6, 2.0, fp=1.0, n_rows=3000, n_clients=K, min_clients=K)
+    assert free.bits > 12
+    with pytest.raises(ValueError, match=r"2\^12 \(max_modulus_bits\).*nothing of it was "
+                                         r"released"):
+        release_plan(55, 2.0 * 4.6, 2.0, fp=1.0, n_rows=3000, n_clients=K, min_clients=K,
+                     fit_bits=12, max_inflation=2.0**-3)
+    assert release_plan(55, 2.0 * 4.6, 2.0, fp=1.0, n_rows=3000, n_clients=K, min_clients=K,
+                        fit_bits=free.bits, max_inflation=2.0**-3) == free

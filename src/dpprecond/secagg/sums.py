@@ -518,17 +518,26 @@ def release_plan(dim: int, std: float, sensitivity: float, *, fp: float, n_rows:
     ``z``). With ``fit_bits`` the scale coarsens to fit ``2^fit_bits`` while the inflation
     stays at most ``max_inflation``, below ``gamma = 1`` if need be (:func:`plan_sum` at
     ``min_scale =`` :data:`PCA_MIN_SCALE`; the fit's events are calibrated at that bound,
-    :mod:`dpprecond.pca.secure_plan`). The one derivation of
+    :mod:`dpprecond.pca.secure_plan`); a capped plan that still needs more is refused
+    (``ValueError``), in process as on a deployment whose transport carries no more. The
+    one derivation of
     :class:`SecureSums` and of a fit over a network (:mod:`dpprecond.pca.remote_secure`),
     so both plan the same sums.
     """
     delta_fp = float(sensitivity) * fp
     z = std / delta_fp * (1.0 + 2.0**-40)
     try:
-        return _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
+        plan = _cached_plan(int(dim), delta_fp, z, n_rows=n_rows, n_clients=n_clients,
                             min_clients=min_clients, inflation=inflation,
                             max_wrap_probability=max_wrap_probability, fit_bits=fit_bits,
                             max_inflation=max_inflation, min_scale=PCA_MIN_SCALE)
+        if fit_bits is not None and plan.bits > fit_bits:  # the fit's pre-check bounds it
+            raise ValueError(f"A secure sum of {dim} coordinates at sensitivity "
+                             f"{delta_fp:g} needs a modulus of 2^{plan.bits} even at the "
+                             f"coarsest scale within the inflation bound {max_inflation!r}, "
+                             f"above the fit's cap 2^{fit_bits} (max_modulus_bits); raise "
+                             "the cap.")
+        return plan
     except ValueError as exc:  # planned when the release is made, after the fit's charge
         raise ValueError(f"{exc} This release ({dim} coordinates) was planned during the "
                          "fit: nothing of it was released, but the fit's planned event was "
