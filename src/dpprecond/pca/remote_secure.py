@@ -27,7 +27,8 @@ Privacy unit, sensitivities and accounting are the in-process secure fit's (one 
 replace-one, rows clipped to norm 1 after division by ``row_norm``; the plan's Skellam
 events, charged to a ledger before the first share). The client refuses a request whose
 plan is not the one :func:`~dpprecond.secagg.sums.plan_sum` derives from its public inputs
-(scale and modulus), whose sum would not cover the client's own bound on its part's
+(scale and modulus; a capped plan's under its cap, with an inflation bound in ``[2^-10,
+2^-3]``), whose sum would not cover the client's own bound on its part's
 sensitivity (the leaf sensitivities times the public maps' norms, times its rounding
 factor for the plan's ``n`` rows, which must count at least its own), whose coordinates
 are not the declared release's, whose federation size is not its own, or whose noise
