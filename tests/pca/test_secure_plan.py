@@ -204,3 +204,9 @@ def test_a_client_rederives_a_capped_plan_and_refuses_a_forged_one() -> None:
         plan_from_request({**fields, "fit_bits": True}, K)
     with pytest.raises(ValueError, match="fields"):
         plan_from_request({**fields, "other": 1}, K)
+
+
+def test_a_transport_cap_that_is_not_an_int_is_refused_by_name(data) -> None:
+    for bad, error in ((30.5, TypeError), (1, ValueError), (True, TypeError)):
+        with pytest.raises(error, match=r"secure_transport\.fit_bits"):
+            _federation(data, bad, []).secure_fit_bits  # noqa: B018

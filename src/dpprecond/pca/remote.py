@@ -83,6 +83,7 @@ from typing import Any
 
 import numpy as np
 
+from dpprecond._validation import check_int
 from dpprecond.noise import gaussian, keyed_stream, release, symmetric_gaussian
 from dpprecond.pca.federated import combined_rounding_slack
 from dpprecond.pca.rows import DEFAULT_BLOCK_BYTES, ClippedRows
@@ -603,7 +604,8 @@ class RemoteFederation:
         attribute; ``None``: up to ``2^62``): a fit caps its sums to it
         (:mod:`dpprecond.pca.secure_plan`)."""
         bits = getattr(self._session.secure_transport, "fit_bits", None)
-        return None if bits is None else int(bits)
+        return None if bits is None else check_int("secure_transport.fit_bits", bits, low=2,
+                                                   high=62)
 
     @property
     def session(self) -> _Session:

@@ -33,7 +33,10 @@ sensitivity (the leaf sensitivities times the public maps' norms, times its roun
 factor for the plan's ``n`` rows, which must count at least its own), whose coordinates
 are not the declared release's, whose federation size is not its own, or whose noise
 multiplier, with the fit's earlier releases, falls below its ``min_noise_multiplier``
-(the precisions ``1/z^2`` add).
+(the precisions ``1/z^2`` add). The floor compares Gaussian precisions: a secure sum's
+own Skellam event (``rho = 1/(2 z^2) + 1/(2 z^4 D2^2)``) costs ``1/(z D2)^2`` more,
+relatively, which is below ``1e-6 / z^2`` at the default scale and at most ``1.2% / z^2``
+at the coarsest a capped fit takes (``D2 >= 9``); the fit's reported epsilon counts it.
 
 Seeds: a client with ``noise_seed`` draws release ``r`` of stream ``j`` from
 ``keyed_stream(noise_seed, j, i)`` (rounding uniforms, then Skellam share) and public
