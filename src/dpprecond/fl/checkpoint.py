@@ -29,18 +29,22 @@ a crash leaves either the previous checkpoint or the new one, never a torn file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dp_accounting import dp_event
 
 from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond.accounting import event_from_dict, event_to_dict
 
-__all__ = ["STATE_CLASSES", "load_checkpoint", "save_checkpoint"]
+__all__ = ["STATE_CLASSES", "fingerprint_of", "load_checkpoint", "open_checkpoint",
+           "save_checkpoint", "write_checkpoint"]
 
 #: Version 2 names state classes by their allowlisted name; version 1 files (module:name)
 #: are still read through the same allowlist.
@@ -178,3 +182,76 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as exc:  # a torn or foreign file: say so, never a raw traceback
         raise ValueError(f"{path} is not a readable dpprecond checkpoint ({exc}); delete it "
                          "to start the run from the beginning.") from None
+
+
+#: The layout of a checkpoint's state: ``(server state, client state or None)``.
+_STATE_FORMAT = 2
+
+
+def fingerprint_of(method: Any, config: Any, data: Any, model: Any,
+                   X_test: np.ndarray, y_test: np.ndarray, *,
+                   extra: dict[str, Any] | None = None) -> str:
+    """The run a checkpoint belongs to: method, config, model, data and test data (and
+    ``extra`` settings of the run, e.g. secure aggregation's ``min_clients``)."""
+    h = hashlib.sha256()
+    facts = {"method": method.describe(), "config": asdict(config), "model": repr(model),
+             "state": _STATE_FORMAT}
+    if extra:
+        facts["extra"] = extra
+    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
+    for arr in (data.X, data.y, data.bounds, X_test, y_test):
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def _check_resume(path: Path, state: dict[str, Any], n_rounds: int, model: Any) -> None:
+    """A checkpoint of this run (same fingerprint) whose state fits the run, else ValueError."""
+    def refuse(why: str) -> None:
+        raise ValueError(f"The checkpoint {path} does not fit this run ({why}); delete it to "
+                         "start the run from the beginning.")
+
+    first = state["round"]
+    if not 1 <= first < n_rounds:
+        refuse(f"round {first} is outside 1..{n_rounds - 1}")
+    if len(state["history"]) != first or any(
+            not isinstance(h, dict) or h.get("round") != i + 1
+            for i, h in enumerate(state["history"])):
+        refuse(f"its history does not hold rounds 1..{first}")
+    params = state["params"]
+    expected = np.shape(model.init_params(np.random.default_rng(0)))
+    if params.shape != expected or params.dtype.kind != "f" or not np.all(np.isfinite(params)):
+        refuse(f"params of shape {params.shape} and dtype {params.dtype}, expected finite "
+               f"floats of shape {expected}")
+    if not all(isinstance(e, dp_event.DpEvent) for e in state["events"]):
+        refuse("its events are not DpEvents")
+
+
+def open_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence, *,
+                    seeded: bool, n_rounds: int, model: Any
+                    ) -> tuple[dict[str, Any] | None, np.random.SeedSequence]:
+    """``(the checkpoint's state or None, the run's root seed sequence)``: the state of
+    ``path`` when it exists and belongs to this run (same ``fingerprint``; with a seed,
+    the same seed), whose root it restores; else ``ValueError`` naming the file."""
+    if not path.exists():
+        return None, root
+    resume = load_checkpoint(path)
+    if resume["fingerprint"] != fingerprint:
+        raise ValueError(f"The checkpoint {path} belongs to another run (method, config, "
+                         "model or data differ); delete it or pass another checkpoint path.")
+    if seeded and (resume["entropy"], tuple(resume["spawn_key"])) != (
+            root.entropy, tuple(root.spawn_key)):
+        raise ValueError(f"The checkpoint {path} was made with another seed.")
+    _check_resume(path, resume, n_rounds, model)
+    return resume, np.random.SeedSequence(resume["entropy"],
+                                          spawn_key=tuple(resume["spawn_key"]))
+
+
+def write_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence,
+                     done: int, params: np.ndarray, state: Any,
+                     history: list[dict[str, float]], events: list[dp_event.DpEvent]) -> None:
+    """Write a run's state after ``done`` rounds (:func:`save_checkpoint`: atomically, the
+    root seed included)."""
+    save_checkpoint(path, {
+        "fingerprint": fingerprint, "entropy": root.entropy,
+        "spawn_key": list(root.spawn_key), "round": done, "params": params, "state": state,
+        "history": history, "events": events})

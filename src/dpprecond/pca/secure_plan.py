@@ -31,10 +31,10 @@ Where every sum fits at ``2^-10``, ``I = 2^-10`` and the fit is the uncapped fit
 releases alike. Each release plans its default scale first, so a sum with no plan there
 (Skellam shares of mean above ``2^50``, at very small epsilon or many iterations) is
 refused before the charge even where a coarser scale would fit; coarsening applies to
-sums whose default-scale plan exists and needs too many bits. Where none of the bounds fits, the fit is refused
-(:class:`ModulusUnavailableError`) before the ledger is charged. ``2^-3`` is the coarsest
-bound: at most 12.5% more noise std than the central Gaussian's; the Skellam bound of
-:mod:`dpprecond.secagg.sums` needs ``inflation <= 1/5``.
+sums whose default-scale plan exists and needs too many bits. Where none of the bounds
+fits, the fit is refused (:class:`ModulusUnavailableError`) before the ledger is charged.
+``2^-3`` is the coarsest bound: at most 12.5% more noise std than the central Gaussian's;
+the Skellam bound of :mod:`dpprecond.secagg.sums` needs ``inflation <= 1/5``.
 """
 
 from __future__ import annotations

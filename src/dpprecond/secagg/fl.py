@@ -631,7 +631,7 @@ def simulate_secure(model: FLModel, data: ClientData,
 
 class Resume:
     """A secure-aggregation run's checkpoint (:mod:`dpprecond.fl.checkpoint`, the engine's
-    format and checks: :func:`~dpprecond.fl.engine.open_checkpoint`): its state when the
+    format and checks: :func:`~dpprecond.fl.checkpoint.open_checkpoint`): its state when the
     run resumes, and the writes every ``every`` rounds. The saved state is ``(the server
     transform's state, the adaptive clip's {"clip", "norms"} or None)``."""
 
@@ -645,7 +645,7 @@ class Resume:
              model: FLModel, X_test: np.ndarray, y_test: np.ndarray,
              root: np.random.SeedSequence, *, seeded: bool, every: int,
              extra: dict[str, Any]) -> Resume:
-        from dpprecond.fl.engine import fingerprint_of, open_checkpoint
+        from dpprecond.fl.checkpoint import fingerprint_of, open_checkpoint
 
         every = check_int("checkpoint_every", every, low=1)
         fingerprint = fingerprint_of(method, config, data, model, X_test, y_test,
@@ -674,7 +674,7 @@ class Resume:
              history: list[dict[str, float]], events: list[dp_event.DpEvent],
              clip: SecureClip | None) -> None:
         """Write the state after ``done`` rounds, every ``every`` rounds before the last."""
-        from dpprecond.fl.engine import write_checkpoint
+        from dpprecond.fl.checkpoint import write_checkpoint
 
         if done % self.every or done >= n_rounds:
             return
