@@ -320,3 +320,20 @@ def test_a_nan_noise_floor_is_refused_by_the_local_noise_clientapp() -> None:
     with pytest.raises(ValueError, match="min-noise-multiplier"):
         train_reply(msg, _context({"min-noise-multiplier": float("nan")}), load)
     train_reply(msg, _context({"min-noise-multiplier": 0.25}), load)  # a real floor
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_every_client_app_refuses_a_bad_noise_seed_when_built(bad) -> None:
+    """make_client_app checked noise_seed when built; the SecAgg+ ClientApps only when
+    a request came (review33a's note): each factory now refuses it at once, by name."""
+    from dpprecond.adapters.flower.client_app import make_client_app
+    from dpprecond.adapters.flower.pca import make_pca_client_app
+    from dpprecond.adapters.flower.secagg import make_dual_client_app, make_secagg_client_app
+
+    factories = [make_client_app, make_secagg_client_app, make_pca_client_app,
+                 make_dual_client_app,
+                 lambda load, noise_seed: make_dual_client_app(load, noise_seed=noise_seed,
+                                                               pca=True)]
+    for factory in factories:
+        with pytest.raises((TypeError, ValueError), match="noise_seed"):
+            factory(lambda info: None, noise_seed=bad)

@@ -499,6 +499,8 @@ def make_dual_client_app(load_data: LoadData, *, noise_seed: int | None = None,
     privacy release of these rows, charged by the server's plan and bounded by the same
     node-config guards.
     """
+    if noise_seed is not None:  # when the app is built, as make_client_app
+        check_int("noise_seed", noise_seed, low=0)
     app = ClientApp(mods=[secaggplus_when_asked])
     if pca:
         add_pca_handler(app, load_data, noise_seed=noise_seed)
@@ -552,6 +554,9 @@ def make_secagg_client_app(load_data: LoadData, *, noise_seed: int | None = None
     whatever the server asks; refused with ``noise_seed``). The run config's
     ``noise-seed`` is never followed (fresh OS entropy unless ``noise_seed`` is given).
     """
+
+    if noise_seed is not None:  # when the app is built, as make_client_app
+        check_int("noise_seed", noise_seed, low=0)
 
     def client_fn(context: Context) -> Any:
         info = client_info(context)
