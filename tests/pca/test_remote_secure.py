@@ -34,10 +34,12 @@ def data() -> np.ndarray:
 def _federation(data: np.ndarray, seed: int | None = 5, *, answering: int | None = None,
                 floor: float = 0.0, log: list | None = None,
                 bounds: np.ndarray = BOUNDS, secure: bool = False,
-                requests: list | None = None) -> RemoteFederation:
+                requests: list | None = None,
+                fit_bits: int | float | None = None) -> RemoteFederation:
     """``data`` split at ``bounds``, every release summed here from the messages of the
     first ``answering`` clients (default all); ``secure``: every client's own secure mode.
-    ``log`` gets every secure release's request and plan, ``requests`` every request."""
+    ``log`` gets every secure release's request and plan, ``requests`` every request;
+    ``fit_bits``: the modulus cap the secure transport declares."""
     parts = [data[lo:hi] for lo, hi in pairwise(bounds)]
     states = [ClientState() for _ in parts]
     K = len(parts)
@@ -64,6 +66,8 @@ def _federation(data: np.ndarray, seed: int | None = 5, *, answering: int | None
             requests.append(request)
         return aggregate(messages, plan), len(messages)
 
+    if fit_bits is not None:
+        secure_sum.fit_bits = fit_bits  # type: ignore[attr-defined]
     return RemoteFederation(transport, [p.shape[0] for p in parts], data.shape[1],
                             fit_id="t", secure_transport=secure_sum)
 

@@ -74,15 +74,16 @@ def test_the_worst_scale_bound_is_the_supremum_of_gamma_delta(dim, n_rows, z, bo
 def test_a_large_clip_radius_over_a_capped_transport_is_the_in_process_fit(data) -> None:
     """The client re-derives the coarsened plan (its scale below 1) and accepts it; the
     fit over a transport of ``fit_bits = 20`` is the in-process capped fit bit for bit."""
-    from tests.pca.test_secure_plan import _federation
+    from tests.pca.test_remote_secure import _federation
 
     opts = dict(method="auto", branch="iterate", clip_radius=1e4, **FIT)
     ref = fit_private_pca(data, 2, clients=BOUNDS, seed=5, max_modulus_bits=20, **opts)
     log: list = []
-    got = fit_private_pca(_federation(data, 20, log), 2, **opts)
+    got = fit_private_pca(_federation(data, log=log, fit_bits=20), 2, **opts)
     assert np.array_equal(got.components, ref.components)
     assert got.info["secure_aggregation"] == ref.info["secure_aggregation"]
-    assert max(p["bits"] for p in log) <= 20 and min(p["scale"] for p in log) < 1.0
+    assert max(r["plan"]["bits"] for r, _ in log) <= 20
+    assert min(r["plan"]["scale"] for r, _ in log) < 1.0
 
 
 def test_a_client_refuses_a_cap_coarser_than_any_fit_accounts() -> None:

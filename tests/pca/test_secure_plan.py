@@ -10,7 +10,6 @@ SecAgg+'s 30 on data large enough to need it.
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -20,24 +19,16 @@ from dpprecond.data.synthetic import spiked_covariance
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.api import planned_budget, planned_secure_budget
 from dpprecond.pca.budget import secure_aggregation_plan
-from dpprecond.pca.remote import ClientState, RemoteFederation, client_answer
-from dpprecond.pca.remote_secure import (
-    client_public_draw,
-    client_secure_message,
-    plan_from_request,
-    plan_to_request,
-)
+from dpprecond.pca.remote_secure import plan_from_request, plan_to_request
 from dpprecond.pca.secure_plan import (
     MAX_FIT_INFLATION,
     ModulusUnavailableError,
     fit_inflations,
     sum_modulus_bits,
 )
-from dpprecond.secagg.skellam import aggregate
 from dpprecond.secagg.sums import ROUNDING_INFLATION, plan_sum
+from tests.pca.test_remote_secure import BOUNDS, K, _federation
 
-BOUNDS = np.array([0, 700, 1500, 1501, 3000])
-K = len(BOUNDS) - 1
 FIT = dict(target_epsilon=1.0, target_delta=1e-6, row_norm=1.0, trust="secure-aggregation")
 CAP = 20
 
@@ -143,45 +134,22 @@ def test_bad_caps_are_refused_by_name(data, kwargs, error, match) -> None:
         fit_private_pca(data, 2, **fit)
 
 
-def _federation(data: np.ndarray, fit_bits: int | None, log: list) -> RemoteFederation:
-    """``data`` split at ``BOUNDS``; the secure transport declares ``fit_bits``."""
-    parts = [data[lo:hi] for lo, hi in pairwise(BOUNDS)]
-    states = [ClientState() for _ in parts]
-
-    def transport(request: dict, arrays: list) -> list[np.ndarray]:
-        if request["kind"] == "secure-public":
-            return [client_public_draw(request, X, n_clients=K, state=states[i],
-                                       noise_seed=5) for i, X in enumerate(parts)]
-        return [client_answer(request, arrays, X, client_id=i, state=states[i],
-                              noise_seed=5) for i, X in enumerate(parts)]
-
-    def secure(request: dict, arrays: list, plan) -> tuple[np.ndarray, int]:
-        log.append(request["plan"])
-        messages = [client_secure_message(request, arrays, X, client_id=i, n_clients=K,
-                                          state=states[i], noise_seed=5)[0]
-                    for i, X in enumerate(parts)]
-        return aggregate(messages, plan), len(messages)
-
-    secure.fit_bits = fit_bits  # type: ignore[attr-defined]
-    return RemoteFederation(transport, [p.shape[0] for p in parts], data.shape[1],
-                            fit_id="t", secure_transport=secure)
-
-
 @pytest.mark.parametrize("method", ["analyze_gauss", "auto"])
 def test_a_transport_cap_gives_the_in_process_capped_fit_bit_for_bit(data, method) -> None:
     ref = fit_private_pca(data, 2, method=method, clients=BOUNDS, seed=5,
                           max_modulus_bits=CAP, **FIT)
     log: list = []
-    fed = _federation(data, CAP, log)
+    fed = _federation(data, log=log, fit_bits=CAP)
     assert fed.secure_fit_bits == CAP
     got = fit_private_pca(fed, 2, method=method, **FIT)
     assert np.array_equal(got.components, ref.components)
     assert got.dp_event == ref.dp_event
     assert got.info["secure_aggregation"] == ref.info["secure_aggregation"]
     bound = ref.info["secure_aggregation"]["accounted_inflation"]
-    assert log and all(p["fit_bits"] == CAP and p["max_inflation"] == bound for p in log)
+    assert log and all(r["plan"]["fit_bits"] == CAP and r["plan"]["max_inflation"] == bound
+                       for r, _ in log)
     # the smaller of the caller's and the transport's cap
-    both = fit_private_pca(_federation(data, 27, []), 2, method=method,
+    both = fit_private_pca(_federation(data, fit_bits=27), 2, method=method,
                            max_modulus_bits=CAP, **FIT)
     assert np.array_equal(both.components, ref.components)
 
@@ -209,4 +177,4 @@ def test_a_client_rederives_a_capped_plan_and_refuses_a_forged_one() -> None:
 def test_a_transport_cap_that_is_not_an_int_is_refused_by_name(data) -> None:
     for bad, error in ((30.5, TypeError), (1, ValueError), (True, TypeError)):
         with pytest.raises(error, match=r"secure_transport\.fit_bits"):
-            _federation(data, bad, []).secure_fit_bits  # noqa: B018
+            _federation(data, fit_bits=bad).secure_fit_bits  # noqa: B018
