@@ -236,7 +236,8 @@ def test_pipeline_secure_aggregation_refusals(digits) -> None:
         _pipeline(digits, target_epsilon=None)
     with pytest.raises(ValueError, match="weighting='size'"):
         _pipeline(digits, weighting="uniform")
-    with pytest.raises(ValueError, match="'scaffold' sends other releases"):
+    with pytest.raises(ValueError,
+                       match="'scaffold' with mechanism='full-batch' sends other releases"):
         _pipeline(digits, algorithm="scaffold")
 
 

@@ -161,8 +161,15 @@ def test_the_streams_are_the_clients_own_round_streams() -> None:
 def test_what_client_level_secure_aggregation_does_not_run_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"client-level.*fedfc"):
         check_secure_aggregation(as_method("fedfc"), _config().validated(), secure=False)
-    with pytest.raises(ValueError, match="client-level DP-FedAvg"):
+    with pytest.raises(ValueError, match=r"config\.local_steps=3"):  # the method's own steps
         check_secure_aggregation(as_method("fedavg"), _config().validated(), secure=False)
+    with pytest.raises(ValueError, match="scaffold has no client-level form"):
+        check_secure_aggregation(as_method("scaffold"), _config(local_steps=1).validated(),
+                                 secure=False)
+    with pytest.raises(ValueError, match="mechanism='client-level' \\(fedavg, fedprox"):
+        check_secure_aggregation(as_method("fedavg"),
+                                 _config(mechanism="full-batch", weighting="size",
+                                         local_steps=1).validated(), secure=False)
     with pytest.raises(ValueError, match="weighting='uniform'"):
         _config(weighting="size").validated()
     with pytest.raises(ValueError, match="mechanism='full-batch' or 'client-level'"):

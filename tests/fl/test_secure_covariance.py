@@ -109,7 +109,8 @@ def test_the_callers_ledger_is_checked_first_and_records_every_sum(digits) -> No
 
 def test_local_step_methods_are_refused_and_flower_secagg_takes_covariance(digits) -> None:
     for name in ("fedavg", "scaffold", "fedprox"):
-        with pytest.raises(ValueError, match=f"'{name}' sends other releases.*local steps"):
+        with pytest.raises(ValueError, match=f"'{name}' with mechanism='full-batch' sends "
+                                             "other releases.*local steps"):
             _run(digits, name)
     X, y, Xt, yt = digits
     data = ClientData(X, y, np.linspace(0, X.shape[0], K + 1).astype(np.int64), 10)

@@ -33,7 +33,7 @@ client-level noise is ``(t, K)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -54,6 +54,7 @@ __all__ = [
     "add_client_noise",
     "aggregate_inflation",
     "client_level_aggregate",
+    "client_level_release",
     "client_level_sensitivity",
     "client_level_updates",
     "clip_feature_rows",
@@ -63,6 +64,7 @@ __all__ = [
     "full_batch_messages_and_counts",
     "gram_inflation",
     "kernel_rows",
+    "local_deltas",
     "noise_inflation",
     "noisy_counts",
     "poisson_local_messages",
@@ -247,28 +249,64 @@ def poisson_local_messages(model: FLModel, params: np.ndarray, X: np.ndarray, y:
     return (params - Y) / (local_lr * local_steps)
 
 
-def client_level_updates(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
-                         bounds: np.ndarray, clip_norm: float, *, local_steps: int = 1,
-                         local_lr: float = 0.1) -> np.ndarray:
-    """Every client's clipped update ``clip_C(Delta_i)``, ``(K, p)``: the client-level part.
+def local_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                 bounds: np.ndarray, clip_norm: float, *, local_steps: int, local_lr: float,
+                 release: Callable[[np.ndarray], np.ndarray] | None = None,
+                 correction: np.ndarray | None = None, proximal_mu: float = 0.0,
+                 x_sq_norms: np.ndarray | None = None) -> np.ndarray:
+    """Every client's model change ``y_L - params`` after ``local_steps`` full-batch steps.
 
-    ``Delta_i`` is client ``i``'s average non-private gradient over ``local_steps`` local
-    full-batch steps from ``params`` at step size ``local_lr`` (the plain mean gradient
-    when ``local_steps=1``). An update that overflowed is replaced by zero and every row
-    is clipped overflow-safely (:func:`dpprecond.clipping.clip_rows_safely`), so each row
-    has norm at most ``C`` *as computed*: replacing one client's data moves its row by at
-    most ``2C`` (:func:`client_level_sensitivity`) and leaves every other row unchanged.
+    The one definition of the local steps of DP-FedAvg, DP-SCAFFOLD and DP-FedProx, in both
+    privacy units. Client ``i`` starts from ``params`` and repeats ``y <- y - local_lr (g +
+    c_i + mu (y - params))``, where ``g`` is its clipped gradient sum at ``y`` (clip
+    ``clip_norm``; ``inf``: none), passed through ``release`` (the record-level local
+    steps add each client's noise there: :func:`dpprecond.fl.local_steps.
+    local_step_deltas`; ``None``: no noise, the client-level local steps) and divided by
+    ``|D_i|``; ``c_i`` is the optional control-variate correction ``correction[i]`` (public
+    to the client: SCAFFOLD's ``c - c_i``) and ``mu (y - params)`` the gradient of
+    FedProx's proximal term ``mu/2 ||y - params||^2`` (``proximal_mu``; 0: none).
     """
     n_clients = len(bounds) - 1
     sizes = np.diff(bounds).astype(np.float64)[:, None]
     Y = np.tile(params, (n_clients, 1))
+    for _ in range(local_steps):
+        S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
+        if release is not None:
+            S = release(S)
+        G = S / sizes
+        if correction is not None:
+            G += correction
+        if proximal_mu:
+            G += proximal_mu * (Y - params)
+        Y -= local_lr * G
+    return Y - params
+
+
+def client_level_updates(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
+                         bounds: np.ndarray, clip_norm: float, *, local_steps: int = 1,
+                         local_lr: float = 0.1, correction: np.ndarray | None = None,
+                         proximal_mu: float = 0.0) -> np.ndarray:
+    """Every client's clipped update ``clip_C(Delta_i)``, ``(K, p)``: the client-level part.
+
+    ``Delta_i = (params - y_L) / (local_lr local_steps)`` is client ``i``'s average
+    non-private gradient over ``local_steps`` local full-batch steps from ``params`` at
+    step size ``local_lr`` (:func:`local_deltas` without noise or per-example clipping,
+    with SCAFFOLD's ``correction`` and FedProx's ``proximal_mu`` when given; the plain mean
+    gradient when ``local_steps=1``). An update that overflowed is replaced by zero and
+    every row is clipped overflow-safely (:func:`dpprecond.clipping.clip_rows_safely`), so
+    each row has norm at most ``C`` *as computed*: replacing one client's data moves its
+    row by at most ``2C`` (:func:`client_level_sensitivity`) and leaves every other row
+    unchanged (the correction and the proximal term are the client's own state and public
+    broadcasts, so they move nothing else either).
+    """
     # non-private steps on the client's own data: any overflow (a huge record or step
     # size) only makes that client's row non-finite, which counts as zero below; no
     # warning, so that a client's data cannot make its round fail
     with np.errstate(over="ignore", invalid="ignore"):
-        for _ in range(local_steps):
-            Y -= local_lr * model.clipped_grad_sums(Y, X, y, bounds, np.inf) / sizes
-        D = (params - Y) / (local_lr * local_steps)
+        delta = local_deltas(model, params, X, y, bounds, np.inf, local_steps=local_steps,
+                             local_lr=local_lr, correction=correction,
+                             proximal_mu=proximal_mu)
+        D = -delta / (local_lr * local_steps)
     return clip_rows_safely(D, clip_norm)  # an update that overflowed counts as zero
 
 
@@ -288,15 +326,26 @@ def client_level_aggregate(model: FLModel, params: np.ndarray, X: np.ndarray, y:
                            local_lr: float = 0.1) -> np.ndarray:
     """Client-level DP aggregate ``(sum_i clip_C(Delta_i) + N(0, (2 z C)^2 I)) / K``, (p,).
 
-    ``clip_C(Delta_i)`` is :func:`client_level_updates`'s row ``i``. Privacy unit: one
-    client, replace-one; sensitivity of the clipped sum ``2C``; the noise is added once by
-    a trusted aggregator (under secure aggregation each client adds a share instead:
-    :mod:`dpprecond.secagg.fl`); event per round ``GaussianDpEvent(z)``.
+    ``clip_C(Delta_i)`` is :func:`client_level_updates`'s row ``i``; the noise is
+    :func:`client_level_release`'s.
     """
-    n_clients = len(bounds) - 1
     D = client_level_updates(model, params, X, y, bounds, clip_norm,
                              local_steps=local_steps, local_lr=local_lr)
-    total = D.sum(axis=0)
+    return client_level_release(D, clip_norm, noise_multiplier, server_rng)
+
+
+def client_level_release(updates: np.ndarray, clip_norm: float, noise_multiplier: float,
+                         server_rng: NoiseSource) -> np.ndarray:
+    """The trusted aggregator's release of clipped updates: ``(sum_i D_i + N(0, (2 z C)^2
+    I)) / K`` for the ``K`` rows ``D_i`` of :func:`client_level_updates`, shape (p,).
+
+    Privacy unit: one client, replace-one; sensitivity of the sum
+    :func:`client_level_sensitivity` ``2C``; the noise is added once by a trusted
+    aggregator (under secure aggregation each client adds a share instead:
+    :mod:`dpprecond.secagg.fl`); event per round ``GaussianDpEvent(z)``.
+    """
+    n_clients = updates.shape[0]
+    total = updates.sum(axis=0)
     if noise_multiplier:  # the sum of K clipped updates
         std = noise_multiplier * client_level_sensitivity(clip_norm) * \
             aggregate_inflation(n_clients)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dpprecond.fl.client import add_client_noise, noise_inflation
+from dpprecond.fl.client import add_client_noise, local_deltas, noise_inflation
 from dpprecond.fl.models import FLModel
 from dpprecond.noise import NoiseSource
 
@@ -44,21 +44,12 @@ def local_step_deltas(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.n
     sensitivity ``2C`` each. Client ``i`` draws its steps' noise from ``rngs[i]`` in step
     order.
     """
-    n_clients = len(bounds) - 1
-    sizes = np.diff(bounds).astype(np.float64)[:, None]
     std = 2.0 * noise_multiplier * clip_norm * noise_inflation(model, X, bounds) \
         if noise_multiplier else 0.0
-    Y = np.tile(params, (n_clients, 1))
-    for _ in range(local_steps):
-        S = model.clipped_grad_sums(Y, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
-        S = add_client_noise(S, std, rngs)
-        G = S / sizes
-        if correction is not None:
-            G += correction
-        if proximal_mu:
-            G += proximal_mu * (Y - params)
-        Y -= local_lr * G
-    return Y - params
+    return local_deltas(model, params, X, y, bounds, clip_norm, local_steps=local_steps,
+                        local_lr=local_lr, release=lambda S: add_client_noise(S, std, rngs),
+                        correction=correction, proximal_mu=proximal_mu,
+                        x_sq_norms=x_sq_norms)
 
 
 def updated_controls(c_i: np.ndarray, c: np.ndarray, delta_y: np.ndarray, *,

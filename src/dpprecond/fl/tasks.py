@@ -18,10 +18,11 @@ Tasks (privacy unit, sensitivity and event of each: :mod:`dpprecond.fl.client`,
     client-level (whose noise a trusted aggregator adds: engine only). Replies
     ``"message"`` (client-level: the one noisy ``"aggregate"``).
 ``"local-steps"`` (:class:`LocalStepsTask`)
-    Noisy full-batch local steps, optionally corrected by control variates (DP-SCAFFOLD:
-    the server's ``"control"`` is broadcast, the client keeps ``c_i`` as its state) or
-    pulled towards the broadcast model by a proximal term (DP-FedProx). Replies
-    ``"delta-y"`` (and ``"delta-c"``).
+    Full-batch local steps, optionally corrected by control variates (DP-SCAFFOLD: the
+    server's ``"control"`` is broadcast, the client keeps ``c_i`` as its state) or pulled
+    towards the broadcast model by a proximal term (DP-FedProx); record-level (noise at
+    every step; replies ``"delta-y"`` and ``"delta-c"``) or client-level (non-private
+    steps, the clipped update; a trusted aggregator's noisy ``"aggregate"``).
 ``"second-moment"`` (:class:`SecondMomentTask`)
     The one-off noisy feature second moment of DP-FedFC and DP-FedNew (a setup task, run
     before the first round; ``clip_norm`` is the row clip ``C_x``). Replies ``"moment"``.
@@ -195,17 +196,28 @@ class GradientTask(ClientTask):
 
 @dataclass(frozen=True)
 class LocalStepsTask(ClientTask):
-    """``local_steps`` noisy full-batch steps (:mod:`dpprecond.fl.local_steps`).
+    """``local_steps`` full-batch local steps (:func:`dpprecond.fl.client.local_deltas`).
 
     ``control_variates``: DP-SCAFFOLD's correction ``c - c_i`` (``c`` broadcast as
     ``"control"``, ``c_i`` the client's state); ``proximal_mu``: DP-FedProx's proximal
     gradient ``mu (y - theta)`` added to every step (0: none).
+
+    ``mechanism``: ``"full-batch"`` (record-level: every local step is a noisy full-batch
+    release, :mod:`dpprecond.fl.local_steps`; replies ``"delta-y"`` and ``"delta-c"``) or
+    ``"client-level"`` (one client, replace-one: the local steps are non-private, the
+    client's average gradient ``(theta - y_L) / (L eta_l)`` is clipped to ``clip_norm``,
+    :func:`dpprecond.fl.client.client_level_updates`, and a trusted aggregator adds the
+    noise to the sum once, :func:`dpprecond.fl.client.client_level_release`: engine only;
+    under secure aggregation each client adds a share instead, :mod:`dpprecond.secagg.fl`). A
+    client-level reply is the one noisy ``"aggregate"`` (the mean clipped update); control
+    variates have no client-level form (refused: :mod:`dpprecond.fl.methods.local`).
     """
 
     local_steps: int = 5
     local_lr: float = 0.1
     control_variates: bool = False
     proximal_mu: float = 0.0
+    mechanism: str = "full-batch"
 
     kind: ClassVar[str] = "local-steps"
 
@@ -214,10 +226,25 @@ class LocalStepsTask(ClientTask):
         check_int("local_steps", self.local_steps, low=1)
         check_positive("local_lr", self.local_lr)
         check_positive("proximal_mu", self.proximal_mu, allow_zero=True)
+        check_choice("mechanism", self.mechanism, ("full-batch", "client-level"))
         if not isinstance(self.control_variates, bool):
             raise TypeError(f"Expected control_variates to be a bool, got "
                             f"{self.control_variates!r}.")
+        if self.control_variates and self.client_level:
+            raise ValueError("control_variates has no client-level form (the server's "
+                             "control variate would drift from the clients' by the sum of "
+                             "the rounds' noise: dpprecond.fl.methods.local); use "
+                             "mechanism='full-batch' for it.")
         return self
+
+    @property
+    def client_level(self) -> bool:
+        """Whether the privacy unit is one client (``mechanism="client-level"``)."""
+        return self.mechanism == "client-level"
+
+    @property
+    def server_streams(self) -> int:
+        return 1 if self.client_level else 0
 
     @property
     def broadcast_names(self) -> tuple[str, ...]:
@@ -229,10 +256,22 @@ class LocalStepsTask(ClientTask):
 
     def reply_shapes(self, n_params: int,
                      n_features: int | None = None) -> dict[str, tuple[int, ...]]:
+        if self.client_level:
+            return {"aggregate": (n_params,)}
         shapes: dict[str, tuple[int, ...]] = {"delta-y": (n_params,)}
         if self.control_variates:
             shapes["delta-c"] = (n_params,)
         return shapes
+
+    def _controls(self, broadcast: Mapping[str, np.ndarray] | None,
+                  client_state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(c, c_i)`` of a control-variate task (``None`` without control variates)."""
+        if not self.control_variates:
+            return None
+        if broadcast is None or "control" not in broadcast or client_state is None:
+            raise ValueError("A control-variate task needs the server's control variate "
+                             "and the client's own.")
+        return broadcast["control"], client_state
 
     def release(self, model: FLModel, params: np.ndarray | None, X: np.ndarray,
                 y: np.ndarray, bounds: np.ndarray, rngs: Sequence[Stream], *,
@@ -241,24 +280,27 @@ class LocalStepsTask(ClientTask):
                 x_sq_norms: np.ndarray | None = None) -> TaskOutput:
         assert params is not None
         K = len(bounds) - 1
-        correction = c = None
-        if self.control_variates:
-            if broadcast is None or "control" not in broadcast or client_state is None:
-                raise ValueError("A control-variate task needs the server's control variate "
-                                 "and the client's own.")
-            c = broadcast["control"]
-            correction = c - client_state
+        if self.client_level:  # the trusted aggregator's noise, from the stream after K
+            D = client_mod.client_level_updates(model, params, X, y, bounds, self.clip_norm,
+                                                local_steps=self.local_steps,
+                                                local_lr=self.local_lr,
+                                                proximal_mu=self.proximal_mu)
+            G = client_mod.client_level_release(D, self.clip_norm, self.noise_multiplier,
+                                                rngs[K])
+            return TaskOutput({"aggregate": G[None, :]})
+        controls = self._controls(broadcast, client_state)
+        correction = None if controls is None else controls[0] - controls[1]
         delta_y = local_step_deltas(model, params, X, y, bounds, self.clip_norm,
                                     self.noise_multiplier, rngs[:K],
                                     local_steps=self.local_steps, local_lr=self.local_lr,
                                     correction=correction, proximal_mu=self.proximal_mu,
                                     x_sq_norms=x_sq_norms)
-        if not self.control_variates:
+        if controls is None:
             return TaskOutput({"delta-y": delta_y})
-        assert client_state is not None and c is not None
-        c_new = updated_controls(client_state, c, delta_y, local_steps=self.local_steps,
+        c, c_i = controls
+        c_new = updated_controls(c_i, c, delta_y, local_steps=self.local_steps,
                                  local_lr=self.local_lr)
-        return TaskOutput({"delta-y": delta_y, "delta-c": c_new - client_state}, c_new)
+        return TaskOutput({"delta-y": delta_y, "delta-c": c_new - c_i}, c_new)
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,7 @@ from dpprecond.fl.adaptive_clip import resolve_adaptive_clip, secure_counts
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
+from dpprecond.fl.methods.local import LocalStepsMethod
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
@@ -252,37 +253,51 @@ def secure_plan_event(model: FLModel, config: FLConfig,
     return dp_event.SelfComposedDpEvent(round_event(z), config.n_rounds)
 
 
+def local_work(method: Method, config: FLConfig) -> dict[str, Any]:
+    """The local steps of a client-level part (:func:`round_parts`): the method's own for
+    the local-step methods (``fedavg``, ``fedprox``: ``local_steps``, ``local_lr`` and the
+    proximal ``mu``), ``config.local_steps`` and ``config.local_lr`` for the gradient
+    methods. Public settings; the simulator and the SecAgg+ strategy both read them here."""
+    if isinstance(method, LocalStepsMethod):
+        return {"local_steps": method.local_steps, "local_lr": method.local_lr,
+                "proximal_mu": method.proximal_mu}
+    return {"local_steps": int(config.local_steps), "local_lr": float(config.local_lr),
+            "proximal_mu": 0.0}
+
+
 def round_parts(model: FLModel, params: np.ndarray, X: Any, y: np.ndarray,
                 bounds: np.ndarray, clip_norm: float, *, client_level: bool = False,
-                local_steps: int = 1, local_lr: float = 0.1,
+                local_steps: int = 1, local_lr: float = 0.1, proximal_mu: float = 0.0,
                 x_sq_norms: Any = None) -> np.ndarray:
     """Every client's part of a round's sum, ``(K, p)``: its records' clipped gradient sum
     (``model.clipped_grad_sums``), or with ``client_level`` its clipped update
     (:func:`~dpprecond.fl.client.client_level_updates` after ``local_steps`` steps at
-    ``local_lr``)."""
+    ``local_lr``, with FedProx's proximal term ``proximal_mu``)."""
     if client_level:
         return client_mod.client_level_updates(model, params, X, y, bounds, clip_norm,
-                                               local_steps=local_steps, local_lr=local_lr)
+                                               local_steps=local_steps, local_lr=local_lr,
+                                               proximal_mu=proximal_mu)
     return model.clipped_grad_sums(params, X, y, bounds, clip_norm, x_sq_norms=x_sq_norms)
 
 
 def client_part(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                 clip_norm: float, *, client_level: bool = False, local_steps: int = 1,
-                local_lr: float = 0.1) -> np.ndarray:
+                local_lr: float = 0.1, proximal_mu: float = 0.0) -> np.ndarray:
     """One client's part of a round's sum, ``(p,)``: :func:`round_parts` of its own rows."""
     return round_parts(model, params, X, y, np.array([0, X.shape[0]]), clip_norm,
                        client_level=client_level, local_steps=local_steps,
-                       local_lr=local_lr)[0]
+                       local_lr=local_lr, proximal_mu=proximal_mu)[0]
 
 
 def secure_message(model: FLModel, params: np.ndarray, X: np.ndarray, y: np.ndarray,
                    clip_norm: float, plan: SumPlan, rng: Any, *, client_level: bool = False,
-                   local_steps: int = 1, local_lr: float = 0.1) -> np.ndarray:
+                   local_steps: int = 1, local_lr: float = 0.1,
+                   proximal_mu: float = 0.0) -> np.ndarray:
     """One client's message of a round (int64 in ``[0, 2^bits)``): :func:`client_part`,
     then :func:`~dpprecond.secagg.sums.client_message` with the client's ``rng`` (its
     rounding's uniforms, then its Skellam share)."""
     part = client_part(model, params, X, y, clip_norm, client_level=client_level,
-                       local_steps=local_steps, local_lr=local_lr)
+                       local_steps=local_steps, local_lr=local_lr, proximal_mu=proximal_mu)
     return client_message(part, plan, rng)
 
 
@@ -290,13 +305,14 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarra
                         bounds: np.ndarray, clip_norm: float, plan: SumPlan,
                         rngs: list[Any], clients: list[int] | None = None, *,
                         x_sq_norms: Any = None, client_level: bool = False,
-                        local_steps: int = 1, local_lr: float = 0.1) -> np.ndarray:
+                        local_steps: int = 1, local_lr: float = 0.1,
+                        proximal_mu: float = 0.0) -> np.ndarray:
     """The decoded secure sum of a round, in the parts' units (shape ``(n_params,)``).
 
     The parts of all clients (rows ``bounds[i]:bounds[i+1]`` are client ``i``'s) come from
     one call of :func:`round_parts` (the clipped gradient sums, or with ``client_level``
-    the clipped updates after ``local_steps`` steps at ``local_lr``); client ``i`` forms
-    its message with
+    the clipped updates after ``local_steps`` steps at ``local_lr`` with ``proximal_mu``);
+    client ``i`` forms its message with
     ``rngs[i]`` (:func:`~dpprecond.secagg.sums.secure_sum`); ``clients`` lists whose
     messages reach the sum (default all; fewer than ``plan.min_clients`` raises
     :class:`~dpprecond.secagg.skellam.InsufficientNoiseError` before any part is
@@ -306,7 +322,8 @@ def secure_gradient_sum(model: FLModel, params: np.ndarray, X: Any, y: np.ndarra
     ids = list(range(K)) if clients is None else [int(i) for i in clients]
     check_shares(len(ids), plan)  # before touching the data
     parts = round_parts(model, params, X, y, bounds, clip_norm, client_level=client_level,
-                        local_steps=local_steps, local_lr=local_lr, x_sq_norms=x_sq_norms)
+                        local_steps=local_steps, local_lr=local_lr, proximal_mu=proximal_mu,
+                        x_sq_norms=x_sq_norms)
     return secure_sum(parts, plan, rngs, ids)
 
 
@@ -428,7 +445,8 @@ def secure_multipliers(method: Method, config: FLConfig) -> dict[str, float]:
 
 
 def check_secure_aggregation(method: Method, config: FLConfig,
-                             secure: bool) -> GradientMethod | CovarianceMethod:
+                             secure: bool
+                             ) -> GradientMethod | CovarianceMethod | LocalStepsMethod:
     """Refuse, naming the setting, what secure aggregation does not run; return the method.
 
     It runs the gradient methods and the covariance methods (``fedfc``, ``fednew``). The
@@ -438,14 +456,19 @@ def check_secure_aggregation(method: Method, config: FLConfig,
     under-noised, and the update a client sends is not a sum of per-record terms with one
     bounded sensitivity.
     """
-    if not isinstance(method, (GradientMethod, CovarianceMethod)):
+    if isinstance(method, LocalStepsMethod) and is_client_level(config):
+        method.check_mechanism(config)
+    elif not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"trust='secure-aggregation' runs the one-message gradient methods "
                          f"(fedgd, sofim*, adam, yogi; with mechanism='client-level' and "
-                         f"local_steps > 1, fedgd is the client-level DP-FedAvg) and the "
-                         f"covariance methods (fedfc, "
-                         f"fednew); {method.name!r} sends other releases (local steps: each "
-                         "step uses the client's own noisy gradient before any sum, which a "
-                         "share of the noise does not protect). Use trust='local' for it.")
+                         f"local_steps > 1, fedgd is the client-level DP-FedAvg), the "
+                         f"covariance methods (fedfc, fednew) and the client-level forms of "
+                         f"fedavg and fedprox; {method.name!r} with mechanism="
+                         f"{config.mechanism!r} sends other releases (record-level local "
+                         "steps: each step uses the client's own noisy gradient before any "
+                         "sum, which a share of the noise does not protect). Use "
+                         "mechanism='client-level' (fedavg, fedprox: one client, which also "
+                         "covers any one record) or trust='local' for it.")
     if getattr(config, "adaptive_clip", None) not in (None, "auto") and not (
             config.mechanism == "full-batch" and secure_counts(method)):  # "auto": fixed
         raise ValueError(f"adaptive_clip with trust='secure-aggregation' runs with the "
@@ -605,21 +628,20 @@ def simulate_secure(model: FLModel, data: ClientData,
     # noise of G per coordinate: K / k_min shares of variance v / k_min each ... / (gamma N)^2
     # (client-level: / (gamma K)^2)
     noise_var = (plan.noise_std(K) / _divisor(config, data)) ** 2
-    transform = gm.transform_for(noise_var)
     params = model.init_params(np.random.default_rng(init_seq))
+    state, step = _server_half(gm, RunSpec(config, {"z": z}, model, K), noise_var, params)
     spend = _Spend(config.target_delta, ledger)
     wrap = plan.wrap_probability(K)
     logger.info("secure-aggregation run %s: K=%d, T=%d, z=%.4g, 2^%d modulus, wrap <= %.3g",
                 gm.name, K, config.n_rounds, z, plan.bits, wrap)
-    state = transform.init(params)
     if resume is not None and resume.state is not None:  # the rounds done, recorded again
         params, state = resume.state["params"], resume.restore(resume.state["state"], clip)
         for event in resume.state["events"]:
             spend(event)
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
-        state, transform.update, spend,
-        X_test, y_test, clip, _Report(progress, callback), resume)
+        state, step, spend,
+        X_test, y_test, clip, _Report(progress, callback), resume, local_work(gm, config))
     info = {**asdict(config), **gm.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None}
     if clip is not None:  # the last round's plan; every round's clip (public)
@@ -745,12 +767,32 @@ class _Report:
             self.callback(record)
 
 
+def _server_half(method: GradientMethod | LocalStepsMethod, spec: RunSpec, noise_var: float,
+                 params: np.ndarray) -> tuple[Any, Any]:
+    """The server's initial state and its step ``step(G, state, params) -> (updates,
+    state)`` on a round's decoded mean ``G`` (post-processing): a gradient method's
+    transform (set for the sum's noise variance ``noise_var`` per coordinate), or a
+    client-level local-step method's server update on ``G`` as the aggregate of all ``K``
+    clients."""
+    if isinstance(method, GradientMethod):
+        transform = method.transform_for(noise_var)
+        return transform.init(params), transform.update
+    clients, ones = list(range(spec.n_clients)), np.ones(spec.n_clients)
+
+    def step(G: np.ndarray, state: Any, params: np.ndarray) -> tuple[np.ndarray, Any]:
+        return method.server_update(spec, {"aggregate": G[None, :]}, clients, ones, state,
+                                    params)
+
+    return method.server_init(spec, params), step
+
+
 def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: SumPlan,
                    release: dp_event.DpEvent, noise_root: np.random.SeedSequence,
                    X_run: Any, x_sq_norms: Any, params: np.ndarray, state: Any,
                    step: Any, spend: _Spend, X_test: np.ndarray,
                    y_test: np.ndarray, clip: SecureClip | None = None,
-                   report: _Report | None = None, resume: Resume | None = None
+                   report: _Report | None = None, resume: Resume | None = None,
+                   work: dict[str, Any] | None = None
                    ) -> tuple[np.ndarray, list[dict[str, float]]]:
     """The ``T`` secure gradient rounds of a run: each round's event recorded, the secure
     sum of the clients' parts (streams ``(t, i)`` of ``noise_root``), its size-weighted
@@ -759,10 +801,13 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
     record. With ``clip`` (adaptive clipping) each round's parts carry the count
     (:func:`~dpprecond.secagg.adaptive.counted_parts`, the round's own plan) and the
     decoded count moves the clip. With ``resume`` the rounds start after the checkpoint's
-    and a checkpoint is written every ``resume.every`` rounds."""
+    and a checkpoint is written every ``resume.every`` rounds. ``work``: the local steps
+    of a client-level part (:func:`local_work`; default the config's)."""
     K = data.n_clients
     divisor = _divisor(config, data)
     client_level = is_client_level(config)
+    work = {"local_steps": int(config.local_steps), "local_lr": float(config.local_lr)} \
+        if work is None else work
     history: list[dict[str, float]] = []
     first = 0
     if resume is not None and resume.state is not None:
@@ -780,8 +825,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
             G = secure_gradient_sum(model, params, X_run, data.y,
                                     data.bounds, config.clip_norm, plan, rngs,
                                     x_sq_norms=None if client_level else x_sq_norms,
-                                    client_level=client_level,
-                                    local_steps=config.local_steps, local_lr=config.local_lr)
+                                    client_level=client_level, **work)
         else:  # the round's clip, its own plan, the count in the sum
             parts = counted_parts(model, params, X_run, data.y, data.bounds, used, weight,
                                   x_sq_norms=x_sq_norms)

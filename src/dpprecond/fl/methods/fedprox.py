@@ -10,17 +10,17 @@ Privacy unit: one record of one client, replace-one. The proximal gradient is a 
 the client's own iterate (its earlier releases) and of the broadcast: post-processing. The
 releases are exactly DP-FedAvg's, ``local_steps`` Gaussians (sensitivity ``2C``, noise
 multiplier ``z``) per round, and ``z`` is calibrated for that schedule; ``mu = 0`` is
-DP-FedAvg, bit for bit.
+DP-FedAvg, bit for bit. With ``mechanism="client-level"`` the proximal steps are
+non-private and the clipped update is released once per round (DP-FedAvg's client-level
+form, :mod:`dpprecond.fl.methods.local`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dpprecond._validation import check_positive
-from dpprecond.fl.methods.base import Method, RunSpec
+from dpprecond.fl.methods.base import Method
 from dpprecond.fl.methods.local import LocalStepsMethod
-from dpprecond.fl.tasks import ClientTask, LocalStepsTask
 
 __all__ = ["FedProx", "fedprox"]
 
@@ -31,16 +31,11 @@ class FedProx(LocalStepsMethod):
     def __init__(self, *, local_steps: int = 5, local_lr: float = 0.1, global_lr: float = 1.0,
                  mu: float = 0.01) -> None:
         super().__init__("fedprox", local_steps=local_steps, local_lr=local_lr,
-                         global_lr=global_lr)
-        self.mu = check_positive("mu", mu, allow_zero=True)
+                         global_lr=global_lr, proximal_mu=mu)
+        self.mu = self.proximal_mu
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "mu": self.mu}
-
-    def round_task(self, run: RunSpec) -> ClientTask:
-        return LocalStepsTask(float(run.config.clip_norm), float(run.multipliers["z"]),
-                              local_steps=self.local_steps, local_lr=self.local_lr,
-                              proximal_mu=self.mu).validated()
 
 
 def fedprox(local_steps: int = 5, local_lr: float = 0.1, global_lr: float = 1.0,
