@@ -43,6 +43,8 @@ from dpprecond.fl.client import full_batch_messages, round_generators
 ALGORITHMS = sorted(METHODS)
 #: Methods that define their own releases on top of the full-batch client mechanism.
 OWN_RELEASES = ("fedavg", "scaffold", "fedfc", "fednew", "fedprox")
+#: Of those, the ones that also have a client-level form (mechanism="client-level").
+CLIENT_LEVEL_FORMS = ("fedavg", "fedprox")
 
 
 def _settings(n: int) -> settings:
@@ -322,11 +324,12 @@ def test_hostile_records_give_finite_messages_and_models(records: tuple, mechani
     extra = {"sampling_rate": 0.5} if mechanism == "poisson" else {}
     config = FLConfig(n_rounds=2, clip_norm=clip_norm, noise_multiplier=1.0,
                       mechanism=mechanism, **extra)
-    own_releases = algorithm in OWN_RELEASES and mechanism != "full-batch"
+    own_releases = algorithm in OWN_RELEASES and mechanism != "full-batch" and not (
+        algorithm in CLIENT_LEVEL_FORMS and mechanism == "client-level")
     res = run_or_named_error(
         lambda: run_federated(X, y, X_TEST, Y_TEST, 3, algorithm=algorithm, n_clients=3,
                               config=config, seed=1), ["mechanism"])
-    if own_releases:  # these methods define their releases on the full-batch mechanism
+    if own_releases:  # these define their releases (full-batch, or their client-level form)
         event("method needs the full-batch mechanism, named error")
         assert res is None
         return

@@ -50,7 +50,7 @@ from dpprecond._validation import check_int, check_positive
 from dpprecond.fl import server as server_mod
 from dpprecond.fl.accounting import Schedule
 from dpprecond.fl.config import FLConfig
-from dpprecond.fl.methods.base import Method, RunSpec, full_batch_only
+from dpprecond.fl.methods.base import Method, RunSpec
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.tasks import LocalStepsTask
 
@@ -107,7 +107,12 @@ class LocalStepsMethod(Method):
                                  "methods read. Leave config.local_steps at 1 and set the "
                                  "method's local_steps.")
             return
-        full_batch_only(self.name, config)
+        if config.mechanism != "full-batch":
+            raise ValueError(f"{self.name} defines its own releases: noisy full-batch local "
+                             f"steps (mechanism='full-batch', record-level) or its "
+                             f"client-level form (mechanism='client-level'); got mechanism="
+                             f"{config.mechanism!r}. Use one of those and set the method's "
+                             "own options.")
 
     def schedule(self, config: FLConfig) -> Schedule:
         if config.mechanism == "client-level":  # one clipped-update sum per round
