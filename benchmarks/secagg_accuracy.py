@@ -15,11 +15,16 @@ measured std of the decoded aggregate's noise against the plan's claim.
     # the secure sum of clipped updates
     PYTHONPATH=src python benchmarks/secagg_accuracy.py --mechanism client-level \
         --algorithm fedgd --local-steps 3 --clients 100 1000 --data fashion-mnist
+    # client-level DP-FedAvg / DP-FedProx as methods (their own local steps and options)
+    PYTHONPATH=src python benchmarks/secagg_accuracy.py --mechanism client-level \
+        --algorithm fedprox --method-options '{"local_steps": 3, "local_lr": 0.2, \
+        "mu": 0.1}' --clients 100
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import numpy as np
@@ -54,18 +59,25 @@ def main() -> None:
     p.add_argument("--mechanism", choices=("full-batch", "client-level"), default="full-batch")
     p.add_argument("--local-steps", type=int, default=1)
     p.add_argument("--local-lr", type=float, default=0.1)
+    p.add_argument("--method-options", type=json.loads, default=None,
+                   help="the method's options as a JSON object, e.g. fedavg's "
+                        '\'{"local_steps": 3, "local_lr": 0.2}\'')
     args = p.parse_args()
     client_level = args.mechanism == "client-level"
     if client_level and args.features.startswith("pca:"):
         p.error("--mechanism client-level runs on fixed features (the pipeline's PCA is "
                 "record-level)")
+    if args.method_options and args.features.startswith("pca:"):
+        p.error("--method-options runs on fixed features (the pipeline takes its own "
+                "learning options)")
     weighting = "uniform" if client_level else "size"
     pipeline = args.features.startswith("pca:")
     ds = featurize(load_dataset(args.data), kind="pixels" if pipeline else args.features)
     row_norm = math.sqrt(ds.X_train.shape[1])  # pixels in [-1, 1]: the public row bound
     print(f"{args.data} ({args.features}), {args.algorithm}, T={args.rounds}, C={args.clip}, "
           f"mechanism={args.mechanism} (local steps {args.local_steps}, local lr "
-          f"{args.local_lr:g}), weighting={weighting}, delta=1e-5, {args.seeds} seeds, IID")
+          f"{args.local_lr:g}), options {args.method_options}, weighting={weighting}, "
+          f"delta=1e-5, {args.seeds} seeds, IID")
     print("| K | epsilon | local acc | secagg acc | local z | secagg z | secagg eps "
           "| bits | inflation |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -93,7 +105,8 @@ def main() -> None:
                     else:
                         res = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test,
                                             ds.n_classes, algorithm=args.algorithm,
-                                            n_clients=k, seed=seed, config=cfg)
+                                            n_clients=k, seed=seed, config=cfg,
+                                            method_options=args.method_options)
                         total = res.epsilon
                     accs.append(res.history[-1]["test_accuracy"])
                     z, spent = res.noise_multiplier, total

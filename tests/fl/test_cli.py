@@ -172,6 +172,10 @@ def test_trust_secure_aggregation_runs_the_skellam_rounds(tmp_path,
     (["--mechanism", "client-level", "--algorithm", "fedfc"],
      ["--mechanism client-level", "--algorithm fedfc", "--mechanism full-batch"]),
     (["--algorithm", "fedavg"], ["--algorithm fedavg", "--mechanism client-level"]),
+    (["--algorithm", "scaffold", "--mechanism", "client-level"],
+     ["--mechanism client-level", "--algorithm scaffold", "no client-level form"]),
+    (["--algorithm", "fedprox", "--mechanism", "client-level", "--local-steps", "3"],
+     ["--local-steps 3", "--option local_steps=3"]),
 ])
 def test_trust_secure_aggregation_refuses_what_it_cannot_run(
         tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
@@ -221,6 +225,33 @@ def test_trust_secure_aggregation_runs_client_level_dp_fedavg(
                         algorithm="fedgd", n_clients=5, config=config, seed=2)
     assert [h["test_accuracy"] for h in hist["history"]] == [h["test_accuracy"]
                                                              for h in api.history]
+
+
+def test_trust_secure_aggregation_runs_client_level_fedprox(
+        tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """``--algorithm fedprox --mechanism client-level --trust secure-aggregation`` with
+    the method's own options: the API's run under the same seed, round for round."""
+    from dpprecond.features import load_features
+    from dpprecond.fl import FLConfig, run_federated
+
+    out = tmp_path / "o"
+    args = parse(["fl", "--data", "digits", "--clients", "5", "--rounds", "3", "--epsilon",
+                  "4", "--algorithm", "fedprox", "--option", "local_steps=2", "--option",
+                  "mu=0.5", "--trust", "secure-aggregation", "--mechanism", "client-level",
+                  "--clip-norm", "1", "--out", str(out), "--seed", "2"])
+    assert cli_fl.run(args) == 0
+    assert "client-level unit" in capsys.readouterr().out
+    hist = json.loads((out / "history.json").read_text())
+    assert hist["config"]["mechanism"] == "client-level"
+    config = FLConfig(n_rounds=3, clip_norm=1.0, target_epsilon=4.0, mechanism="client-level",
+                      trust="secure-aggregation")
+    ds, _ = load_features("digits")
+    api = run_federated(ds.X_train, ds.y_train, ds.X_test, ds.y_test, ds.n_classes,
+                        algorithm="fedprox", n_clients=5, config=config, seed=2,
+                        method_options={"local_steps": 2, "mu": 0.5})
+    assert [h["test_accuracy"] for h in hist["history"]] == [h["test_accuracy"]
+                                                             for h in api.history]
+    assert hist["history"][-1]["epsilon"] == pytest.approx(api.epsilon, rel=1e-12)
 
 
 def test_trust_secure_aggregation_with_pca_features(lab_file, tmp_path,

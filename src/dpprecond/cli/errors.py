@@ -99,12 +99,13 @@ def user_message(message: str, parser: argparse.ArgumentParser,
 
     ``Expected target_epsilon > 0, got target_epsilon=0.0`` becomes ``Expected --epsilon
     > 0, got --epsilon=0.0`` when the user typed ``--epsilon``. Only the parameters of the
-    flags in ``argv`` are replaced: a name given as ``--option NAME=VALUE``, or one the
-    user did not set, stays as it is.
+    flags in ``argv`` are replaced: a name given as ``--option NAME=VALUE`` (in ``argv``
+    or in the message), or one the user did not set, stays as it is.
     """
     for param, flags in sorted(flag_names(parser).items(), key=lambda kv: -len(kv[0])):
         flag = _typed(argv, flags)
         if flag is None or param == flag.lstrip("-"):
             continue
-        message = re.sub(rf"(?<![\w.\-]){re.escape(param)}(?![\w])", flag, message)
+        message = re.sub(rf"(?<![\w.\-])(?<!--option ){re.escape(param)}(?![\w])", flag,
+                         message)
     return message

@@ -385,7 +385,12 @@ def _round_line(rec: dict[str, float]) -> str:
 def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None:
     """``--trust secure-aggregation``: refuse, naming the flag, what its rounds cannot run
     (before any data is loaded)."""
-    from dpprecond.fl.methods import CovarianceMethod, GradientMethod, make_method
+    from dpprecond.fl.methods import (
+        CovarianceMethod,
+        GradientMethod,
+        LocalStepsMethod,
+        make_method,
+    )
 
     why = "--trust secure-aggregation"
     client_level = args.mechanism == "client-level"
@@ -408,13 +413,26 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
         raise ValueError(f"{why} is a private mechanism; a non-private run (--epsilon inf "
                          "or --noise-multiplier 0) uses --trust local.")
     method = make_method(args.algorithm, args.lr, **dict(args.option))
-    if not isinstance(method, (GradientMethod, CovarianceMethod)):
+    if isinstance(method, LocalStepsMethod) and client_level:
+        if method.control_variates:
+            raise ValueError(f"{why} with --mechanism client-level runs fedavg and fedprox; "
+                             f"--algorithm {args.algorithm} has no client-level form (its "
+                             "server control variate would drift by the sum of every "
+                             "round's noise; docs/fl.md). Use --algorithm fedavg or fedprox.")
+        if args.local_steps != 1:
+            raise ValueError(f"{why} with --mechanism client-level: --algorithm "
+                             f"{args.algorithm} sets its own local steps; got "
+                             f"--local-steps {args.local_steps}, which only the one-message "
+                             "gradient methods read. Drop it and pass --option "
+                             f"local_steps={args.local_steps}.")
+    elif not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"{why} runs the one-message gradient methods (fedgd, sofim*, adam, "
-                         f"yogi) and the covariance methods (fedfc, fednew); --algorithm "
-                         f"{args.algorithm} sends other releases (local steps, each on the "
-                         "client's own noisy gradient before any sum). Choose one of them, "
-                         "use --trust local, or run client-level DP-FedAvg: --algorithm "
-                         "fedgd --mechanism client-level --local-steps E.")
+                         f"yogi), the covariance methods (fedfc, fednew) and, with "
+                         f"--mechanism client-level, fedavg and fedprox; --algorithm "
+                         f"{args.algorithm} --mechanism {args.mechanism} sends other releases "
+                         "(record-level local steps, each on the client's own noisy gradient "
+                         "before any sum). Choose one of them, use --trust local, or add "
+                         "--mechanism client-level (fedavg, fedprox).")
     if args.adaptive_clip and (client_level or not isinstance(method, GradientMethod)
                                or getattr(method, "noise_aware", None) is not None):
         raise ValueError(f"--adaptive-clip with {why} runs with the one-message gradient "

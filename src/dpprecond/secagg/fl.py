@@ -449,12 +449,15 @@ def check_secure_aggregation(method: Method, config: FLConfig,
                              ) -> GradientMethod | CovarianceMethod | LocalStepsMethod:
     """Refuse, naming the setting, what secure aggregation does not run; return the method.
 
-    It runs the gradient methods and the covariance methods (``fedfc``, ``fednew``). The
-    local-step methods (``fedavg``, ``scaffold``, ``fedprox``) are refused: each local step
-    of a client uses that client's own noisy gradient before anything is summed, so a
-    share of the noise (``1 / min_clients`` of its variance) would leave those releases
-    under-noised, and the update a client sends is not a sum of per-record terms with one
-    bounded sensitivity.
+    It runs the gradient methods, the covariance methods (``fedfc``, ``fednew``) and the
+    client-level forms of ``fedavg`` and ``fedprox`` (``mechanism="client-level"``: the
+    local steps are not private, the clipped update is the summed part). The record-level
+    local-step methods are refused: each local step of a client uses that client's own
+    noisy gradient before anything is summed, so a share of the noise (``1 / min_clients``
+    of its variance) would leave those releases under-noised, and the update a client
+    sends is not a sum of per-record terms with one bounded sensitivity. Client-level
+    ``scaffold`` is refused by :meth:`LocalStepsMethod.check_mechanism` (its server
+    control variate integrates the summed noise).
     """
     if isinstance(method, LocalStepsMethod) and is_client_level(config):
         method.check_mechanism(config)
