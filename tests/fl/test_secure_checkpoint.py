@@ -1,7 +1,7 @@
 """Checkpoints of secure-aggregation runs (secagg/fl.py ``Resume``): a run stopped mid-way
 resumes to the uninterrupted run's model, history and events, for the fixed and the
-adaptive clip and client-level DP; a checkpoint of another run is refused; the
-covariance methods refuse a checkpoint by name."""
+adaptive clip and client-level DP, and for the covariance methods (their setup sum kept
+in the server state, not released again); a checkpoint of another run is refused."""
 
 from __future__ import annotations
 
@@ -97,12 +97,37 @@ def test_a_checkpoint_of_another_secure_run_is_refused(tmp_path: Path) -> None:
     assert ckpt.exists()  # a refusal deletes nothing
 
 
-def test_a_covariance_method_refuses_a_checkpoint_by_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["fedfc", "fednew"])
+def test_a_stopped_covariance_run_resumes_without_a_second_setup_sum(
+        tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP-FedFC / DP-FedNew: the checkpoint keeps the server half's state, which holds the
+    setup sum's result, so the resumed run computes and releases no second setup sum, and
+    ends at the uninterrupted run's model, history and events (setup event first)."""
+    import dpprecond.secagg.fl as secagg_fl
+
     config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation")
-    with pytest.raises(ValueError, match=r"checkpoint is not supported for fednew under "
-                                         r"trust='secure-aggregation'"):
-        _run("fednew", config, seed=3, ckpt=tmp_path / "c.npz")
-    assert not (tmp_path / "c.npz").exists()
+    reference = _run(method, config, seed=7)
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run(method, config, seed=7, ckpt=ckpt, stop=True)
+    saved = load_checkpoint(ckpt)
+    assert saved["round"] == (STOP_AFTER // EVERY) * EVERY
+    assert len(saved["events"]) == saved["round"] + 1  # the setup sum, then a sum a round
+    assert saved["events"] == reference.events[:saved["round"] + 1]
+    setups: list[int] = []
+    real = secagg_fl.secure_moment_sum
+    monkeypatch.setattr(secagg_fl, "secure_moment_sum",
+                        lambda *a, **k: setups.append(1) or real(*a, **k))
+    ledger = PrivacyLedger(1e-5, accountant="rdp")
+    resumed = _run(method, config, seed=7, ckpt=ckpt, ledger=ledger)
+    assert setups == []  # the setup sum is not recomputed, so not released again
+    np.testing.assert_array_equal(resumed.params, reference.params)
+    assert _strip(resumed.history) == _strip(reference.history)
+    assert resumed.events == reference.events and resumed.epsilon == reference.epsilon
+    assert ledger.events == reference.events  # setup and done rounds recorded again
+    assert not ckpt.exists()
+    fresh = _run(method, config, seed=7)  # a run without the checkpoint does run a setup
+    assert setups == [1] and fresh.epsilon == reference.epsilon
 
 
 def test_secure_mode_resumes_with_fresh_noise(tmp_path: Path) -> None:

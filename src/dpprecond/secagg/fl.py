@@ -551,10 +551,10 @@ def simulate_secure(model: FLModel, data: ClientData,
         As for :func:`~dpprecond.fl.engine.simulate`: a tqdm bar over the rounds, and a
         function called with each round's history record after the round.
     checkpoint, checkpoint_every
-        As for :func:`~dpprecond.fl.engine.simulate` (the one-message gradient methods; a
-        covariance method's run is refused: its setup sum is not kept): the model, the
-        server transform's state, the adaptive clip's target and applied clips, the
-        history and the events so far, and the root seed. Every round's streams are
+        As for :func:`~dpprecond.fl.engine.simulate`: the model, the server half's state
+        (a covariance method's holds its setup sum's result, which a resumed run does not
+        release again), the adaptive clip's target and applied clips, the history and the
+        events so far, and the root seed. Every round's streams are
         derived from the root and the round, so a resumed seeded run releases the
         uninterrupted run's sums; the resumed rounds' events are recorded in the ledger
         again. The fingerprint also covers ``min_clients`` and ``max_client_rows``.
@@ -596,33 +596,33 @@ def simulate_secure(model: FLModel, data: ClientData,
         raise ValueError(f"secure=True refuses seeds (got seed={seed!r}): a seeded run's "
                          "noise is known to whoever knows the seed; pass seed=None.")
     root = check_seed("seed", seed)
-    if isinstance(gm, CovarianceMethod):
-        if checkpoint is not None:
-            raise ValueError(f"checkpoint is not supported for {gm.name} under trust="
-                             "'secure-aggregation' (its one-off setup sum would have to be "
-                             "kept with the run); drop checkpoint, or use a one-message "
-                             "gradient method.")
-        return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
-                                    ledger, max_client_rows, _Report(progress, callback),
-                                    secure=secure)
-    z = secure_noise_multiplier(config)
-    plan = secure_plan(model, config, data, z, k_min, max_client_rows)
-    release = round_event(z)
     n_records = int(data.X.shape[0])
     rows = max(n_records, 1) if max_client_rows is None else check_int(
         "max_client_rows", max_client_rows, low=max(int(np.diff(data.bounds).max(initial=1)),
                                                     1))
+
+    def open_resume() -> Resume | None:
+        if checkpoint is None:
+            return None
+        return Resume.open(Path(checkpoint), gm, config, data, model, X_test, y_test, root,
+                           seeded=seed is not None, every=checkpoint_every,
+                           extra={"min_clients": k_min, "max_client_rows": rows})
+
+    if isinstance(gm, CovarianceMethod):
+        return _simulate_covariance(model, data, gm, config, X_test, y_test, root, k_min,
+                                    ledger, max_client_rows, _Report(progress, callback),
+                                    secure=secure, open_resume=open_resume)
+    z = secure_noise_multiplier(config)
+    plan = secure_plan(model, config, data, z, k_min, max_client_rows)
+    release = round_event(z)
     clip = secure_clip(model, gm, config, z, n_records=n_records, n_clients=K,
                        min_clients=k_min, max_client_rows=rows)
     if clip is not None:  # the first round's plan (public settings) before any charge
         clip.plan()
     if ledger is not None:
         ledger.check(dp_event.SelfComposedDpEvent(release, config.n_rounds))
-    resume: Resume | None = None
-    if checkpoint is not None:
-        resume = Resume.open(Path(checkpoint), gm, config, data, model, X_test, y_test,
-                             root, seeded=seed is not None, every=checkpoint_every,
-                             extra={"min_clients": k_min, "max_client_rows": rows})
+    resume = open_resume()
+    if resume is not None:
         root = resume.root
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, _ = root.spawn(3)
@@ -857,11 +857,18 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
                          root: np.random.SeedSequence, k_min: int,
                          ledger: PrivacyLedger | None,
                          max_client_rows: int | None = None,
-                         report: _Report | None = None, *, secure: bool = False) -> FLResult:
+                         report: _Report | None = None, *, secure: bool = False,
+                         open_resume: Callable[[], Resume | None] = lambda: None
+                         ) -> FLResult:
     """DP-FedFC / DP-FedNew under secure aggregation (module docstring): the setup sum of
     the clipped second moments, then ``T`` secure gradient sums, the server half on the
     aggregate (one row). Streams: the model's init, the rounds' ``(t, i)`` and the setup's
-    ``(0, i)`` from ``root.spawn(3)``, as in :func:`~dpprecond.fl.engine.simulate`."""
+    ``(0, i)`` from ``root.spawn(3)``, as in :func:`~dpprecond.fl.engine.simulate`.
+
+    ``open_resume()`` gives the run's checkpoint (:class:`Resume`) or ``None``. The setup
+    sum's result is part of the server half's state (post-processing of the released
+    sum), so a checkpoint keeps it: a resumed run neither recomputes nor re-releases the
+    setup sum, and records the setup's and the done rounds' events again."""
     method.check(config, model)
     multipliers = secure_multipliers(method, config)
     z_cov, z_grad = multipliers["z_cov"], multipliers["z_grad"]
@@ -874,6 +881,9 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
                                        _covariance_scale(method, config)))
     K = data.n_clients
     n_records = int(data.X.shape[0])
+    resume = open_resume()
+    if resume is not None:
+        root = resume.root
     X_run, x_sq_norms = client_mod.kernel_rows(data.X, config, model)  # as the engine
     init_seq, noise_root, setup_root = root.spawn(3)
     if secure:
@@ -882,12 +892,17 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     spec = RunSpec(config, multipliers, model, K)
     params = model.init_params(np.random.default_rng(init_seq))
     n_features = int(data.X.shape[1])
-    spend(setup_release)
-    S = secure_moment_sum(data.X, data.bounds, method.feature_clip(n_features), setup_plan,
-                          client_mod.round_generators(setup_root, 0, K))
     # the aggregate is the server half's one client: its setup row and its reply rows
     one, sizes = [0], np.array([n_records])
-    state = method.server_init(spec, params, {"moment": (S / n_records)[None]}, one)
+    if resume is not None and resume.state is not None:  # the setup and rounds done
+        params, state = resume.state["params"], resume.restore(resume.state["state"], None)
+        for event in resume.state["events"]:
+            spend(event)
+    else:
+        spend(setup_release)
+        S = secure_moment_sum(data.X, data.bounds, method.feature_clip(n_features),
+                              setup_plan, client_mod.round_generators(setup_root, 0, K))
+        state = method.server_init(spec, params, {"moment": (S / n_records)[None]}, one)
     logger.info("secure-aggregation run %s: K=%d, T=%d, z_cov=%.4g, z_grad=%.4g, 2^%d and "
                 "2^%d moduli", method.name, K, T, z_cov, z_grad, setup_plan.bits, plan.bits)
 
@@ -896,7 +911,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
 
     params, history = _secure_rounds(model, data, config, plan, release, noise_root, X_run,
                                      x_sq_norms, params, state, step, spend, X_test, y_test,
-                                     report=report)
+                                     report=report, resume=resume)
     info = {**asdict(config), **method.describe(), "accountant": "rdp",
             "trust": "secure-aggregation", **secure_info(plan, K), "adaptive_clip": None,
             "noise_multipliers": dict(multipliers), "setup": secure_info(setup_plan, K)}
