@@ -162,11 +162,12 @@ from dpprecond.secagg.sums import SumPlan, client_message, secure_sum
 from dpprecond.secure import SECURE_ROOT
 
 __all__ = ["ACCOUNTED_INFLATION", "FIT_BITS", "check_secure_aggregation", "client_level_plan",
-           "client_part", "is_client_level", "moment_parts", "moment_plan",
+           "client_part", "is_client_level", "local_work", "moment_parts", "moment_plan",
            "moment_sensitivity", "part_sensitivity",
            "round_event", "round_parts", "round_plan", "secure_gradient_sum", "secure_info",
            "secure_message", "secure_moment_sum", "secure_multipliers",
-           "secure_noise_multiplier", "secure_plan", "secure_plan_event", "simulate_secure"]
+           "secure_noise_multiplier", "secure_plan", "secure_plan_event", "server_half",
+           "simulate_secure"]
 
 logger = logging.getLogger(__name__)
 
@@ -632,7 +633,8 @@ def simulate_secure(model: FLModel, data: ClientData,
     # (client-level: / (gamma K)^2)
     noise_var = (plan.noise_std(K) / _divisor(config, data)) ** 2
     params = model.init_params(np.random.default_rng(init_seq))
-    state, step = _server_half(gm, RunSpec(config, {"z": z}, model, K), noise_var, params)
+    half = server_half(gm, RunSpec(config, {"z": z}, model, K), noise_var)
+    state, step = half.init(params), half.update
     spend = _Spend(config.target_delta, ledger)
     wrap = plan.wrap_probability(K)
     logger.info("secure-aggregation run %s: K=%d, T=%d, z=%.4g, 2^%d modulus, wrap <= %.3g",
@@ -770,23 +772,47 @@ class _Report:
             self.callback(record)
 
 
-def _server_half(method: GradientMethod | LocalStepsMethod, spec: RunSpec, noise_var: float,
-                 params: np.ndarray) -> tuple[Any, Any]:
-    """The server's initial state and its step ``step(G, state, params) -> (updates,
-    state)`` on a round's decoded mean ``G`` (post-processing): a gradient method's
-    transform (set for the sum's noise variance ``noise_var`` per coordinate), or a
-    client-level local-step method's server update on ``G`` as the aggregate of all ``K``
-    clients."""
+def server_half(method: GradientMethod | LocalStepsMethod, spec: RunSpec,
+                noise_var: float) -> GradientTransformation:
+    """The server half of a secure-aggregation run of a gradient or local-step method.
+
+    Post-processing of each round's decoded mean ``G``: ``init(params) -> state`` and
+    ``update(G, state, params) -> (updates, state)``. The simulator
+    (:func:`simulate_secure`) and the SecAgg+ strategy
+    (:class:`~dpprecond.adapters.flower.secagg.SecAggDPStrategy`) both step the model
+    with it, so a seeded SecAgg+ run follows the simulator's trajectory.
+
+    Parameters
+    ----------
+    method : GradientMethod or LocalStepsMethod
+        A one-message gradient method, or a client-level local-step method (``fedavg``,
+        ``fedprox``; :func:`check_secure_aggregation` refuses the others).
+    spec : RunSpec
+        The run's settings, multipliers, model and ``K`` clients.
+    noise_var : float
+        The noise variance per coordinate of ``G`` (a noise-aware transform reads it).
+
+    Returns
+    -------
+    GradientTransformation
+        A gradient method's transform set for ``noise_var``
+        (:meth:`~dpprecond.fl.methods.GradientMethod.transform_for`), or the local-step
+        method's own server update on ``G`` as the aggregate of all ``K`` clients
+        (:meth:`~dpprecond.fl.methods.local.LocalStepsMethod.server_update` on the
+        ``"aggregate"`` reply: ``theta <- theta - eta_g L eta_l G``).
+    """
     if isinstance(method, GradientMethod):
-        transform = method.transform_for(noise_var)
-        return transform.init(params), transform.update
+        return method.transform_for(noise_var)
     clients, ones = list(range(spec.n_clients)), np.ones(spec.n_clients)
 
-    def step(G: np.ndarray, state: Any, params: np.ndarray) -> tuple[np.ndarray, Any]:
+    def init(params: np.ndarray) -> Any:
+        return method.server_init(spec, params)
+
+    def update(G: np.ndarray, state: Any, params: np.ndarray) -> tuple[np.ndarray, Any]:
         return method.server_update(spec, {"aggregate": G[None, :]}, clients, ones, state,
                                     params)
 
-    return method.server_init(spec, params), step
+    return GradientTransformation(init, update)
 
 
 def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: SumPlan,

@@ -8,14 +8,17 @@ These are the components of the example app (``examples/flower-app/pyproject.tom
 
 Run-config keys (``[tool.flwr.app.config]``; ``""`` means unset). Server: ``algorithm``
 (a method of :mod:`dpprecond.fl.methods`: ``fedgd``, ``sofim``, ``sofim-momentum``,
-``sofim-lagged``, ``adam``, ``yogi``, ``fedavg``, ``scaffold``, ``fedfc``, ``fednew``) and its
+``sofim-lagged``, ``adam``, ``yogi``, ``fedavg``, ``fedprox``, ``scaffold``, ``fedfc``,
+``fednew``) and its
 options in the table ``[tool.flwr.app.config.method-options]`` (flattened by Flower to
 ``method-options.<name>``, dashes for underscores; ``""`` keeps the method's default, and
 an option the algorithm does not have is an error), ``n-clients``, ``n-rounds``,
 ``clip-norm``, ``target-epsilon`` or ``noise-multiplier`` (exactly one), ``target-delta``,
 ``max-epsilon`` (refuse a plan above it), ``mechanism``, ``sampling-rate``,
 ``local-steps``, ``local-lr`` (the Poisson mechanism of the gradient methods, and the
-client-level one under ``trust = "secure-aggregation"``), ``weighting``,
+client-level one under ``trust = "secure-aggregation"``; client-level ``fedavg`` and
+``fedprox`` take theirs from ``method-options`` and leave ``local-steps`` at 1),
+``weighting``,
 ``adaptive-clip`` (``true``: adaptive clipping at its defaults, the median from
 ``clip-norm``, :class:`~dpprecond.fl.config.AdaptiveClip`; ``false``: a fixed clip; ``""``:
 :class:`~dpprecond.fl.config.FLConfig`'s default), ``accountant``, ``secure``

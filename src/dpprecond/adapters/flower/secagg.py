@@ -43,21 +43,29 @@ for every ``K`` up to :data:`MAX_SECAGG_CLIENTS`. The server reduces the sum mod
 and divides by ``sum_i n_i`` (size weighting; the counts' sum, below ``M``, is read
 modulo ``M``).
 
-Methods: the one-message gradient methods and the covariance methods (``fedfc``,
-``fednew``; :func:`check_secagg_plus_method`). A covariance method's run is ``T + 1``
+Methods: the one-message gradient methods, the covariance methods (``fedfc``,
+``fednew``) and the client-level forms of ``fedavg`` and ``fedprox``
+(:func:`check_secagg_plus_method`). A covariance method's run is ``T + 1``
 SecAgg+ rounds: round 1 is the setup sum of the clients' clipped second moments
 (:func:`~dpprecond.secagg.fl.moment_parts`, its plan ``plan-kind = "moment"``, each
 client's message from its setup stream ``(0, i)``), then the ``T`` gradient rounds, as
 :func:`~dpprecond.secagg.fl.simulate_secure` runs them.
 
-Client-level DP (``mechanism="client-level"``, the gradient methods; the client-level
-DP-FedAvg with ``local_steps > 1``): the requests carry ``plan-unit = "client"`` with
-``plan-local-steps`` and ``plan-local-lr``, and each client's part is its clipped update
-(:func:`~dpprecond.fl.client.client_level_updates`) under the plan of
-:func:`~dpprecond.secagg.fl.client_level_plan` (sensitivity ``2C``, a client checks it);
-its count coordinate is 1 instead of its size, so the server divides by the number of
-summed clients (uniform weights) and learns no client's size. A client-level run needs no
-trusted aggregator: the secure sum replaces it.
+Client-level DP (``mechanism="client-level"``: the gradient methods, ``fedgd`` with
+``local_steps > 1`` being the client-level DP-FedAvg, and ``fedavg`` and ``fedprox`` with
+their own local steps): the requests carry ``plan-unit = "client"`` with
+``plan-local-steps``, ``plan-local-lr`` and ``plan-local-prox`` (FedProx's proximal
+coefficient ``mu``, 0 otherwise; all three public, from
+:func:`~dpprecond.secagg.fl.local_work`), and each client's part is its clipped update
+(:func:`~dpprecond.fl.client.client_level_updates`, the simulator's function) under the
+plan of :func:`~dpprecond.secagg.fl.client_level_plan` (sensitivity ``2C``, a client
+checks it); its count coordinate is 1 instead of its size, so the server divides by the
+number of summed clients (uniform weights) and learns no client's size. The server steps
+the model with the simulator's server half (:func:`~dpprecond.secagg.fl.server_half`:
+the gradient method's transform, or ``fedavg``'s and ``fedprox``'s ``theta <- theta -
+eta_g L eta_l G``). A client-level run needs no trusted aggregator: the secure sum
+replaces it. Client-level ``scaffold`` is refused (its server control variate would
+integrate every round's noise, :mod:`dpprecond.fl.methods.local`).
 """
 
 from __future__ import annotations
@@ -129,6 +137,7 @@ from dpprecond.adapters.flower.secaggplus import (
 from dpprecond.fl import client as client_mod
 from dpprecond.fl.config import FLConfig
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
+from dpprecond.fl.methods.local import LocalStepsMethod
 from dpprecond.fl.models import FLModel
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.secagg.adaptive import counted_parts, counted_sensitivity, split_counted_sum
@@ -138,6 +147,7 @@ from dpprecond.secagg.fl import (
     check_secure_aggregation,
     client_level_plan,
     is_client_level,
+    local_work,
     moment_parts,
     moment_sensitivity,
     part_sensitivity,
@@ -149,6 +159,7 @@ from dpprecond.secagg.fl import (
     secure_multipliers,
     secure_noise_multiplier,
     secure_plan_event,
+    server_half,
 )
 from dpprecond.secagg.skellam import decode
 from dpprecond.secagg.sums import SumPlan, client_message
@@ -159,7 +170,8 @@ __all__ = ["SecAggDPClient", "SecAggDPStrategy", "SetupSumIncompleteError",
            "check_secaggplus_request",
            "make_dual_client_app",
            "make_secagg_client_app",
-           "make_secagg_server_app", "plan_from_config", "plan_to_config", "plan_unit",
+           "make_secagg_server_app", "plan_from_config", "plan_local_prox", "plan_to_config",
+           "plan_unit",
            "run_secagg"]
 
 logger = logging.getLogger(__name__)
@@ -177,19 +189,40 @@ PLAN_UNITS = ("record", "client")
 
 
 def plan_to_config(plan: SumPlan, clip_norm: float, kind: str = "gradient", *,
-                   unit: str = "record", local_steps: int = 1, local_lr: float = 0.1
-                   ) -> dict[str, Scalar]:
-    """A round's plan (its kind, the privacy unit of its parts, the clip norm, the local
-    steps of a client-level part and the sum's plan) as FitIns config entries (every
-    field is public)."""
+                   unit: str = "record", local_steps: int = 1, local_lr: float = 0.1,
+                   proximal_mu: float = 0.0) -> dict[str, Scalar]:
+    """A round's plan as FitIns config entries (every field is public).
+
+    Parameters
+    ----------
+    plan : SumPlan
+        The round sum's plan.
+    clip_norm : float
+        The clip norm of the parts (a moment round: the row clip).
+    kind : {"gradient", "moment"}
+        A gradient round, or a covariance method's setup sum.
+    unit : {"record", "client"}
+        The privacy unit of a gradient round's parts: clipped gradient sums, or
+        client-level clipped updates (gradient rounds only).
+    local_steps, local_lr, proximal_mu : int, float, float
+        A client-level part's non-private local steps, their step size and FedProx's
+        proximal coefficient ``mu`` (``0``: none; client-level parts only), as
+        :func:`~dpprecond.secagg.fl.local_work` gives them for the method. Written as
+        ``plan-local-steps``, ``plan-local-lr`` and ``plan-local-prox``.
+    """
     if kind not in PLAN_KINDS:
         raise ValueError(f"kind={kind!r}: expected one of {PLAN_KINDS}.")
     if unit not in PLAN_UNITS or (unit == "client" and kind != "gradient"):
         raise ValueError(f"unit={unit!r} with kind={kind!r}: expected one of {PLAN_UNITS} "
                          "('client' for gradient rounds only).")
+    mu = check_positive("proximal_mu", proximal_mu, allow_zero=True)
+    if mu and unit != "client":
+        raise ValueError(f"proximal_mu={proximal_mu!r} with unit={unit!r}: the proximal term "
+                         "belongs to a client-level part's local steps; pass unit='client' "
+                         "or proximal_mu=0.")
     return {"plan-kind": kind, "plan-unit": unit, "plan-local-steps": int(local_steps),
-            "plan-local-lr": float(local_lr), "plan-clip-norm": float(clip_norm),
-            "plan-dim": plan.dim,
+            "plan-local-lr": float(local_lr), "plan-local-prox": mu,
+            "plan-clip-norm": float(clip_norm), "plan-dim": plan.dim,
             "plan-sensitivity": plan.sensitivity, "plan-noise-multiplier": plan.noise_multiplier,
             "plan-n-rows": plan.n_rows, "plan-n-clients": plan.n_clients,
             "plan-min-clients": plan.min_clients, "plan-scale": plan.scale,
@@ -220,7 +253,8 @@ def quantization_range(config: dict[str, Scalar], plan: SumPlan) -> int:
 def plan_unit(config: dict[str, Scalar]) -> tuple[str, int, float]:
     """The privacy unit of a gradient round's parts and a client-level part's local steps
     and step size: ``(unit, local_steps, local_lr)`` (``("record", 1, 0.1)`` when absent:
-    a server of an earlier version asks for clipped gradient sums)."""
+    a server of an earlier version asks for clipped gradient sums). The proximal
+    coefficient: :func:`plan_local_prox`."""
     unit = str(config.get("plan-unit", "record"))
     if unit not in PLAN_UNITS:
         raise ValueError(f"The fit request's plan-unit={unit!r} is not one of {PLAN_UNITS}; "
@@ -228,6 +262,27 @@ def plan_unit(config: dict[str, Scalar]) -> tuple[str, int, float]:
     steps = check_int("plan-local-steps", config.get("plan-local-steps", 1), low=1)
     lr = check_positive("plan-local-lr", float(config.get("plan-local-lr", 0.1)))
     return unit, steps, lr
+
+
+def plan_local_prox(config: dict[str, Scalar]) -> float:
+    """FedProx's proximal coefficient ``mu`` of a client-level part's local steps
+    (``plan-local-prox``; ``0.0`` when absent: a server of an earlier version asks for no
+    proximal term).
+
+    Raises
+    ------
+    ValueError
+        A value that is not a finite number ``>= 0`` (a negative, NaN or infinite
+        coefficient, a string, a bool): the client refuses to answer.
+    """
+    mu = config.get("plan-local-prox", 0.0)
+    if isinstance(mu, bool) or not isinstance(mu, int | float) or not np.isfinite(mu) \
+            or mu < 0:
+        raise ValueError(f"The fit request's plan-local-prox={mu!r} is not a finite number "
+                         ">= 0 (FedProx's proximal coefficient mu of the local steps); the "
+                         "server must send the method's mu (0 for none); refusing to "
+                         "answer.")
+    return float(mu)
 
 
 def plan_from_config(config: dict[str, Scalar]) -> tuple[SumPlan, float]:
@@ -331,9 +386,15 @@ class SecAggDPClient(NumPyClient):
         if plan_kind(config) == "moment":
             return self._moment_message(plan, clip_norm)
         unit, local_steps, local_lr = plan_unit(config)
+        mu = plan_local_prox(config)
         if unit == "client":
             return self._update_message(parameters, config, plan, clip_norm, local_steps,
-                                        local_lr)
+                                        local_lr, mu)
+        if mu:
+            raise ValueError(f"The fit request's plan-local-prox={mu!r} asks for a proximal "
+                             "term in a record-level round (plan-unit='record'), whose parts "
+                             "are clipped gradient sums without local steps; refusing to "
+                             "answer.")
         if "plan-count-weight" in config:
             return self._counted_message(parameters, config, plan, clip_norm)
         own = part_sensitivity(self.model, clip_norm, self.X.shape[0], self.X.dtype)
@@ -395,14 +456,16 @@ class SecAggDPClient(NumPyClient):
         return self._send(client_message(part, plan, rng), plan)
 
     def _update_message(self, parameters: list[np.ndarray], config: dict[str, Scalar],
-                        plan: SumPlan, clip_norm: float, local_steps: int, local_lr: float
+                        plan: SumPlan, clip_norm: float, local_steps: int, local_lr: float,
+                        proximal_mu: float
                         ) -> tuple[list[np.ndarray], int, dict[str, Scalar]]:
         """A client-level round's message: the client's clipped update after
-        ``local_steps`` non-private local steps (:func:`~dpprecond.fl.client.
-        client_level_updates`), rounded and noised from its round stream, as
-        :func:`~dpprecond.secagg.fl.simulate_secure` with ``mechanism="client-level"``.
-        Its count coordinate is 1, not the client's size (under client-level DP the size
-        is the client's to hide)."""
+        ``local_steps`` non-private local steps at ``local_lr``, with FedProx's proximal
+        term ``proximal_mu`` (:func:`~dpprecond.fl.client.client_level_updates`), rounded
+        and noised from its round stream, as :func:`~dpprecond.secagg.fl.simulate_secure`
+        with ``mechanism="client-level"`` (the same function,
+        :func:`~dpprecond.secagg.fl.secure_message`). Its count coordinate is 1, not the
+        client's size (under client-level DP the size is the client's to hide)."""
         if plan.sensitivity < client_mod.client_level_sensitivity(clip_norm):
             raise ValueError(f"The plan's sensitivity {plan.sensitivity!r} is below 2 * "
                              f"plan-clip-norm ({2.0 * clip_norm!r}), the bound on one "
@@ -411,7 +474,7 @@ class SecAggDPClient(NumPyClient):
         params = np.asarray(parameters[0], dtype=np.float64)
         message = secure_message(self.model, params, self.X, self.y, clip_norm, plan, rng,
                                  client_level=True, local_steps=local_steps,
-                                 local_lr=local_lr)
+                                 local_lr=local_lr, proximal_mu=proximal_mu)
         return self._send(message, plan, count=1)
 
     def _moment_message(self, plan: SumPlan, row_clip: float
@@ -590,17 +653,15 @@ def check_num_shares(num_shares: Any, n_clients: int | None, *, name: str = "num
 
 
 def check_secagg_plus_method(method: Method, config: FLConfig
-                             ) -> GradientMethod | CovarianceMethod:
+                             ) -> GradientMethod | CovarianceMethod | LocalStepsMethod:
     """The method, if SecAgg+ runs it here: what
     :func:`~dpprecond.secagg.fl.check_secure_aggregation` accepts (the one-message
-    gradient methods, and the covariance methods with their setup sum as round 1) and at
+    gradient methods, the covariance methods with their setup sum as round 1, and the
+    client-level forms of ``fedavg`` and ``fedprox``; the record-level local-step methods
+    and client-level ``scaffold`` are refused there, with its reasons) and at
     ``precision="float64"`` (the clients' parts are computed from their float64 records,
     so a float32 simulation would not be the deployment's; ``ValueError`` naming it)."""
     checked = check_secure_aggregation(method, config, secure=False)
-    if not isinstance(checked, GradientMethod | CovarianceMethod):
-        raise ValueError(f"Flower's SecAgg+ workflow runs the one-message gradient methods "
-                         f"(fedgd, sofim*, adam, yogi) and the covariance methods (fedfc, "
-                         f"fednew); {checked.name!r} is neither.")
     if config.precision != "float64":
         raise ValueError(f"Flower's SecAgg+ clients compute their parts from their float64 "
                          f"records; precision={config.precision!r} would make the simulation's "
@@ -616,7 +677,10 @@ class SecAggDPStrategy(Strategy):
     It runs what :func:`~dpprecond.secagg.fl.simulate_secure` runs, with the same plans:
     the gradient methods (with adaptive clipping by default, each round's plan at its clip
     and the count in the sum, :mod:`dpprecond.secagg.adaptive`), the covariance methods
-    (the setup sum as round 1), and client-level DP (the clipped updates).
+    (the setup sum as round 1), and client-level DP (the clipped updates; of the gradient
+    methods, and of ``fedavg`` and ``fedprox`` with their own local steps, step size and
+    proximal ``mu``), each round's model step the simulator's
+    (:func:`~dpprecond.secagg.fl.server_half`).
 
     Parameters
     ----------
@@ -713,6 +777,9 @@ class SecAggDPStrategy(Strategy):
             self.noise_multiplier_ = secure_noise_multiplier(config)
             self.multipliers_ = {"z": self.noise_multiplier_}
         self.unit_ = "client" if is_client_level(config) else "record"
+        # a client-level part's local steps, step size and proximal mu (public), as the
+        # simulator reads them: the method's own for fedavg and fedprox, else the config's
+        self.local_work_ = local_work(self.method, config)
         if self.unit_ == "client":
             self.plan_ = client_level_plan(model, config.clip_norm, self.noise_multiplier_,
                                            n_clients=self.n_clients,
@@ -744,10 +811,11 @@ class SecAggDPStrategy(Strategy):
                                   dtype=np.float64)
         self.spec_ = RunSpec(config, dict(self.multipliers_), model, self.n_clients)
         self._state: Any = None
-        if isinstance(self.method, GradientMethod):  # the mean over records (or clients)
+        if not isinstance(self.method, CovarianceMethod):  # the simulator's server half
+            # on the mean over records (client-level: over clients)
             divisor = self.n_clients if self.unit_ == "client" else self.n_records
             noise_var = (self.plan_.noise_std(self.n_clients) / divisor) ** 2
-            self.transform = self.method.transform_for(noise_var)
+            self.transform = server_half(self.method, self.spec_, noise_var)
             self._state = self.transform.init(self._params)
         self.caller_ledger = ledger
         if ledger is not None:  # refuse the whole plan before any message
@@ -843,8 +911,7 @@ class SecAggDPStrategy(Strategy):
                                      **plan_to_config(
                                          plan, clip, kind,
                                          unit=self.unit_ if kind == "gradient" else "record",
-                                         local_steps=self.config.local_steps,
-                                         local_lr=self.config.local_lr)}
+                                         **self.local_work_)}
         fit = FitIns(ndarrays_to_parameters([self._params]), config)
         return [(c, fit) for c in clients]
 
