@@ -104,10 +104,13 @@ learns the number of summed clients, which it knows).
 Supported: the one-message gradient methods (``fedgd``, the SOFIM forms, ``adam``,
 ``yogi``) with the full-batch mechanism and size weighting, or with the client-level
 mechanism (uniform weighting, any ``local_steps``); the covariance methods (``fedfc``,
-``fednew``) with the full-batch mechanism and size weighting. The record-level local-step
-methods (``fedavg``, ``scaffold``, ``fedprox``: noise at every local step) and every other
-setting are refused with an error naming it; ``mechanism="client-level"`` with ``fedgd``
-and ``local_steps > 1`` is the client-level DP-FedAvg.
+``fednew``) with the full-batch mechanism and size weighting; the client-level forms of
+``fedavg`` and ``fedprox`` (their own local steps, FedProx's proximal term, DP-FedAvg's
+server step; :mod:`dpprecond.fl.methods.local`). The record-level local-step methods
+(``fedavg``, ``scaffold``, ``fedprox``: noise at every local step), client-level
+``scaffold`` and every other setting are refused with an error naming it;
+``mechanism="client-level"`` with ``fedgd`` and ``local_steps > 1`` is the client-level
+DP-FedAvg, the same release as client-level ``fedavg``.
 
 Adaptive clipping (``adaptive_clip="auto"``, the default, for the one-message gradient
 methods at the full-batch mechanism): each round's count is one more coordinate of the
