@@ -352,6 +352,16 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                         adaptive_clip=adaptive_clip,
                         **level).validated()
 
+    if secagg:  # what secure aggregation does not run, by name, before any calibration
+        from dpprecond.secagg.fl import check_secure_aggregation
+
+        try:
+            check_secure_aggregation(method, config_for({"noise_multiplier": 1.0}),
+                                     secure=secure)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (run_pipeline trains at the record level, mechanism="
+                             "'full-batch': here the local-step methods fedavg, scaffold "
+                             "and fedprox need trust='local')") from None
     if not private:
         config = config_for({"noise_multiplier": 0.0})
     elif secagg and kind == "pca":

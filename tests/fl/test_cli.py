@@ -174,8 +174,6 @@ def test_trust_secure_aggregation_runs_the_skellam_rounds(tmp_path,
     (["--algorithm", "fedavg"], ["--algorithm fedavg", "--mechanism client-level"]),
     (["--algorithm", "scaffold", "--mechanism", "client-level"],
      ["--mechanism client-level", "--algorithm scaffold", "no client-level form"]),
-    (["--algorithm", "fedprox", "--mechanism", "client-level", "--local-steps", "3"],
-     ["--local-steps 3", "--option local_steps=3"]),
 ])
 def test_trust_secure_aggregation_refuses_what_it_cannot_run(
         tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
@@ -191,6 +189,34 @@ def test_trust_secure_aggregation_refuses_what_it_cannot_run(
     err = capsys.readouterr().err
     for w in ["--trust secure-aggregation", *words]:
         assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("trust", ["local", "secure-aggregation"])
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--local-steps", "3"], ["--local-steps 3", "--option local_steps=3"]),
+    (["--local-lr", "0.7"], ["--local-lr 0.7", "--option local_lr=0.7"]),
+    (["--local-steps", "2", "--local-lr", "0.7"],
+     ["--local-steps 2 and --local-lr 0.7", "--option local_steps=2 --option local_lr=0.7"]),
+])
+def test_a_local_step_method_refuses_the_mechanism_local_step_flags(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        trust: str, extra: list[str], words: list[str]) -> None:
+    """fedavg / fedprox / scaffold set their own local steps and step size: the
+    mechanism's ``--local-steps`` / ``--local-lr`` are refused (never silently ignored),
+    with the ``--option`` that sets them, before any data is loaded, under either trust."""
+    from dpprecond.cli import main
+
+    def no_data(*a: object, **k: object) -> None:
+        raise AssertionError("the data was loaded before the refusal")
+
+    monkeypatch.setattr(cli_fl, "load_fl_data", no_data)
+    for algorithm in ("fedprox", "fedavg"):
+        assert main(["fl", "--data", "digits", "--rounds", "2", "--trust", trust,
+                     "--mechanism", "client-level", "--algorithm", algorithm,
+                     "--out", str(tmp_path / "o"), *extra]) == 2
+        err = capsys.readouterr().err
+        for w in [f"--algorithm {algorithm} sets its own", *words]:
+            assert w in err, (w, err)
 
 
 def test_trust_secure_aggregation_runs_client_level_dp_fedavg(

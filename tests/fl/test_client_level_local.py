@@ -61,13 +61,14 @@ def _fedprox(mu: float = MU):  # type: ignore[no-untyped-def]
     return make_method("fedprox", local_steps=L, local_lr=ETA, mu=mu)
 
 
+@pytest.mark.parametrize("mu", [MU, 1e8, 1e300])
 @pytest.mark.parametrize("magnitude", [1.0, 1e8, 1e300])
 def test_a_replaced_client_moves_only_its_proximal_part_by_at_most_2c(
-        magnitude: float) -> None:
+        magnitude: float, mu: float) -> None:
     """Client 1's records replaced by their negations at ``magnitude``, FedProx's local
-    steps (``mu = 0.5``) from a nonzero model: only its part moves, by at most ``2C`` as
-    computed, every part is finite with norm at most ``C``, and no warning is raised (an
-    overflow at 1e300 counts as a zero update, a function of that client's data)."""
+    steps (``mu`` from 0.5 to 1e300) from a nonzero model: only its part moves, by at most
+    ``2C`` as computed, every part is finite with norm at most ``C``, and no warning is
+    raised (an overflow counts as a zero update, a function of that client's data)."""
     X, y = _data()
     X2 = X.copy()
     X[7:19] *= magnitude / np.linalg.norm(X[7:19], axis=1, keepdims=True)
@@ -77,14 +78,14 @@ def test_a_replaced_client_moves_only_its_proximal_part_by_at_most_2c(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         P = client_level_updates(model, params, X, y, BOUNDS, C, local_steps=L,
-                                 local_lr=ETA, proximal_mu=MU)
+                                 local_lr=ETA, proximal_mu=mu)
         Q = client_level_updates(model, params, X2, y, BOUNDS, C, local_steps=L,
-                                 local_lr=ETA, proximal_mu=MU)
+                                 local_lr=ETA, proximal_mu=mu)
     assert np.isfinite(P).all() and np.isfinite(Q).all()
     assert np.all(np.linalg.norm(P, axis=1) <= C) and np.all(np.linalg.norm(Q, axis=1) <= C)
     assert np.array_equal(P[[0, 2, 3]], Q[[0, 2, 3]])
     assert float(np.linalg.norm(P[1] - Q[1])) <= 2 * C
-    if magnitude == 1e8:  # a clipped update in both: the move is large, not zero
+    if magnitude == 1e8 and mu == MU:  # a clipped update in both: a large move, not zero
         assert float(np.linalg.norm(P[1] - Q[1])) > C
 
 
@@ -227,10 +228,19 @@ def test_what_has_no_client_level_form_is_refused_by_name() -> None:
             fn = simulate if trust == "local" else simulate_secure
             fn(model, data, make_method("scaffold"), _config(trust=trust), X_test=Xt,
                y_test=yt, seed=0)
-        with pytest.raises(ValueError, match=r"config\.local_steps=2.*method's local_steps"):
+        with pytest.raises(ValueError, match=r"config\.local_steps=2.*make_method\('fedavg', "
+                                             r"local_steps=2\)"):
             fn = simulate if trust == "local" else simulate_secure
             fn(model, data, make_method("fedavg"), _config(trust=trust, local_steps=2),
                X_test=Xt, y_test=yt, seed=0)
+        for mechanism in ("client-level", "full-batch"):  # never silently ignored
+            extra = {} if mechanism == "client-level" else {"weighting": "size"}
+            with pytest.raises(ValueError, match=r"config\.local_lr=0\.7.*make_method\("
+                                                 r"'fedprox', local_lr=0\.7\)"):
+                simulate(model, data, make_method("fedprox"),  # full-batch: record-level,
+                         _config(trust=trust if mechanism == "client-level" else "local",
+                                 local_lr=0.7, mechanism=mechanism, **extra),
+                         X_test=Xt, y_test=yt, seed=0)  # which secure aggregation refuses
     with pytest.raises(ValueError, match="control_variates has no client-level form"):
         LocalStepsTask(C, 1.0, control_variates=True, mechanism="client-level").validated()
     with pytest.raises(ValueError, match="mechanism"):

@@ -239,6 +239,10 @@ def test_pipeline_secure_aggregation_refusals(digits) -> None:
     with pytest.raises(ValueError,
                        match="'scaffold' with mechanism='full-batch' sends other releases"):
         _pipeline(digits, algorithm="scaffold")
+    for algorithm in ("fedavg", "fedprox"):  # named before any calibration, pipeline's fix
+        with pytest.raises(ValueError, match=rf"'{algorithm}' with mechanism='full-batch' "
+                                             r"sends other releases.*need trust='local'"):
+            _pipeline(digits, algorithm=algorithm)
 
 
 def test_pipeline_pixels_under_secure_aggregation_spends_the_whole_target(digits) -> None:

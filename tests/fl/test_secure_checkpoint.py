@@ -130,17 +130,79 @@ def test_a_stopped_covariance_run_resumes_without_a_second_setup_sum(
     assert setups == [1] and fresh.epsilon == reference.epsilon
 
 
-def test_secure_mode_resumes_with_fresh_noise(tmp_path: Path) -> None:
-    """Secure mode's shares come from the OS CSPRNG: a resumed run continues (its first
-    rounds' model and events kept), with noise nobody can regenerate."""
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+@pytest.mark.parametrize("method", ["sofim-lagged", "fedfc"])
+def test_secure_mode_resumes_with_fresh_noise_and_charges_the_lost_rounds_again(
+        tmp_path: Path, trust: str, method: str) -> None:
+    """Secure mode's noise comes from the OS CSPRNG: a resumed run continues (its first
+    rounds' model and events kept), with noise nobody can regenerate, so the rounds the
+    stopped run may have released after its last checkpoint are released twice. Their
+    events are charged again: the checkpoint records ``pending = min(every, T - round)``
+    and the resumed run's events (and the caller's ledger) hold them once more."""
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run(method, config, seed=None, ckpt=ckpt, stop=True, secure=True)
+    saved = load_checkpoint(ckpt)
+    done = saved["round"]
+    assert saved["pending"] == min(EVERY, ROUNDS - done) == EVERY
+    ledger = PrivacyLedger(1e-5, accountant="rdp" if trust != "local" else "pld")
+    resumed = _run(method, config, seed=None, ckpt=ckpt, secure=True, ledger=ledger)
+    assert _strip(resumed.history[:done]) == _strip(saved["history"])
+    plain = _run(method, config, seed=None, secure=True)  # an uninterrupted secure run
+    # what the events are per round (one sum; local trust with adaptive clipping: the
+    # count and the message), from the plain run
+    setup = len(plain.events) - ROUNDS * (len(plain.events) // ROUNDS)
+    per_round = (len(plain.events) - setup) // ROUNDS
+    assert len(resumed.events) == len(plain.events) + EVERY * per_round
+    assert resumed.events[:len(saved["events"])] == saved["events"]
+    assert ledger.events == resumed.events
+    assert resumed.epsilon > plain.epsilon  # the target, exceeded by the lost rounds
+    assert len(resumed.history) == ROUNDS and not ckpt.exists()
+
+
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+def test_a_run_that_is_not_secure_records_no_pending_rounds(tmp_path: Path,
+                                                             trust: str) -> None:
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run("sofim-lagged", config, seed=None, ckpt=ckpt, stop=True)
+    assert load_checkpoint(ckpt)["pending"] == 0
+
+
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+def test_secure_and_seeded_checkpoints_never_resume_each_other(tmp_path: Path,
+                                                               trust: str) -> None:
+    """A seeded run's noise can be regenerated from the seed in its checkpoint: a secure
+    run refuses to continue it (and a seeded or unseeded plain run refuses a secure
+    run's checkpoint), by the fingerprint."""
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)
+    seeded, secure = tmp_path / "seeded.npz", tmp_path / "secure.npz"
+    with pytest.raises(Stop):
+        _run("fedfc", config, seed=5, ckpt=seeded, stop=True)
+    with pytest.raises(ValueError, match="belongs to another run"):
+        _run("fedfc", config, seed=None, ckpt=seeded, secure=True)
+    with pytest.raises(Stop):
+        _run("fedfc", config, seed=None, ckpt=secure, stop=True, secure=True)
+    with pytest.raises(ValueError, match="belongs to another run"):
+        _run("fedfc", config, seed=None, ckpt=secure)
+    assert seeded.exists() and secure.exists()  # a refusal deletes nothing
+
+
+def test_a_malformed_pending_count_is_refused(tmp_path: Path) -> None:
+    from dpprecond.fl.checkpoint import save_checkpoint
+
     config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust="secure-aggregation")
     ckpt = tmp_path / "run.ckpt.npz"
     with pytest.raises(Stop):
         _run("sofim-lagged", config, seed=None, ckpt=ckpt, stop=True, secure=True)
-    saved = load_checkpoint(ckpt)
-    resumed = _run("sofim-lagged", config, seed=None, ckpt=ckpt, secure=True)
-    assert _strip(resumed.history[:saved["round"]]) == _strip(saved["history"])
-    assert len(resumed.events) == ROUNDS and not ckpt.exists()
+    good = load_checkpoint(ckpt)
+    for bad in (-1, True, 1.5):
+        payload = {**good, "pending": bad}
+        save_checkpoint(ckpt, payload)
+        with pytest.raises(ValueError, match="'pending' must be an integer >= 0"):
+            load_checkpoint(ckpt)
 
 
 def test_the_secure_sums_events_round_trip_and_malformed_ones_are_refused() -> None:

@@ -186,11 +186,22 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any]) -> None:
-    """``--lr`` and ``--option NAME=VALUE`` against the method's own options, with the fix."""
+def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any], *,
+                        local_steps: int = 1, local_lr: float = 0.1) -> None:
+    """``--lr``, ``--local-steps``, ``--local-lr`` and ``--option NAME=VALUE`` against the
+    method's own options, with the fix."""
     from dpprecond.fl.methods import method_options
 
     valid = method_options(algorithm)
+    own = [(flag, name, value) for flag, name, value, default in (
+        ("--local-steps", "local_steps", local_steps, 1),
+        ("--local-lr", "local_lr", local_lr, 0.1)) if name in valid and value != default]
+    if own:  # the local-step methods: their own options, not the mechanism's flags
+        flags = " and ".join(f"{flag} {value:g}" for flag, _, value in own)
+        fix = " ".join(f"--option {name}={value:g}" for _, name, value in own)
+        raise ValueError(f"--algorithm {algorithm} sets its own local steps and step size; "
+                         f"got {flags}, which only the one-message gradient methods read. "
+                         f"Drop them and pass {fix}.")
     if lr is not None and "learning_rate" not in valid:
         steps = " / ".join(f"--option {k}={valid[k].default:g}" for k in ("local_lr",
                            "global_lr") if k in valid)
@@ -235,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
     check_target_delta("--delta", args.delta)
     level = privacy_level(args.epsilon, args.noise_multiplier)
     trust: Literal["local", "secure-aggregation"] = args.trust or "local"
+    options = dict(args.option)
+    _check_method_flags(args.algorithm, args.lr, options, local_steps=args.local_steps,
+                        local_lr=args.local_lr)
     if trust == "secure-aggregation":
         _check_secure_flags(args, level)
     weighting: Literal["uniform", "size"] | None = args.weighting  # None: FLConfig's default
@@ -249,8 +263,6 @@ def run(args: argparse.Namespace) -> int:
                       sampling_rate=args.sampling_rate, local_steps=args.local_steps,
                       local_lr=args.local_lr, weighting=weighting, trust=trust,
                       accountant=args.accountant).validated()
-    options = dict(args.option)
-    _check_method_flags(args.algorithm, args.lr, options)
     make_method(args.algorithm, args.lr, **options)  # refuse bad options before loading
     from dpprecond.cli.options import check_row_norm
 
@@ -419,12 +431,6 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
                              f"--algorithm {args.algorithm} has no client-level form (its "
                              "server control variate would drift by the sum of every "
                              "round's noise; docs/fl.md). Use --algorithm fedavg or fedprox.")
-        if args.local_steps != 1:
-            raise ValueError(f"{why} with --mechanism client-level: --algorithm "
-                             f"{args.algorithm} sets its own local steps; got "
-                             f"--local-steps {args.local_steps}, which only the one-message "
-                             "gradient methods read. Drop it and pass --option "
-                             f"local_steps={args.local_steps}.")
     elif not isinstance(method, (GradientMethod, CovarianceMethod)):
         raise ValueError(f"{why} runs the one-message gradient methods (fedgd, sofim*, adam, "
                          f"yogi), the covariance methods (fedfc, fednew) and, with "
@@ -432,7 +438,8 @@ def _check_secure_flags(args: argparse.Namespace, level: dict[str, Any]) -> None
                          f"{args.algorithm} --mechanism {args.mechanism} sends other releases "
                          "(record-level local steps, each on the client's own noisy gradient "
                          "before any sum). Choose one of them, use --trust local, or add "
-                         "--mechanism client-level (fedavg, fedprox).")
+                         "--mechanism client-level (fedavg, fedprox; not with --features "
+                         "pca:K, whose private PCA is record-level).")
     if args.adaptive_clip and (client_level or not isinstance(method, GradientMethod)
                                or getattr(method, "noise_aware", None) is not None):
         raise ValueError(f"--adaptive-clip with {why} runs with the one-message gradient "

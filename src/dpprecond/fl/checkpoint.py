@@ -25,6 +25,17 @@ where the data is kept.
 
 The file is written to a temporary name, flushed to disk and renamed over the target, so
 a crash leaves either the previous checkpoint or the new one, never a torn file.
+
+**Secure mode** (noise from the OS CSPRNG, which no seed regenerates). A process that
+crashes after its last checkpoint may already have released the rounds after it; the
+resumed run releases those rounds again, with fresh noise, so they are two releases. A
+secure run's checkpoint therefore records ``pending``, the rounds the process may release
+before its next checkpoint (``min(every, T - round)``), and the resumed run charges their
+events once more, before it releases anything (conservative: the crash may have come
+before some of them): its epsilon is above the target by at most those rounds. A run
+that is not secure re-releases identical sums (its streams come from the checkpoint's
+root seed), which costs nothing, and records ``pending = 0``. The fingerprint of a secure
+run differs from the same run's without secure mode, so neither resumes the other.
 """
 
 from __future__ import annotations
@@ -43,8 +54,8 @@ from dp_accounting import dp_event
 from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond.accounting import event_from_dict, event_to_dict
 
-__all__ = ["STATE_CLASSES", "fingerprint_of", "load_checkpoint", "open_checkpoint",
-           "save_checkpoint", "write_checkpoint"]
+__all__ = ["STATE_CLASSES", "fingerprint_of", "load_checkpoint", "lost_rounds",
+           "open_checkpoint", "pending_rounds", "save_checkpoint", "write_checkpoint"]
 
 #: Version 2 names state classes by their allowlisted name; version 1 files (module:name)
 #: are still read through the same allowlist.
@@ -153,6 +164,10 @@ def _check_payload(payload: Any) -> dict[str, Any]:
                              f"{type(payload[key]).__name__}")
     if "state" not in payload:
         raise ValueError("the run state has no 'state'")
+    pending = payload.get("pending", 0)  # absent in files of earlier versions: 0
+    if not isinstance(pending, int) or isinstance(pending, bool) or pending < 0:
+        raise ValueError(f"'pending' must be an integer >= 0, got {pending!r}")
+    payload["pending"] = pending
     return payload
 
 
@@ -248,10 +263,25 @@ def open_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence, 
 
 def write_checkpoint(path: Path, fingerprint: str, root: np.random.SeedSequence,
                      done: int, params: np.ndarray, state: Any,
-                     history: list[dict[str, float]], events: list[dp_event.DpEvent]) -> None:
+                     history: list[dict[str, float]], events: list[dp_event.DpEvent],
+                     pending: int = 0) -> None:
     """Write a run's state after ``done`` rounds (:func:`save_checkpoint`: atomically, the
-    root seed included)."""
+    root seed included); ``pending``: the rounds a secure run may release before its next
+    checkpoint (module docstring; 0 for a run that is not secure)."""
     save_checkpoint(path, {
         "fingerprint": fingerprint, "entropy": root.entropy,
         "spawn_key": list(root.spawn_key), "round": done, "params": params, "state": state,
-        "history": history, "events": events})
+        "history": history, "events": events, "pending": int(pending)})
+
+
+def pending_rounds(secure: bool, every: int, done: int, n_rounds: int) -> int:
+    """The rounds a run may release after a checkpoint at round ``done`` before its next
+    one: ``min(every, n_rounds - done)`` in secure mode, else 0 (module docstring)."""
+    return min(every, n_rounds - done) if secure else 0
+
+
+def lost_rounds(resume: dict[str, Any], secure: bool) -> int:
+    """The rounds a resumed run charges again: the checkpoint's ``pending`` in secure mode
+    (those rounds may have been released by the crashed process and are released again
+    with fresh noise), else 0."""
+    return int(resume.get("pending", 0)) if secure else 0

@@ -119,8 +119,9 @@ class FLConfig:
         warning).
     mechanism : {"full-batch", "poisson", "client-level"}
         The client mechanism of the gradient methods (see :mod:`dpprecond.fl.accounting`);
-        DP-FedAvg, DP-SCAFFOLD, DP-FedFC and DP-FedNew define their own releases on top of
-        the full-batch mechanism and need ``"full-batch"``.
+        DP-FedAvg, DP-SCAFFOLD, DP-FedProx, DP-FedFC and DP-FedNew define their own releases
+        on top of the full-batch mechanism; DP-FedAvg and DP-FedProx also have a
+        client-level form (``"client-level"``, :mod:`dpprecond.fl.methods.local`).
     sampling_rate, local_steps, local_lr
         Poisson rate and local steps (``"poisson"``; local steps also for client-level).
     weighting : {"size", "uniform"} or None

@@ -59,7 +59,13 @@ from dpprecond.fl.adaptive_clip import (
     resolve_adaptive_clip,
     with_adaptive_clip,
 )
-from dpprecond.fl.checkpoint import fingerprint_of, open_checkpoint, write_checkpoint
+from dpprecond.fl.checkpoint import (
+    fingerprint_of,
+    lost_rounds,
+    open_checkpoint,
+    pending_rounds,
+    write_checkpoint,
+)
 from dpprecond.fl.client import kernel_rows, round_generators
 from dpprecond.fl.config import MAX_NOISE_STD, FLConfig
 from dpprecond.fl.data import ClientData
@@ -158,7 +164,10 @@ def simulate(model: FLModel, data: ClientData,
     secure : bool
         Secure mode (:mod:`dpprecond.secure`): every noise draw and Poisson mask from the
         OS CSPRNG, every release snapped to a public grid; ``seed`` must be ``None``. The
-        run is not reproducible (a resumed checkpoint continues with fresh noise).
+        run is not reproducible: a resumed checkpoint continues with fresh noise, and
+        charges again the rounds the stopped run may have released after its last
+        checkpoint (:mod:`dpprecond.fl.checkpoint`), so its epsilon exceeds the target
+        by at most ``checkpoint_every`` rounds.
 
     Returns
     -------
@@ -206,7 +215,8 @@ def simulate(model: FLModel, data: ClientData,
     fingerprint = ""
     if checkpoint is not None:
         checkpoint = Path(checkpoint)
-        fingerprint = fingerprint_of(method, config, data, model, X_test, y_test)
+        fingerprint = fingerprint_of(method, config, data, model, X_test, y_test,
+                                     extra={"secure": True} if secure else None)
         resume, root = open_checkpoint(checkpoint, fingerprint, root, seeded=seed is not None,
                                        n_rounds=config.n_rounds, model=model)
     init_seq, noise_root, setup_root = root.spawn(3)
@@ -250,6 +260,15 @@ def simulate(model: FLModel, data: ClientData,
         params, state, history = resume["params"], resume["state"], resume["history"]
         first = int(resume["round"])
         release([(event, 1) for event in resume["events"]])
+        lost = lost_rounds(resume, secure)
+        if lost:  # released by the crashed process, released again now: charged twice
+            per_round = [*(clipping.count_releases(spec) if clipping is not None else []),
+                         *round_releases]
+            for _ in range(lost):
+                release(per_round)
+            logger.warning("Secure mode resumes %s from %s at round %d: the %d rounds after "
+                           "it may have been released by the stopped run, and are charged "
+                           "again (fresh noise).", method.name, checkpoint, first, lost)
         logger.info("Resuming %s from %s at round %d.", method.name, checkpoint, first)
     logger.info("FL run %s: K=%d, T=%d, noise %s, mechanism=%s", method.name,
                 data.n_clients, config.n_rounds, multipliers, config.mechanism)
@@ -295,7 +314,8 @@ def simulate(model: FLModel, data: ClientData,
             if checkpoint is not None and (t + 1) % checkpoint_every == 0 \
                     and t + 1 < config.n_rounds:
                 write_checkpoint(checkpoint, fingerprint, root, t + 1, params, state, history,
-                                 events)
+                                 events, pending_rounds(secure, checkpoint_every, t + 1,
+                                                        config.n_rounds))
     if checkpoint is not None:
         checkpoint.unlink(missing_ok=True)  # the seed must not outlive the run
     check_history(history, method.name)  # every method warns when its test loss climbed

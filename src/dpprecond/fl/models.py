@@ -88,11 +88,13 @@ def block_products(X: np.ndarray, R: np.ndarray, bounds: np.ndarray) -> np.ndarr
     """
     n_blocks = len(bounds) - 1
     out = np.zeros((n_blocks, X.shape[1], R.shape[1]), dtype=np.result_type(X, R))
+    caller = np.geterr()  # the caller's np.errstate, which pool threads do not inherit
 
     def one(i: int) -> None:
         lo, hi = bounds[i], bounds[i + 1]
         if hi > lo:
-            np.matmul(X[lo:hi].T, R[lo:hi], out=out[i])
+            with np.errstate(**caller):
+                np.matmul(X[lo:hi].T, R[lo:hi], out=out[i])
 
     n_threads = min(os.cpu_count() or 1, n_blocks)
     if n_threads <= 1:

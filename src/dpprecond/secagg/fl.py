@@ -124,7 +124,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -580,7 +580,9 @@ def simulate_secure(model: FLModel, data: ClientData,
         ``setup`` (the same keys, second-moment units); its ``events`` are the setup
         sum's then the ``T`` rounds'.
     """
-    config = config.validated()
+    # it runs secure aggregation whatever config.trust says, and its records say so
+    config = replace(config, trust="secure-aggregation").validated()
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
     gm = check_secure_aggregation(as_method(method), config, secure)
     X_test = check_array("X_test", X_test)
     y_test = check_labels("y_test", y_test, data.n_classes, n_rows=X_test.shape[0])
@@ -609,7 +611,7 @@ def simulate_secure(model: FLModel, data: ClientData,
         if checkpoint is None:
             return None
         return Resume.open(Path(checkpoint), gm, config, data, model, X_test, y_test, root,
-                           seeded=seed is not None, every=checkpoint_every,
+                           seeded=seed is not None, every=checkpoint_every, secure=secure,
                            extra={"min_clients": k_min, "max_client_rows": rows})
 
     if isinstance(gm, CovarianceMethod):
@@ -644,8 +646,7 @@ def simulate_secure(model: FLModel, data: ClientData,
                 gm.name, K, config.n_rounds, z, plan.bits, wrap)
     if resume is not None and resume.state is not None:  # the rounds done, recorded again
         params, state = resume.state["params"], resume.restore(resume.state["state"], clip)
-        for event in resume.state["events"]:
-            spend(event)
+        resume.charge(spend, release)
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
         state, step, spend,
@@ -666,23 +667,42 @@ class Resume:
     transform's state, the adaptive clip's {"clip", "norms"} or None)``."""
 
     def __init__(self, path: Path, fingerprint: str, root: np.random.SeedSequence,
-                 state: dict[str, Any] | None, every: int) -> None:
+                 state: dict[str, Any] | None, every: int, secure: bool = False) -> None:
         self.path, self.fingerprint, self.root = path, fingerprint, root
-        self.state, self.every = state, every
+        self.state, self.every, self.secure = state, every, secure
 
     @classmethod
     def open(cls, path: Path, method: Method, config: FLConfig, data: ClientData,
              model: FLModel, X_test: np.ndarray, y_test: np.ndarray,
              root: np.random.SeedSequence, *, seeded: bool, every: int,
-             extra: dict[str, Any]) -> Resume:
+             extra: dict[str, Any], secure: bool = False) -> Resume:
         from dpprecond.fl.checkpoint import fingerprint_of, open_checkpoint
 
         every = check_int("checkpoint_every", every, low=1)
+        if secure:  # a secure run's checkpoint and a seeded run's never resume each other
+            extra = {**extra, "secure": True}
         fingerprint = fingerprint_of(method, config, data, model, X_test, y_test,
                                      extra=extra)
         state, root = open_checkpoint(path, fingerprint, root, seeded=seeded,
                                       n_rounds=config.n_rounds, model=model)
-        return cls(path, fingerprint, root, state, every)
+        return cls(path, fingerprint, root, state, every, secure)
+
+    def charge(self, spend: _Spend, release: dp_event.DpEvent) -> None:
+        """Record the checkpoint's events again; in secure mode also the ``pending``
+        rounds the stopped run may have released after it (one ``release`` each), which
+        the resumed run releases again with fresh noise (:mod:`dpprecond.fl.checkpoint`)."""
+        from dpprecond.fl.checkpoint import lost_rounds
+
+        assert self.state is not None
+        for event in self.state["events"]:
+            spend(event)
+        lost = lost_rounds(self.state, self.secure)
+        if lost:
+            logger.warning("Secure mode resumes from %s at round %d: the %d rounds after it "
+                           "may have been released by the stopped run, and are charged "
+                           "again (fresh noise).", self.path, self.state["round"], lost)
+        for _ in range(lost):
+            spend(release)
 
     def restore(self, saved: Any, clip: SecureClip | None) -> Any:
         """The transform's state; the clip's target and history set from the checkpoint."""
@@ -704,14 +724,15 @@ class Resume:
              history: list[dict[str, float]], events: list[dp_event.DpEvent],
              clip: SecureClip | None) -> None:
         """Write the state after ``done`` rounds, every ``every`` rounds before the last."""
-        from dpprecond.fl.checkpoint import write_checkpoint
+        from dpprecond.fl.checkpoint import pending_rounds, write_checkpoint
 
         if done % self.every or done >= n_rounds:
             return
         kept = None if clip is None else {"clip": float(clip.clip),
                                           "norms": [float(v) for v in clip.norms]}
         write_checkpoint(self.path, self.fingerprint, self.root, done, params,
-                         (state, kept), history, events)
+                         (state, kept), history, events,
+                         pending_rounds(self.secure, self.every, done, n_rounds))
 
     def done(self) -> None:
         """The run completed: the checkpoint (it holds the seed) is deleted."""
@@ -925,8 +946,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     one, sizes = [0], np.array([n_records])
     if resume is not None and resume.state is not None:  # the setup and rounds done
         params, state = resume.state["params"], resume.restore(resume.state["state"], None)
-        for event in resume.state["events"]:
-            spend(event)
+        resume.charge(spend, release)
     else:
         spend(setup_release)
         S = secure_moment_sum(data.X, data.bounds, method.feature_clip(n_features),

@@ -62,6 +62,10 @@ from dpprecond.fl.tasks import LocalStepsTask
 __all__ = ["LocalStepsMethod", "fedavg", "scaffold"]
 
 
+#: ``FLConfig.local_lr``'s default: the value a local-step method needs it to keep.
+_CONFIG_LOCAL_LR: float = FLConfig().local_lr
+
+
 class LocalStepsMethod(Method):
     """Noisy local steps per round (module docstring): DP-FedAvg, or DP-SCAFFOLD with
     ``control_variates=True``; ``name`` labels the results.
@@ -86,8 +90,11 @@ class LocalStepsMethod(Method):
         self.server = server_mod.scaffold_server(self.global_lr, self.control_variates)
 
     def describe(self) -> dict[str, Any]:
-        return {"method": self.name, "local_steps": self.local_steps,
-                "local_lr": self.local_lr, "global_lr": self.global_lr}
+        facts = {"method": self.name, "local_steps": self.local_steps,
+                 "local_lr": self.local_lr, "global_lr": self.global_lr}
+        if self.proximal_mu:  # FedProx's term (its class records it as "mu" too)
+            facts["mu"] = self.proximal_mu
+        return facts
 
     def check(self, config: FLConfig, model: FLModel) -> None:
         self.check_mechanism(config)
@@ -96,6 +103,12 @@ class LocalStepsMethod(Method):
         """Refuse a mechanism the method has no form for (``ValueError`` naming it): the
         record-level local steps run at ``"full-batch"``, the client-level form (module
         docstring) at ``"client-level"`` without control variates."""
+        if config.mechanism not in ("full-batch", "client-level"):
+            raise ValueError(f"{self.name} defines its own releases: noisy full-batch local "
+                             f"steps (mechanism='full-batch', record-level) or its "
+                             f"client-level form (mechanism='client-level'); got mechanism="
+                             f"{config.mechanism!r}. Use one of those and set the method's "
+                             "own options.")
         if config.mechanism == "client-level":
             if self.control_variates:
                 raise ValueError(
@@ -106,18 +119,20 @@ class LocalStepsMethod(Method):
                     "or fedprox with mechanism='client-level', or scaffold with "
                     "mechanism='full-batch' (record-level).")
             if config.local_steps != 1:
-                raise ValueError(f"{self.name} sets its own local steps (local_steps="
-                                 f"{self.local_steps} of the method); got config.local_steps="
+                raise ValueError(f"{self.name} sets its own local steps ({self.local_steps}, "
+                                 f"the method's option); got config.local_steps="
                                  f"{config.local_steps}, which only the one-message gradient "
-                                 "methods read. Leave config.local_steps at 1 and set the "
-                                 "method's local_steps.")
-            return
-        if config.mechanism != "full-batch":
-            raise ValueError(f"{self.name} defines its own releases: noisy full-batch local "
-                             f"steps (mechanism='full-batch', record-level) or its "
-                             f"client-level form (mechanism='client-level'); got mechanism="
-                             f"{config.mechanism!r}. Use one of those and set the method's "
-                             "own options.")
+                                 "methods read. Leave config.local_steps at 1 and pass the "
+                                 f"steps to the method (make_method({self.name!r}, "
+                                 f"local_steps={config.local_steps}); CLI: --option "
+                                 f"local_steps={config.local_steps}).")
+        if config.local_lr != _CONFIG_LOCAL_LR:
+            raise ValueError(f"{self.name} sets its own local step size ({self.local_lr:g}, "
+                             f"the method's option); got config.local_lr={config.local_lr!r}, "
+                             "which only the one-message gradient methods read. Leave "
+                             f"config.local_lr at {_CONFIG_LOCAL_LR:g} and pass the step size "
+                             f"to the method (make_method({self.name!r}, local_lr="
+                             f"{config.local_lr!r}); CLI: --option local_lr={config.local_lr!r}).")
 
     def schedule(self, config: FLConfig) -> Schedule:
         if config.mechanism == "client-level":  # one clipped-update sum per round
