@@ -249,3 +249,13 @@ def test_what_has_no_client_level_form_is_refused_by_name() -> None:
         simulate(model, data, make_method("fedavg"),
                  _config(mechanism="poisson", sampling_rate=0.5, weighting="size"),
                  X_test=Xt, y_test=yt, seed=0)
+
+
+def test_step_sizes_whose_product_overflows_are_refused_by_name() -> None:
+    """The client-level server step is ``global_lr * L * local_lr``: a product that
+    overflows would make the model non-finite, so it is refused when the method is built."""
+    with pytest.raises(ValueError, match=r"global_lr \* local_steps \* local_lr overflows"):
+        make_method("fedprox", local_steps=3, local_lr=1e308)
+    with pytest.raises(ValueError, match="overflows"):
+        make_method("fedavg", global_lr=1e200, local_lr=1e200)
+    make_method("fedavg", local_lr=1e300)  # finite: allowed (the user's choice)

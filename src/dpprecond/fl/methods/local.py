@@ -93,6 +93,12 @@ class LocalStepsMethod(Method):
         self.global_lr = check_positive("global_lr", global_lr)
         self.control_variates = control_variates
         self.proximal_mu = check_positive("mu", proximal_mu, allow_zero=True)
+        step = self.global_lr * self.local_steps * self.local_lr  # the client-level step
+        if not np.isfinite(step):
+            raise ValueError(f"global_lr * local_steps * local_lr overflows ({self.global_lr!r} "
+                             f"* {self.local_steps} * {self.local_lr!r}): the server step "
+                             "would make the model non-finite; use step sizes whose product "
+                             "is finite (the defaults: 1.0, 5, 0.1).")
         self.server = server_mod.scaffold_server(self.global_lr, self.control_variates)
 
     def describe(self) -> dict[str, Any]:
