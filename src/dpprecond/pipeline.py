@@ -353,15 +353,17 @@ def run_pipeline(X_train: Any, y_train: Any, X_test: Any, y_test: Any, n_classes
                         **level).validated()
 
     if secagg:  # what secure aggregation does not run, by name, before any calibration
+        from dpprecond.fl.methods import LocalStepsMethod
         from dpprecond.secagg.fl import check_secure_aggregation
 
-        try:
-            check_secure_aggregation(method, config_for({"noise_multiplier": 1.0}),
-                                     secure=secure)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (run_pipeline trains at the record level, mechanism="
-                             "'full-batch': here the local-step methods fedavg, scaffold "
-                             "and fedprox need trust='local')") from None
+        if isinstance(method, LocalStepsMethod):  # run_pipeline has no client level
+            raise ValueError(f"run_pipeline with trust='secure-aggregation' trains at the "
+                             f"record level (mechanism='full-batch'), where {method.name!r} "
+                             "cannot run on secure sums (each local step uses the client's "
+                             "own noisy gradient before any sum). Use trust='local', or a "
+                             "gradient or covariance method (fedgd, sofim*, adam, yogi, "
+                             "fedfc, fednew).")
+        check_secure_aggregation(method, config_for({"noise_multiplier": 1.0}), secure=secure)
     if not private:
         config = config_for({"noise_multiplier": 0.0})
     elif secagg and kind == "pca":

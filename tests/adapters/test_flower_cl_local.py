@@ -191,8 +191,11 @@ def test_the_run_config_runs_client_level_local_steps_on_secure_aggregation(
     with pytest.raises(RunConfigError, match=rf"{name!r} with mechanism='full-batch'"):
         check_run_config({**rc, "trust": "secure-aggregation", "mechanism": "full-batch",
                           "weighting": "size", "adaptive-clip": False})
-    with pytest.raises(RunConfigError, match=r"Leave config\.local_steps at 1"):
-        check_run_config({**rc, "trust": "secure-aggregation", "local-steps": 2})
+    for key, value in (("local-steps", 2), ("local-lr", 0.05)):  # the app's keys named
+        with pytest.raises(RunConfigError, match=rf"Run config {key} = {value!r}: algorithm "
+                                                 rf"{name!r} sets its own.*set method-options"
+                                                 rf"\.{key} = {value!r}"):
+            check_run_config({**rc, "trust": "secure-aggregation", key: value})
 
 
 def test_a_run_config_builds_the_fedprox_strategy_with_its_local_work() -> None:

@@ -162,6 +162,54 @@ def test_secure_mode_resumes_with_fresh_noise_and_charges_the_lost_rounds_again(
 
 
 @pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+@pytest.mark.parametrize("method", ["sofim-lagged", "fedfc"])
+def test_a_secure_run_that_stops_again_before_its_next_checkpoint_is_charged_each_time(
+        tmp_path: Path, trust: str, method: str) -> None:
+    """Stopped at round 5 three times (the checkpoint of round 4 each time), then run to
+    the end: every stop re-releases rounds 5.. with fresh noise, so every resume charges
+    the pending rounds again, and the charge is written back to the checkpoint before
+    anything is released (a resume that only charged in memory would charge the second
+    and third stops' rounds once in all)."""
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)
+    ckpt = tmp_path / "run.ckpt.npz"
+    for _ in range(3):
+        with pytest.raises(Stop):
+            _run(method, config, seed=None, ckpt=ckpt, stop=True, secure=True)
+    saved = load_checkpoint(ckpt)
+    resumed = _run(method, config, seed=None, ckpt=ckpt, secure=True)
+    plain = _run(method, config, seed=None, secure=True)
+    per_round = (len(plain.events) - (len(plain.events) % ROUNDS)) // ROUNDS
+    assert saved["round"] == 4 and saved["pending"] == EVERY
+    # three resumes, each charging EVERY rounds again
+    assert len(resumed.events) == len(plain.events) + 3 * EVERY * per_round
+    assert resumed.epsilon > plain.epsilon
+
+
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
+def test_a_resumed_secure_run_checks_the_ledger_before_charging_the_lost_rounds(
+        tmp_path: Path, trust: str) -> None:
+    """A ledger whose cap admits the plan but not the plan plus the lost rounds refuses
+    the resume before any charge or round (nothing is released to be thrown away)."""
+    from dpprecond.accounting import PrivacyBudgetExceededError
+
+    config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)
+    ckpt = tmp_path / "run.ckpt.npz"
+    with pytest.raises(Stop):
+        _run("sofim-lagged", config, seed=None, ckpt=ckpt, stop=True, secure=True)
+    before = load_checkpoint(ckpt)
+    accountant = "rdp" if trust != "local" else "pld"
+    ledger = PrivacyLedger(1e-5, accountant=accountant, max_epsilon=2.0 * (1 + 1e-6))
+    rounds: list[int] = []
+    data, Xt, yt = _data()
+    with pytest.raises(PrivacyBudgetExceededError):
+        simulate(LinearSoftmax(6, 3), data, make_method("sofim-lagged"), config, X_test=Xt,
+                 y_test=yt, seed=None, checkpoint=ckpt, checkpoint_every=EVERY,
+                 ledger=ledger, secure=True, callback=lambda r: rounds.append(r["round"]))
+    assert rounds == [] and ledger.events == []
+    assert load_checkpoint(ckpt)["events"] == before["events"]  # nothing charged to it
+
+
+@pytest.mark.parametrize("trust", ["secure-aggregation", "local"])
 def test_a_run_that_is_not_secure_records_no_pending_rounds(tmp_path: Path,
                                                              trust: str) -> None:
     config = FLConfig(n_rounds=ROUNDS, target_epsilon=2.0, trust=trust)

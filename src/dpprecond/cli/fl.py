@@ -187,16 +187,18 @@ def register(subparsers: Any) -> None:
 
 
 def _check_method_flags(algorithm: str, lr: float | None, options: dict[str, Any], *,
-                        local_steps: int = 1, local_lr: float = 0.1) -> None:
+                        local_steps: int = 1, local_lr: float = 0.1,
+                        mechanism: str = "full-batch") -> None:
     """``--lr``, ``--local-steps``, ``--local-lr`` and ``--option NAME=VALUE`` against the
-    method's own options, with the fix."""
+    method's own options, with the fix (another ``--mechanism`` of a local-step method is
+    refused by the method, naming the mechanism)."""
     from dpprecond.fl.methods import method_options
 
     valid = method_options(algorithm)
     own = [(flag, name, value) for flag, name, value, default in (
         ("--local-steps", "local_steps", local_steps, 1),
         ("--local-lr", "local_lr", local_lr, 0.1)) if name in valid and value != default]
-    if own:  # the local-step methods: their own options, not the mechanism's flags
+    if own and mechanism in ("full-batch", "client-level"):  # their own options
         flags = " and ".join(f"{flag} {value:g}" for flag, _, value in own)
         fix = " ".join(f"--option {name}={value:g}" for _, name, value in own)
         raise ValueError(f"--algorithm {algorithm} sets its own local steps and step size; "
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     trust: Literal["local", "secure-aggregation"] = args.trust or "local"
     options = dict(args.option)
     _check_method_flags(args.algorithm, args.lr, options, local_steps=args.local_steps,
-                        local_lr=args.local_lr)
+                        local_lr=args.local_lr, mechanism=args.mechanism)
     if trust == "secure-aggregation":
         _check_secure_flags(args, level)
     weighting: Literal["uniform", "size"] | None = args.weighting  # None: FLConfig's default

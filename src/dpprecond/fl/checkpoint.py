@@ -32,7 +32,9 @@ resumed run releases those rounds again, with fresh noise, so they are two relea
 secure run's checkpoint therefore records ``pending``, the rounds the process may release
 before its next checkpoint (``min(every, T - round)``), and the resumed run charges their
 events once more, before it releases anything (conservative: the crash may have come
-before some of them): its epsilon is above the target by at most those rounds. A run
+before some of them), and writes that charge back to the file before it releases
+anything, so a second stop before the next checkpoint is charged again: each resume adds
+at most those rounds to the epsilon. A run
 that is not secure re-releases identical sums (its streams come from the checkpoint's
 root seed), which costs nothing, and records ``pending = 0``. The fingerprint of a secure
 run differs from the same run's without secure mode, so neither resumes the other.

@@ -259,13 +259,22 @@ def simulate(model: FLModel, data: ClientData,
     else:
         params, state, history = resume["params"], resume["state"], resume["history"]
         first = int(resume["round"])
-        release([(event, 1) for event in resume["events"]])
         lost = lost_rounds(resume, secure)
+        per_round = [*(clipping.count_releases(spec) if clipping is not None else []),
+                     *round_releases]
+        if lost and ledger is not None:  # what this process will spend, before any charge
+            ledger.check(dp_event.ComposedDpEvent([
+                *resume["events"], *(dp_event.SelfComposedDpEvent(e, c * (
+                    lost + config.n_rounds - first)) for e, c in per_round)]))
+        release([(event, 1) for event in resume["events"]])
         if lost:  # released by the crashed process, released again now: charged twice
-            per_round = [*(clipping.count_releases(spec) if clipping is not None else []),
-                         *round_releases]
             for _ in range(lost):
                 release(per_round)
+            assert checkpoint is not None
+            # the charge is kept in the file before anything is released, so that a crash
+            # of this run before its next checkpoint is charged again on the next resume
+            write_checkpoint(checkpoint, fingerprint, root, first, params, state, history,
+                             events, int(resume["pending"]))
             logger.warning("Secure mode resumes %s from %s at round %d: the %d rounds after "
                            "it may have been released by the stopped run, and are charged "
                            "again (fresh noise).", method.name, checkpoint, first, lost)

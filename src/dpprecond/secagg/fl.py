@@ -646,7 +646,7 @@ def simulate_secure(model: FLModel, data: ClientData,
                 gm.name, K, config.n_rounds, z, plan.bits, wrap)
     if resume is not None and resume.state is not None:  # the rounds done, recorded again
         params, state = resume.state["params"], resume.restore(resume.state["state"], clip)
-        resume.charge(spend, release)
+        resume.charge(spend, release, config.n_rounds)
     params, history = _secure_rounds(
         model, data, config, plan, release, noise_root, X_run, x_sq_norms, params,
         state, step, spend,
@@ -687,22 +687,37 @@ class Resume:
                                       n_rounds=config.n_rounds, model=model)
         return cls(path, fingerprint, root, state, every, secure)
 
-    def charge(self, spend: _Spend, release: dp_event.DpEvent) -> None:
+    def charge(self, spend: _Spend, release: dp_event.DpEvent, n_rounds: int) -> None:
         """Record the checkpoint's events again; in secure mode also the ``pending``
         rounds the stopped run may have released after it (one ``release`` each), which
-        the resumed run releases again with fresh noise (:mod:`dpprecond.fl.checkpoint`)."""
-        from dpprecond.fl.checkpoint import lost_rounds
+        the resumed run releases again with fresh noise (:mod:`dpprecond.fl.checkpoint`).
+
+        Before any charge, a caller's ledger is checked against all this process will
+        spend (the checkpoint's events, the lost rounds and the ``n_rounds - round`` left).
+        The lost rounds' charge is written back to the checkpoint before anything is
+        released, so a crash of this run before its next checkpoint is charged again on
+        the next resume."""
+        from dpprecond.fl.checkpoint import lost_rounds, write_checkpoint
 
         assert self.state is not None
+        done = int(self.state["round"])
+        lost = lost_rounds(self.state, self.secure)
+        if lost and spend.ledger is not None:
+            spend.ledger.check(dp_event.ComposedDpEvent([
+                *self.state["events"],
+                dp_event.SelfComposedDpEvent(release, lost + n_rounds - done)]))
         for event in self.state["events"]:
             spend(event)
-        lost = lost_rounds(self.state, self.secure)
-        if lost:
-            logger.warning("Secure mode resumes from %s at round %d: the %d rounds after it "
-                           "may have been released by the stopped run, and are charged "
-                           "again (fresh noise).", self.path, self.state["round"], lost)
+        if not lost:
+            return
+        logger.warning("Secure mode resumes from %s at round %d: the %d rounds after it "
+                       "may have been released by the stopped run, and are charged again "
+                       "(fresh noise).", self.path, done, lost)
         for _ in range(lost):
             spend(release)
+        write_checkpoint(self.path, self.fingerprint, self.root, done, self.state["params"],
+                         self.state["state"], self.state["history"], spend.events,
+                         int(self.state["pending"]))
 
     def restore(self, saved: Any, clip: SecureClip | None) -> Any:
         """The transform's state; the clip's target and history set from the checkpoint."""
@@ -946,7 +961,7 @@ def _simulate_covariance(model: FLModel, data: ClientData, method: CovarianceMet
     one, sizes = [0], np.array([n_records])
     if resume is not None and resume.state is not None:  # the setup and rounds done
         params, state = resume.state["params"], resume.restore(resume.state["state"], None)
-        resume.charge(spend, release)
+        resume.charge(spend, release, config.n_rounds)
     else:
         spend(setup_release)
         S = secure_moment_sum(data.X, data.bounds, method.feature_clip(n_features),

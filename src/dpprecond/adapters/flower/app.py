@@ -78,7 +78,13 @@ from dpprecond.adapters.flower.strategy import DPFedStrategy
 from dpprecond.fl.adaptive_clip import with_adaptive_clip
 from dpprecond.fl.config import AdaptiveClip, FLConfig
 from dpprecond.fl.engine import FLResult
-from dpprecond.fl.methods import METHODS, Method, make_method, method_options
+from dpprecond.fl.methods import (
+    METHODS,
+    LocalStepsMethod,
+    Method,
+    make_method,
+    method_options,
+)
 from dpprecond.fl.models import LinearSoftmax
 from dpprecond.secagg.fl import check_secure_aggregation
 
@@ -188,8 +194,9 @@ def check_run_config(run_config: dict[str, Any]) -> None:
     _check_keys(rc)
     _check_algorithm(rc)
     try:
-        config = config_from_run_config(rc)
         method = method_from_run_config(rc)
+        _check_local_step_keys(rc, method)  # before the config's own check names them
+        config = config_from_run_config(rc)
         check_int("n-clients", rc.get("n-clients", 0), low=0)
         if rc.get("data", "digits") == "node-file":
             check_int("n-features", rc.get("n-features"), low=1)
@@ -294,6 +301,21 @@ def _adaptive_clip(run_config: dict[str, Any], config: FLConfig) -> FLConfig:
                         f"from clip-norm towards the median norm), false (a fixed "
                         f"clip-norm) or empty (FLConfig's default), got {value!r}.")
     return replace(config, adaptive_clip=AdaptiveClip() if value else None)
+
+
+def _check_local_step_keys(rc: dict[str, Any], method: Method) -> None:
+    """A local-step method takes its local steps and step size from its own options: the
+    mechanism's ``local-steps`` / ``local-lr`` with it are refused, naming the keys."""
+    if not isinstance(method, LocalStepsMethod):
+        return
+    given = [(key, rc[key]) for key, default in (("local-steps", 1), ("local-lr", 0.1))
+             if key in rc and rc[key] not in ("", None) and rc[key] != default]
+    if given:
+        keys = ", ".join(f"{key} = {value!r}" for key, value in given)
+        fix = ", ".join(f"{OPTIONS_TABLE}.{key} = {value!r}" for key, value in given)
+        raise ValueError(f"Run config {keys}: algorithm {method.name!r} sets its own local "
+                         f"steps and step size, which the mechanism's keys do not reach. "
+                         f"Leave local-steps at 1 and local-lr at 0.1 and set {fix}.")
 
 
 def config_from_run_config(run_config: dict[str, Any]) -> FLConfig:
