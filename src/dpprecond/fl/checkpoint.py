@@ -31,10 +31,10 @@ crashes after its last checkpoint may already have released the rounds after it;
 resumed run releases those rounds again, with fresh noise, so they are two releases. A
 secure run's checkpoint therefore records ``pending``, the rounds the process may release
 before its next checkpoint (``min(every, T - round)``), and the resumed run charges their
-events once more, before it releases anything (conservative: the crash may have come
-before some of them), and writes that charge back to the file before it releases
-anything, so a second stop before the next checkpoint is charged again: each resume adds
-at most those rounds to the epsilon. A run
+events once more and writes that charge back to the file, both before it releases
+anything, so a second stop before the next checkpoint is charged again (conservative:
+the crash may have come before some of those rounds). Each resume adds at most
+``every`` rounds to the epsilon. A run
 that is not secure re-releases identical sums (its streams come from the checkpoint's
 root seed), which costs nothing, and records ``pending = 0``. The fingerprint of a secure
 run differs from the same run's without secure mode, so neither resumes the other.
@@ -57,7 +57,8 @@ from dpprecond._files import atomic_write, remove_stale_temps
 from dpprecond.accounting import event_from_dict, event_to_dict
 
 __all__ = ["STATE_CLASSES", "fingerprint_of", "load_checkpoint", "lost_rounds",
-           "open_checkpoint", "pending_rounds", "save_checkpoint", "write_checkpoint"]
+           "open_checkpoint", "pending_rounds", "resumed_spend", "save_checkpoint",
+           "write_checkpoint"]
 
 #: Version 2 names state classes by their allowlisted name; version 1 files (module:name)
 #: are still read through the same allowlist.
@@ -286,4 +287,14 @@ def lost_rounds(resume: dict[str, Any], secure: bool) -> int:
     """The rounds a resumed run charges again: the checkpoint's ``pending`` in secure mode
     (those rounds may have been released by the crashed process and are released again
     with fresh noise), else 0."""
-    return int(resume.get("pending", 0)) if secure else 0
+    return int(resume["pending"]) if secure else 0
+
+
+def resumed_spend(events: list[dp_event.DpEvent],
+                  round_events: list[tuple[dp_event.DpEvent, int]],
+                  rounds: int) -> dp_event.DpEvent:
+    """What a resumed run will spend in its process: the checkpoint's ``events`` again,
+    then ``rounds`` rounds (the lost ones and those left) of ``round_events`` (pairs of an
+    event and its count per round), for a ledger's check before any charge."""
+    return dp_event.ComposedDpEvent([
+        *events, *(dp_event.SelfComposedDpEvent(e, c * rounds) for e, c in round_events)])

@@ -64,6 +64,7 @@ from dpprecond.fl.checkpoint import (
     lost_rounds,
     open_checkpoint,
     pending_rounds,
+    resumed_spend,
     write_checkpoint,
 )
 from dpprecond.fl.client import kernel_rows, round_generators
@@ -166,8 +167,8 @@ def simulate(model: FLModel, data: ClientData,
         OS CSPRNG, every release snapped to a public grid; ``seed`` must be ``None``. The
         run is not reproducible: a resumed checkpoint continues with fresh noise, and
         charges again the rounds the stopped run may have released after its last
-        checkpoint (:mod:`dpprecond.fl.checkpoint`), so its epsilon exceeds the target
-        by at most ``checkpoint_every`` rounds.
+        checkpoint (:mod:`dpprecond.fl.checkpoint`), so each resume adds at most
+        ``checkpoint_every`` rounds to the epsilon.
 
     Returns
     -------
@@ -263,9 +264,8 @@ def simulate(model: FLModel, data: ClientData,
         per_round = [*(clipping.count_releases(spec) if clipping is not None else []),
                      *round_releases]
         if lost and ledger is not None:  # what this process will spend, before any charge
-            ledger.check(dp_event.ComposedDpEvent([
-                *resume["events"], *(dp_event.SelfComposedDpEvent(e, c * (
-                    lost + config.n_rounds - first)) for e, c in per_round)]))
+            ledger.check(resumed_spend(resume["events"], per_round,
+                                       lost + config.n_rounds - first))
         release([(event, 1) for event in resume["events"]])
         if lost:  # released by the crashed process, released again now: charged twice
             for _ in range(lost):

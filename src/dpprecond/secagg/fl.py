@@ -697,15 +697,14 @@ class Resume:
         The lost rounds' charge is written back to the checkpoint before anything is
         released, so a crash of this run before its next checkpoint is charged again on
         the next resume."""
-        from dpprecond.fl.checkpoint import lost_rounds, write_checkpoint
+        from dpprecond.fl.checkpoint import lost_rounds, resumed_spend, write_checkpoint
 
         assert self.state is not None
         done = int(self.state["round"])
         lost = lost_rounds(self.state, self.secure)
         if lost and spend.ledger is not None:
-            spend.ledger.check(dp_event.ComposedDpEvent([
-                *self.state["events"],
-                dp_event.SelfComposedDpEvent(release, lost + n_rounds - done)]))
+            spend.ledger.check(resumed_spend(self.state["events"], [(release, 1)],
+                                             lost + n_rounds - done))
         for event in self.state["events"]:
             spend(event)
         if not lost:
