@@ -62,7 +62,7 @@ from dpprecond.data import load_dataset
 from dpprecond.pca import fit_private_pca
 from dpprecond.pca.api import DEFAULT_METHOD
 from dpprecond.pca.auto import _block_clipped_step
-from dpprecond.pca.rows import make_rows
+from dpprecond.pca.rows import ClippedRows, make_rows
 
 OURS = (DEFAULT_METHOD, "analyze_gauss", "fixed")
 PCA_SOLVERS = ("auto", "full", "covariance_eigh", "arpack", "randomized")
@@ -121,8 +121,11 @@ def floor_cases(X: np.ndarray, k: int, row_norm: float) -> dict[str, Callable[[]
         "floor read X @ v": lambda: X @ v,
         "floor Gram X.T @ X": lambda: X.T @ X,
         "floor X @ M (k columns)": lambda: X @ M,
-        "pass first (make_rows: scan, NaN check)": lambda: make_rows(X, row_norm),
-        "pass Gram (ClippedRows.gram)": rows.gram,
+        "pass first (ClippedRows.from_data: scan, NaN check)": lambda: ClippedRows.from_data(
+            X, row_norm),
+        "pass Gram (ClippedRows.gram, rows already scanned)": rows.gram,
+        "pass Gram with the first pass fused (make_rows(X).gram(), the default fit's)":
+            lambda: make_rows(X, row_norm).gram(),
         "pass Gram centered (ClippedRows.centered(mu).gram)": centered.gram,
         "pass iteration (ClippedRows.times, k columns)": lambda: rows.times(M),
         "floor X.T @ (X @ M) (two products)": lambda: X.T @ (X @ M),
