@@ -73,7 +73,13 @@ from dpprecond.pca.core import (
     spectrum_and_top_eigvecs,
     top_eigvecs,
 )
-from dpprecond.pca.rows import RowSource, clip_unit_rows, noise_inflation
+from dpprecond.pca.rows import (
+    RowSource,
+    clip_unit_rows,
+    noise_inflation,
+    rows_t_times,
+    rows_times,
+)
 
 __all__ = [
     "AUTO_DEFAULTS",
@@ -160,7 +166,7 @@ def _block_probe(block: np.ndarray, X: np.ndarray, B: np.ndarray, unit: float,
     :func:`dpprecond.clipping.row_sq_norms`, when the pass kept them) spares the block's
     second read.
     """
-    P = block @ X
+    P = rows_times(block, X)
     if scale is not None:  # the rows are scale_i * block_i (raw rows on the fast path)
         P *= scale[:, None]
     Y = P @ B
@@ -202,7 +208,7 @@ def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
                         scale: np.ndarray | None = None) -> np.ndarray:
     # With ``scale``, the rows are a_i = scale_i block_i: c_i is computed from a_i XB and
     # a_i c_i^T = block_i (scale_i c_i)^T, so the block is never copied.
-    Y = block @ XB
+    Y = rows_times(block, XB)
     if scale is not None:
         Y *= scale[:, None]
     nu, pre = safe_row_norms(Y)
@@ -212,7 +218,7 @@ def _block_clipped_step(block: np.ndarray, XB: np.ndarray, radius: float,
         C *= post[:, None]
     if scale is not None:
         C *= scale[:, None]
-    return block.T @ C
+    return rows_t_times(block, C)
 
 
 def probe(rows: RowSource, X: np.ndarray, B: np.ndarray, unit: float, edges: np.ndarray,

@@ -42,7 +42,7 @@ from scipy import linalg
 from dpprecond._threads import serial_blas
 from dpprecond.clipping import clip_to_radius, safe_row_norms
 from dpprecond.noise import NoiseSource, release
-from dpprecond.pca.rows import DenseRows, RowSource
+from dpprecond.pca.rows import DenseRows, RowSource, rows_t_times, rows_times
 from dpprecond.secagg.sums import ClientParts
 from dpprecond.selection import draw_trial_count
 
@@ -316,7 +316,7 @@ def clipped_products(block: np.ndarray, XB: np.ndarray, radii: np.ndarray, k: in
     rows (a diagnostic, not a release).
     """
     m = radii.size
-    Y = block @ XB
+    Y = np.ascontiguousarray(rows_times(block, XB))  # one row of Y3 per (row, trial)
     if scale is not None:
         Y *= scale[:, None]
     Y3 = Y.reshape(-1, k)  # one row per (row, trial)
@@ -331,7 +331,7 @@ def clipped_products(block: np.ndarray, XB: np.ndarray, radii: np.ndarray, k: in
         C *= scale[:, None]
     with np.errstate(divide="ignore", over="ignore"):
         counts = (nu > R * pre).reshape(-1, m).sum(axis=0).astype(np.float64)
-    return np.concatenate([(block.T @ C).ravel(), counts])
+    return np.concatenate([rows_t_times(block, C).ravel(), counts])
 
 
 def _clipped_sums(rows: RowSource, XB: np.ndarray, radii: np.ndarray,

@@ -46,6 +46,8 @@ from dpprecond.pca.rows import (
     norms_of,
     raw_gram_allowed,
     rounding_slack_bound,
+    rows_t_times,
+    rows_times,
     scale_rows,
     scan_rows,
 )
@@ -93,12 +95,12 @@ def _norms_task(raw: np.ndarray, row_norm: float, mean: np.ndarray | None) -> np
 
 def _times_task(raw: np.ndarray, M: np.ndarray, row_norm: float,
                 mean: np.ndarray | None) -> np.ndarray:
-    return clip_rows(raw, row_norm, mean) @ M
+    return rows_times(clip_rows(raw, row_norm, mean), M)
 
 
 def _t_times_task(raw: np.ndarray, D: np.ndarray, row_norm: float,
                   mean: np.ndarray | None) -> np.ndarray:
-    return (clip_rows(raw, row_norm, mean).T @ D)[None]
+    return rows_t_times(clip_rows(raw, row_norm, mean), D)[None]
 
 
 def _block_sum_task(raw: np.ndarray, func: Any, row_norm: float, mean: np.ndarray | None,
