@@ -49,8 +49,8 @@ adds the terms of up to :func:`gram_group` consecutive blocks (at most
 plus one addition per group). Two neighbouring
 inputs can therefore give computed releases that differ by at most
 ``sensitivity + 2 gamma_m n c``; :meth:`ClippedRows.rounding_slack` returns that relative
-excess, and the callers inflate their noise by it (it is below ``1e-6`` for
-``n <= 10^7``).
+excess, and the callers inflate their noise by it (below ``1e-6`` for ``n <= 10^5``;
+about ``1.5e-4`` at ``n = 10^7``, set by the Gram pass's groups of ``2^16`` rows).
 """
 
 from __future__ import annotations
