@@ -149,7 +149,7 @@ from dpprecond.fl.config import FLConfig
 from dpprecond.fl.data import ClientData
 from dpprecond.fl.methods import CovarianceMethod, GradientMethod, Method, RunSpec
 from dpprecond.fl.methods.local import LocalStepsMethod
-from dpprecond.fl.models import FLModel
+from dpprecond.fl.models import FLModel, round_evaluator
 from dpprecond.fl.result import FLResult, as_method
 from dpprecond.fl.server import GradientTransformation
 from dpprecond.secagg.adaptive import SecureClip, counted_parts, split_counted_sum
@@ -880,6 +880,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
     if resume is not None and resume.state is not None:
         history, first = list(resume.state["history"]), int(resume.state["round"])
     report = _Report() if report is None else report
+    evaluate = round_evaluator(model, X_test, y_test)
     for t in report.rounds(config.n_rounds, first):
         start = time.perf_counter()
         rngs = client_mod.round_generators(noise_root, t, K)
@@ -902,7 +903,7 @@ def _secure_rounds(model: FLModel, data: ClientData, config: FLConfig, plan: Sum
         updates, state = step(G / divisor, state, params)
         params = params + updates
         seconds = time.perf_counter() - start
-        loss, acc = model.evaluate(params, X_test, y_test)
+        loss, acc = evaluate(params)
         history.append({"round": t + 1, "test_accuracy": acc, "test_loss": loss,
                         "epsilon": spend.run_ledger.epsilon,
                         "update_norm": float(np.linalg.norm(updates)), "seconds": seconds})
