@@ -108,8 +108,12 @@ def test_gram_sum_adds_only_full_groups_then_the_rest() -> None:
     exact = sum(B.T @ B for B in blocks)
     assert np.allclose(acc.upper(), np.triu(exact), rtol=0, atol=1e-12)
     assert np.array_equal(acc.upper(), np.triu(acc.upper()))  # one triangle
-    acc.add(np.asfortranarray(blocks[0]))  # any layout is taken
-    assert np.allclose(acc.upper(), np.triu(exact + blocks[0].T @ blocks[0]), atol=1e-12)
+    other = GramSum(3, group=2)
+    for B in (np.asfortranarray(blocks[0]), blocks[1][::2], blocks[2].astype(np.float32)):
+        other.add(B)  # any layout and dtype is taken
+    exact = sum(B.T.astype(np.float64) @ B.astype(np.float64)
+                for B in (blocks[0], blocks[1][::2], blocks[2].astype(np.float32)))
+    assert np.allclose(other.upper(), np.triu(exact), atol=1e-12)
 
 
 @pytest.mark.parametrize("pass_name", ["gram", "times", "column_sum", "n_clipped",

@@ -584,8 +584,8 @@ def fit_private_pca(X: Any, n_components: int, *, target_epsilon: float | None,
                                                          main_stream)))
             if ledger is not None:  # charged before the first share, as the FL rounds
                 ledger.spend(plan.event)
-    # Rounding of the block sums: every noise std is inflated (rows.noise_inflation; below
-    # 1e-6 relatively for n <= 1e5, about 1.5e-4 at n = 1e7); events keep z. fit_auto
+    # Rounding of the block sums: every noise std is inflated (rows.noise_inflation; for
+    # d = 784, 1.4e-6 relatively at n = 1e5, 1.5e-4 at n = 1e7); events keep z. fit_auto
     # applies the same factor.
     fp = noise_inflation(rows)
     z = {key: val * fp for key, val in plan.noise_multipliers.items()}
