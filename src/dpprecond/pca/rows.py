@@ -112,17 +112,18 @@ __all__ = [
 DEFAULT_BLOCK_BYTES = 16 * 2**20
 #: Rows whose Gram terms one BLAS accumulator may sum (``dsyrk`` with ``beta = 1``, over
 #: :func:`gram_group` consecutive blocks) before that sum is added to the total: one
-#: ``d x d`` addition per group instead of one per block (measured on Fashion-MNIST: the
-#: scan and the Gram pass 0.50 s against 0.57 s, and below numpy's ``X.T @ X``), for a
-#: longer rounding chain (:func:`rounding_slack_bound`: the noise is inflated by at most
-#: ``1 + 2 gamma_m n`` with ``m`` about ``2^16 + n / 2^16``, ``1.5e-4`` at ``n = 10^7``).
+#: ``d x d`` addition per group instead of one per block (on Fashion-MNIST, with the first
+#: pass fused: 0.600 s against 0.660 s for the scan and the Gram pass before, 1.04x numpy's
+#: ``X.T @ X``; docs/performance.md), for a longer rounding chain
+#: (:func:`rounding_slack_bound`: the noise is inflated by at most ``1 + 2 gamma_m n`` with
+#: ``m`` about ``2^16 + n / 2^16``, ``1.5e-4`` at ``n = 10^7``).
 GRAM_GROUP_ROWS = 2**16
+_RAW_RANGE = (1e-100, 1e100)
 
 
 def gram_group(block_rows: int) -> int:
     """Blocks of ``block_rows`` rows per Gram accumulator (at least one)."""
     return max(1, GRAM_GROUP_ROWS // max(block_rows, 1))
-_RAW_RANGE = (1e-100, 1e100)
 
 
 def mean_sensitivity(n_samples: int) -> float:
