@@ -84,6 +84,7 @@ __all__ = [
     "GramSum",
     "RowAdapter",
     "RowSource",
+    "add_block_gram",
     "block_gram",
     "block_rows_for",
     "clip_rows",
@@ -417,8 +418,21 @@ def block_gram(raw: Any, row_norm: float, mean: np.ndarray | None,
     otherwise ``A_b^T A_b`` of the clipped rows (``sq`` as in :func:`scale_rows`). ``out``
     as in :func:`gram_upper`.
     """
-    B = np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean, sq)
-    return gram_upper(B, out)
+    return gram_upper(_gram_rows(raw, row_norm, mean, use_raw, sq), out)
+
+
+def _gram_rows(raw: Any, row_norm: float, mean: np.ndarray | None, use_raw: bool,
+               sq: np.ndarray | None) -> np.ndarray:
+    """The block a Gram term multiplies: the raw rows (``use_raw``, see :func:`block_gram`)
+    or the clipped ones."""
+    return np.asarray(raw, dtype=np.float64) if use_raw else clip_rows(raw, row_norm, mean, sq)
+
+
+def add_block_gram(sums: tuple[GramSum, GramSum], raw: Any, row_norm: float, use_raw: bool,
+                   sq: np.ndarray | None = None) -> None:
+    """Add one uncentered block's Gram term to ``sums = (clipped, raw)``: the term
+    :func:`block_gram` computes, into the accumulator of its kind."""
+    sums[1 if use_raw else 0].add(_gram_rows(raw, row_norm, None, use_raw, sq))
 
 
 def finish_gram(S: np.ndarray, raw: np.ndarray, row_norm: float, raw_ok: bool) -> np.ndarray:
@@ -628,22 +642,19 @@ class ClippedRows:
     def _require_scan(self) -> None:
         """Make the first pass now if it was deferred (:meth:`from_data`)."""
         if self._n_clipped is None:
-            self._scan_blocks(None)
+            self._scan_blocks()
 
-    def _scan_blocks(self, gram: GramSum | None) -> tuple[GramSum, GramSum] | None:
+    def _scan_blocks(self, gram: tuple[GramSum, GramSum] | None = None) -> None:
         """The first pass: check every block, count the rows step 1 scales down, note the
         blocks that need no clipping and keep the squared norms (see :meth:`from_data`).
 
-        ``gram`` given (the deferred pass made by :meth:`gram`, uncentered rows): each
-        checked block's Gram term is added while the block is in cache, to ``gram`` for
-        the clipped blocks and to a second accumulator for the raw ones
-        (:func:`block_gram`); both are returned as ``(clipped, raw)``. A NaN or an
-        infinity raises before the sums are returned, so nothing computed from them
-        leaves.
+        ``gram = (clipped, raw)`` given (the deferred pass made by :meth:`gram`,
+        uncentered rows): each checked block's Gram term is added while the block is in
+        cache (:func:`add_block_gram`). A NaN or an infinity raises before :meth:`gram`
+        reads the sums, so nothing computed from them leaves.
         """
-        n, d = self.shape
+        n = self.shape[0]
         sq_all = np.empty(n) if self._keep_norms else None
-        raw_sum = None if gram is None else GramSum(d, gram_group(self.block_rows))
         raw_ok = raw_gram_allowed(self.row_norm, self.mean)
         unclipped = []
         n_clipped = 0
@@ -656,16 +667,12 @@ class ClippedRows:
             unclipped.append(scan.unclipped)
             if sq_all is not None:
                 sq_all[lo:hi] = block_sq
-            if gram is not None and raw_sum is not None:
-                if raw_ok and scan.unclipped:
-                    raw_sum.add(np.asarray(raw, dtype=np.float64))
-                else:  # the scan's norms only where they are kept, as the eager pass
-                    gram.add(clip_rows(raw, self.row_norm, None,
-                                       block_sq if sq_all is not None else None))
+            if gram is not None:  # the scan's norms only where they are kept, as eagerly
+                add_block_gram(gram, raw, self.row_norm, raw_ok and scan.unclipped,
+                               block_sq if sq_all is not None else None)
         self._n_clipped = n_clipped
         self._unclipped_blocks = np.array(unclipped, dtype=bool)
         self._sq = sq_all
-        return None if gram is None or raw_sum is None else (gram, raw_sum)
 
     @property
     def n_clipped_centered(self) -> int:
@@ -711,7 +718,7 @@ class ClippedRows:
         rows = cls(X, float(row_norm), block_rows_for(d, block_bytes), None,
                    _keep_norms=0 < 8 * n <= norms_bytes)
         if not defer_scan:
-            rows._scan_blocks(None)
+            rows._scan_blocks()
         return rows
 
     @property
@@ -801,14 +808,12 @@ class ClippedRows:
         """
         d = self.shape[1]
         group = gram_group(self.block_rows)
-        S = GramSum(d, group)
+        S, raw = GramSum(d, group), GramSum(d, group)
         raw_ok = raw_gram_allowed(self.row_norm, self.mean)
         if self._n_clipped is None:  # the deferred first pass, fused (uncentered rows)
             assert self.mean is None  # centered() makes the first pass
-            sums = self._scan_blocks(S)
-            assert sums is not None
-            return finish_gram(sums[0].upper(), sums[1].upper(), self.row_norm, raw_ok)
-        raw = GramSum(d, group)
+            self._scan_blocks((S, raw))
+            return finish_gram(S.upper(), raw.upper(), self.row_norm, raw_ok)
         if self.mean is not None:  # centered rows: count the re-clipped ones on the way
             n_over = 0
             for lo, hi in self._ranges():
@@ -818,11 +823,9 @@ class ClippedRows:
                 n_over += count
             self._n_clipped_centered = n_over
             return finish_gram(S.upper(), raw.upper(), self.row_norm, False)
-        for j, (lo, hi) in enumerate(self._ranges()):
-            if raw_ok and bool(self._unclipped_blocks[j]):  # no clipped/prescaled row
-                raw.add(np.asarray(self.X[lo:hi], dtype=np.float64))
-            else:
-                S.add(clip_rows(self.X[lo:hi], self.row_norm, None, self._sq_of(lo, hi)))
+        for j, (lo, hi) in enumerate(self._ranges()):  # raw: no clipped or prescaled row
+            add_block_gram((S, raw), self.X[lo:hi], self.row_norm,
+                           raw_ok and bool(self._unclipped_blocks[j]), self._sq_of(lo, hi))
         return finish_gram(S.upper(), raw.upper(), self.row_norm, raw_ok)
 
     def times(self, M: np.ndarray) -> np.ndarray:
