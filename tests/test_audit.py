@@ -346,8 +346,8 @@ def test_audit_probe() -> None:
 
 
 def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
-    """For the same stream, the audited M1 and M2 are fit_auto's own first and third
-    releases (recorded by secure.observe_releases), in its Analyze Gauss completion."""
+    """For the same stream, the audited M1 and M2 are fit_auto's own two releases
+    (recorded by secure.observe_releases), in its Analyze Gauss completion without a probe."""
     from dpprecond.noise import coupled_symmetric_gaussian
     from dpprecond.pca.auto import fit_auto
     from dpprecond.pca.rows import DenseRows
@@ -360,12 +360,13 @@ def test_auto_coupled_case_releases_what_fit_auto_releases() -> None:
         fit_auto(DenseRows(A), S, 1, delta=DELTA,
                  rng=np.random.default_rng(9), noise_multiplier=case.info["z"],
                  branch="analyze_gauss")
-    assert len(seen) == 3  # M1, the probe, M2
+    assert len(seen) == 2  # M1, M2 (the forced Analyze Gauss branch releases no probe)
     coupled = coupled_symmetric_gaussian(2, case.info["std_ag"], case.info["std1"],
                                          np.random.default_rng(9))
     np.testing.assert_array_equal(seen[0][0], S + coupled.first)
-    np.testing.assert_allclose(seen[2][0], S + coupled.second, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(seen[1][0], S + coupled.second, rtol=0, atol=1e-12)
     assert seen[0][1] == case.info["std1"]
+    assert seen[1][1] == pytest.approx(math.sqrt(2.0) * case.info["zr"], rel=1e-12)
 
 
 def test_audit_auto_coupled() -> None:
@@ -454,7 +455,7 @@ def test_audit_pipeline_end_to_end() -> None:
                                res.test_features, rtol=1e-12, atol=1e-12)
     assert res.epsilon == pytest.approx(case.claimed_epsilon, rel=1e-4)  # what it reports
     assert res.epsilon <= case.claimed_epsilon
-    assert len(seen) == 3 + 1  # M1, the probe, M2; one client message per round
+    assert len(seen) == 2 + 1  # M1, M2 (no probe at k = d); one client message per round
     rng = np.random.default_rng(14)
     a = np.array([case.mechanism(case.pair[0], rng) for _ in range(150)])
     b = np.array([case.mechanism(case.pair[1], rng) for _ in range(150)])

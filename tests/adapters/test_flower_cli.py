@@ -195,7 +195,7 @@ def test_flwr_run_of_the_pca_app_from_a_fresh_home(flower: LocalFlower) -> None:
     saved = json.loads((sec_out / "result.json").read_text(encoding="utf-8"))
     assert saved["trust"] == "secure-aggregation" and 0.99 < saved["epsilon"] <= 1.0
     n_sums = saved["info"]["secure_aggregation"]["n_sums"]
-    assert log.count("Secure aggregation completed") == n_sums >= 3, log  # auto's releases
+    assert log.count("Secure aggregation completed") == n_sums >= 2, log  # M1, [probe], M2
     _only_the_superlink_left(flower)
 
     # a typo in a value: the app's named error with a suggestion, before any message

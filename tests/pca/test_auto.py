@@ -63,7 +63,11 @@ def test_epsilon_is_the_target_in_every_branch(data, branch, n_iter):
     assert res.epsilon == pytest.approx(float(dp_accounting.get_epsilon_gaussian(z, DELTA)),
                                         rel=1e-12)
     n_releases = len(res.dp_event.events)
-    assert n_releases == (3 if res.branch == "analyze_gauss" else 2 + res.info["n_iter"])
+    probed = res.info["probe_counts"] is not None  # M1, [the probe], M2 or the T steps
+    assert probed or res.branch == "analyze_gauss"  # only Analyze Gauss goes without it
+    assert probed == ("z_probe" in res.info["noise_multipliers"])
+    completion = 1 if res.branch == "analyze_gauss" else res.info["n_iter"]
+    assert n_releases == 1 + probed + completion
     assert all(isinstance(e, dp_event.GaussianDpEvent) for e in res.dp_event.events)
 
 
@@ -117,13 +121,13 @@ def test_hidden_analyze_gauss_completion_spends_exactly_what_is_left():
 # -- the Analyze Gauss branch and the coupling -------------------------------------------------
 
 def test_analyze_gauss_branch_is_analyze_gauss_for_the_same_seed(data):
+    """Without a probe (forced here) the branch spends the whole precision on A^T A: it is
+    Analyze Gauss at the calibrated multiplier, with Analyze Gauss's own noise."""
     rows, S, _ = data
-    probe = 0.01
     res = fit_auto(rows, S, K, noise_multiplier=_z_pca(), delta=DELTA, rng=np.random.default_rng(9),
-                   branch="analyze_gauss", probe_share=probe)
-    # Analyze Gauss at the precision the branch spends on A^T A (all but the probe's share).
-    z_ag = _z_pca() / math.sqrt(1 - probe)
-    X, w = analyze_gauss(S, K, z_ag, np.random.default_rng(9))
+                   branch="analyze_gauss")
+    assert res.info["probe_counts"] is None and len(res.dp_event.events) == 2
+    X, w = analyze_gauss(S, K, _z_pca(), np.random.default_rng(9))
     assert np.abs(X.T @ res.basis) == pytest.approx(np.eye(K), abs=1e-9)
     assert res.eigenvalues == pytest.approx(w, rel=1e-12)
 

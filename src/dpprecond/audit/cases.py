@@ -577,25 +577,27 @@ def auto_coupled_case(epsilon: float = 1.0, delta: float = 1e-5, *, n: int = 100
 
     The noise multipliers are :func:`~dpprecond.pca.budget.plan_auto`'s for ``(epsilon,
     delta)`` with ``auto``'s default shares: ``M1 = A^T A + first`` (multiplier
-    ``z / sqrt(init_share)``) and, in the Analyze Gauss completion, ``M2 = A^T A + second``
-    (``z / sqrt(rest)``), the pair drawn by
+    ``z / sqrt(init_share)``) and, in the Analyze Gauss completion without a probe (the
+    rule's choice when no histogram could change it), ``M2 = A^T A + second``
+    (``z / sqrt(1 - init_share)``), the pair drawn by
     :func:`~dpprecond.noise.coupled_symmetric_gaussian` and released by
     :func:`dpprecond.noise.release`, exactly as :func:`~dpprecond.pca.auto.fit_auto` does
     (a test checks that, for the same stream, the releases are ``fit_auto``'s). The claim
-    is the composition of those two releases; the probe between them is audited by
-    :func:`probe_case`. Pair and batching as :func:`pca_init_case` (``c`` runs are the
-    diagonal blocks of one release of ``I_c (x) S``). Statistic: the inverse-variance
-    combination of the two releases' projections (the sufficient statistic of the pair).
+    is the composition of those two releases. When the probe is released between them,
+    ``M2`` adds to ``second`` an independent draw for the probe's share (more noise than
+    here), and the probe is audited by :func:`probe_case`. Pair and batching as
+    :func:`pca_init_case` (``c`` runs are the diagonal blocks of one release of
+    ``I_c (x) S``). Statistic: the inverse-variance combination of the two releases'
+    projections (the sufficient statistic of the pair).
     """
     from dpprecond.noise import coupled_symmetric_gaussian, release
     from dpprecond.pca.auto import AUTO_DEFAULTS
     from dpprecond.pca.budget import plan_auto
 
-    s1, sc = AUTO_DEFAULTS["init_share"], AUTO_DEFAULTS["probe_share"]
-    rest = 1.0 - s1 - sc
+    s1 = AUTO_DEFAULTS["init_share"]
     z = plan_auto(epsilon, delta).noise_multipliers["z_pca"]
-    z1, zr = z / math.sqrt(s1), z / math.sqrt(rest)
-    std1, std_ag = SQRT2 * z1, SQRT2 * z / math.sqrt(s1 + rest)
+    z1, zr = z / math.sqrt(s1), z / math.sqrt(1.0 - s1)
+    std1, std_ag = SQRT2 * z1, SQRT2 * z
     base = pca_init_case(epsilon, delta, n=n)
     direction = base.info["direction"]
     d = base.pair[0].shape[1]
@@ -710,21 +712,19 @@ def pipeline_case(epsilon: float = 1.0, delta: float = 1e-2, *, clip_norm: float
     features with the default ``auto``, then full-batch DP-FedGD; one client, so the
     federated PCA is the central one; the default ``pca_share``) with an explicit seed. The
     audit observes what an attacker of the whole pipeline sees: every release, recorded by
-    :func:`dpprecond.secure.observe_releases` (``M1``, the probe, ``M2``, then each round's
-    client message). Pair: the changed record is ``(row_norm e1, 0)`` in ``D`` and
-    ``(row_norm e2, 1)`` in ``D'`` (the other record is the same): the PCA rows move by the
-    Gram sensitivity ``sqrt(2)``, and the record's clipped gradient at the zero model
-    changes by ``sqrt(8/3) C`` (of the sensitivity ``2C``) whatever the released
-    components. Statistic: the sum over releases of ``<r - m_D, m_D' - m_D> / std^2``, with
-    ``m`` the noiseless release on each dataset given the public values before it (the
-    components for the messages) and ``std`` the release's recorded noise std: the
-    log-likelihood ratio of the Gaussian releases (the probe, 1% of the PCA's precision,
-    is left out). The claim is the total ``run_pipeline`` reports (one ledger over both
-    stages).
+    :func:`dpprecond.secure.observe_releases` (``M1`` and ``M2``, then each round's client
+    message; at ``k = d`` ``auto`` releases no probe). Pair: the changed record is
+    ``(row_norm e1, 0)`` in ``D`` and ``(row_norm e2, 1)`` in ``D'`` (the other record is
+    the same): the PCA rows move by the Gram sensitivity ``sqrt(2)``, and the record's
+    clipped gradient at the zero model changes by ``sqrt(8/3) C`` (of the sensitivity
+    ``2C``) whatever the released components. Statistic: the sum over releases of
+    ``<r - m_D, m_D' - m_D> / std^2``, with ``m`` the noiseless release on each dataset
+    given the public values before it (the components for the messages) and ``std`` the release's
+    recorded noise std: the log-likelihood ratio of the Gaussian releases. The claim is the
+    total ``run_pipeline`` reports (one ledger over both stages).
     """
     from dpprecond.fl.accounting import Schedule, calibrate
     from dpprecond.fl.models import LinearSoftmax
-    from dpprecond.pca.auto import AUTO_DEFAULTS
     from dpprecond.pca.budget import plan_auto
     from dpprecond.pipeline import run_pipeline, split_budget
     from dpprecond.secure import observe_releases
@@ -756,28 +756,25 @@ def pipeline_case(epsilon: float = 1.0, delta: float = 1e-2, *, clip_norm: float
         with observe_releases() as seen:
             res = run_pipeline(data[0], data[1], X_test, y_test, 2, seed=seed, **kw)
         V = res.components  # (k, d): the released components, as rows
-        if V is None or len(seen) != 3 + n_rounds:  # pragma: no cover - guards the indexing
-            raise RuntimeError(f"run_pipeline released {len(seen)} values, expected M1, the "
-                               f"probe, M2 and {n_rounds} client message(s)")
+        if V is None or len(seen) != 2 + n_rounds:  # pragma: no cover - guards the indexing
+            raise RuntimeError(f"run_pipeline released {len(seen)} values, expected M1, M2 "
+                               f"and {n_rounds} client message(s)")
         stat = 0.0
         for i, (value, std) in enumerate(seen):
-            if i in (0, 2):  # M1, M2: the Gram matrix of the scaled rows
+            if i < 2:  # M1, M2: the Gram matrix of the scaled rows
                 m0, m1 = grams
-            elif i == 1:  # the probe: left out
-                continue
             else:  # a round's client message, at the (still zero) model
                 m0, m1 = gradient(*D, V), gradient(*D2, V)
                 value = value.ravel()
-            shift = upper_triangle(m1 - m0) if i in (0, 2) else m1 - m0
-            centred = upper_triangle(value - m0) if i in (0, 2) else value - m0
+            shift = upper_triangle(m1 - m0) if i < 2 else m1 - m0
+            centred = upper_triangle(value - m0) if i < 2 else value - m0
             stat += float(centred @ shift) / std**2
         return stat
 
     eps_pca, eps_fl = split_budget(epsilon, delta, 0.2)
 
     z = plan_auto(eps_pca, delta).noise_multipliers["z_pca"]
-    share = AUTO_DEFAULTS["init_share"] + (1.0 - AUTO_DEFAULTS["init_share"]
-                                           - AUTO_DEFAULTS["probe_share"])
+    share = 1.0  # M1 and M2 together: the whole precision (no probe at k = d)
     z_fl = calibrate(Schedule("rounds", n_rounds), eps_fl, delta)
     mu_fl = math.sqrt(n_rounds) * math.sqrt(8.0 / 3.0) / (2.0 * z_fl)
     mu = math.sqrt(share / z**2 + mu_fl**2)

@@ -9,18 +9,21 @@ multiplier ``z`` (precision ``1/z^2``, calibrated exactly for ``(epsilon, delta)
    Its eigenvalues and top-k eigenvectors ``X0`` are public from here on.
 2. A probe: the histogram of the preconditioned row norms ``r_i = ||B0 X0^T a_i||`` (in
    units of ``sqrt(k/n)``), ``B0 = (X0^T M1 X0)^{-1/2}`` (post-processing of ``M1``), on
-   public bins. Replace-one moves one row from one bin to another: sensitivity
-   ``sqrt(2)``; share ``probe_share``.
+   public bins, with each bin's sum of rest energies. Replace-one moves one row from one
+   bin to another: sensitivity 2 (:func:`probe`); share ``probe_share``. Not released
+   when no outcome of it can change the choice (:func:`choice_without_probe`, from
+   ``M1``'s eigenvalues: some but not all of the top k stand out of the noise, or even
+   the iteration's best case loses); its share then goes to Analyze Gauss.
 3. A rule (:func:`predict_errors`) computed from ``M1``'s eigenvalues, the noisy histogram
    and public ``(n, d, k, z)`` only predicts the error of each completion and picks one:
 
    a. *Analyze Gauss*: a second release ``M2 = A^T A + W2`` with the rest of the
       precision, averaged with ``M1`` by inverse variance; the average is ``A^T A`` plus
       one symmetric Gaussian of precision ``(init_share + rest)/(2 z^2)`` per entry. The
-      two noises are drawn coupled (:func:`dpprecond.noise.coupled_symmetric_gaussian`) so
-      that this branch
-      returns, for the same random stream, Analyze Gauss's own noise scaled by
-      ``(1 - probe_share)^{-1/2}`` (exactly Analyze Gauss when ``probe_share = 0``).
+      two noises are drawn coupled (:func:`dpprecond.noise.coupled_symmetric_gaussian`)
+      for the whole precision ``1/(2 z^2)``: without the probe, this branch returns, for
+      the same random stream, exactly Analyze Gauss at multiplier ``z`` (its own noise);
+      after a probe, ``M2`` adds an independent draw for the probe's share.
    b. *Preconditioned clipped iteration* (:func:`clipped_step`), ``T`` times from ``X0``:
       ``B_t = (X_t^T M1 X_t)^{-1/2}`` (post-processing of ``M1``: no release), clip
       ``c_i = clip_R(B_t X_t^T a_i)`` and release ``Z_t = sum_i a_i c_i^T + G_t``
@@ -28,11 +31,11 @@ multiplier ``z`` (precision ``1/z^2``, calibrated exactly for ``(epsilon, delta)
       with weights ``2^t`` (the last, which sets the error, gets the most).
 
 Accounting: both branches release Gaussians whose precisions add up to ``1/z^2``
-(``init + probe + rest``), so each branch is exactly the Gaussian mechanism with
-multiplier ``z`` (adaptive composition of Gaussian mechanisms, Dong, Roth and Su 2019,
-Cor. 3.3): the branch choice, a function of released values, changes nothing. The
-returned ``DpEvent`` lists the releases actually made; its epsilon (PLD, exact) equals the
-target in every branch. No budget is left unspent.
+(``init + probe + rest``, or ``init + (1 - init)`` without the probe), so each branch is
+exactly the Gaussian mechanism with multiplier ``z`` (adaptive composition of Gaussian
+mechanisms, Dong, Roth and Su 2019, Cor. 3.3): the branch choice, a function of released
+values, changes nothing. The returned ``DpEvent`` lists the releases actually made; its
+epsilon (PLD, exact) equals the target in every branch. No budget is left unspent.
 
 Everything in the returned ``info`` is computed from the releases and public values (no
 clipped-row counts, no fit time).
@@ -90,6 +93,7 @@ __all__ = [
     "Spectrum",
     "ag_error",
     "check_auto_options",
+    "choice_without_probe",
     "clipped_step",
     "clipping_factors",
     "estimate_spectrum",
@@ -675,6 +679,77 @@ def predict_errors(*, eigvals: np.ndarray, counts: np.ndarray, energies: np.ndar
                       a, b)
 
 
+#: Relative margin of :func:`choice_without_probe`'s bound over rounding (the bound
+#: ``R / a >= 1`` holds exactly; the computed shares may exceed it by a few ulps).
+_BOUND_MARGIN = 1e-9
+
+
+def choice_without_probe(*, eigvals: np.ndarray, n: int, d: int, k: int, init_std: float,
+                         full_std: float, rest_multiplier: float,
+                         iter_choices: tuple[int, ...], switch_ratio: float,
+                         iter_calibration: float) -> Prediction | None:
+    """The rule's choice when no outcome of the probe can change it, else ``None``.
+
+    Takes the arguments of :func:`predict_errors` but the probe's (released values and
+    public parameters only). Returns Analyze Gauss's :class:`Prediction` in three cases,
+    in each of which :func:`predict_errors` picks Analyze Gauss for *every* histogram:
+
+    - ``k = d``: nothing to predict.
+    - ``lambda_k`` hidden in ``M1``'s noise while some of the top k stand out
+      (``0 < n_visible < k``): :func:`predict_errors` returns Analyze Gauss before reading
+      the probe.
+    - ``lambda_k`` visible and the iteration's best case still predicted no better than
+      ``switch_ratio`` times Analyze Gauss. Whatever the histogram, the kept energy
+      ``a = sum_b p_b r_b^2 min(1, R / r_b)`` (``p_b`` the rows' shares, ``r_b`` in units of
+      the RMS, so ``sum_b p_b r_b^2 = 1``) is at most ``R sum_b p_b r_b <= R`` (Cauchy-
+      Schwarz), so every step's noise ``q_t = c 2 R u z_t / (sqrt(lambda_k) a)`` is at
+      least ``c 2 u z_t / sqrt(lambda_k)``; and :func:`iteration_error` increases with
+      the contraction ``rho``, the start and ``q``, so no radius does better than
+      ``rho = 0``, a zero start and that ``q``. If this bound (less a margin of
+      :data:`_BOUND_MARGIN` for rounding) is at least ``switch_ratio`` times Analyze
+      Gauss's predicted error for every ``T``, no radius is found and the rule picks
+      Analyze Gauss.
+
+    :func:`fit_auto` then does not release the probe and gives its share to Analyze
+    Gauss's second release (a test checks the claim against :func:`predict_errors` on
+    random histograms). ``error_iterate`` is then the bound and ``rms_norm`` is ``nan``.
+    """
+    m = d - k
+    if m <= 0:
+        return Prediction(False, 0.0, 0.0, math.nan, 0, None, math.nan, math.nan,
+                          "Analyze Gauss: k = d, the top-k subspace is the whole space; "
+                          "no probe.")
+    spec = estimate_spectrum(np.asarray(eigvals, dtype=np.float64)[:d], k, init_std)
+    lam_k1 = float(spec.rest[0])
+    if 0 < spec.n_visible < k:
+        return Prediction(False, 1.0, 1.0, math.nan, 0, None, lam_k1, math.nan,
+                          f"Analyze Gauss: lambda_k is hidden in M1's noise and "
+                          f"{spec.n_visible} of the top {k} stand out: the hidden ones may "
+                          "sit just above lambda_{k+1} (a decaying spectrum); no probe (no "
+                          "outcome of it changes this choice).", True)
+    if spec.n_visible < k:  # none stands out: the probe decides (row scale, heavy tail)
+        return None
+    lam_k = max(float(spec.top[-1]), 1e-300)
+    rest = np.minimum(spec.rest, lam_k)
+    ck = 1.0 + math.sqrt(k / m)
+    e_ag = ag_error(full_std, lam_k, rest, ck)
+    unit = math.sqrt(k / n)
+    bound = math.inf
+    for T in iter_choices:
+        zs = rest_multiplier / np.sqrt(iteration_weights(T))
+        q = (1.0 - _BOUND_MARGIN) * iter_calibration * 2.0 * unit * zs / math.sqrt(lam_k)
+        zero = np.zeros(m)
+        bound = min(bound, iteration_error(zero, zero, q * q, ck, rest / lam_k))
+    if bound * (1.0 - _BOUND_MARGIN) < switch_ratio * e_ag:
+        return None
+    return Prediction(False, float(e_ag), float(bound), math.nan, 0, float(spec.top[-1]),
+                      lam_k1, math.nan,
+                      f"Analyze Gauss: predicted sin-theta {e_ag:.3g}; the iteration's best "
+                      f"case (no clipping loss, no contraction) is {bound:.3g}, above "
+                      f"{switch_ratio:g} x it; no probe (no outcome of it changes this "
+                      "choice).")
+
+
 # --------------------------------------------------------------------------------------
 # The method
 # --------------------------------------------------------------------------------------
@@ -790,16 +865,16 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
         Target delta (of :attr:`AutoResult.epsilon`).
     rng : None, int, SeedSequence or NoiseSource
         Noise source (fresh OS entropy when ``None``). With the same generator state,
-        the Analyze Gauss branch reuses exactly the noise that
-        :func:`dpprecond.pca.baselines.analyze_gauss` would draw (scaled by
-        ``(1 - probe_share)^{-1/2}``).
+        the Analyze Gauss branch without a probe returns exactly what
+        :func:`dpprecond.pca.baselines.analyze_gauss` returns at multiplier ``z``.
     **options
         ``init_share`` (0.5): precision share of ``M1``. ``probe_share`` (0.01): share of
         the histogram probe. ``n_iter`` (None: the rule picks from ``iter_choices``,
         (2, 3)). ``switch_ratio`` (0.9) and ``iter_calibration`` (1.15): the rule's
         constants (:func:`predict_errors`). ``branch`` ("rule"; "analyze_gauss" or
-        "iterate" force a branch, same budget). ``clip_radius`` (None: the rule's choice;
-        a number fixes R in units of the rows' RMS preconditioned norm).
+        "iterate" force a branch, same budget; "analyze_gauss" releases no probe).
+        ``clip_radius`` (None: the rule's choice; a number fixes R in units of the rows'
+        RMS preconditioned norm).
         ``floor_factor`` (4): eigenvalues of ``X^T M1 X`` are raised to this many times
         ``M1``'s entry noise std before inverting. ``count_threshold`` (3): noisy counts
         below this many noise stds are read as zero by the rule. ``add_noise`` (True;
@@ -817,12 +892,13 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     release                                     sensitivity   noise multiplier
     ==========================================  ============  ===============================
     ``M1``: upper triangle of ``A^T A``         ``sqrt(2)``   ``z / sqrt(init_share)``
-    probe histogram of ``r_i``                  ``sqrt(2)``   ``z / sqrt(probe_share)``
+    probe histogram of ``r_i`` (if released)    ``2``         ``z / sqrt(probe_share)``
     (a) ``M2``: upper triangle of ``A^T A``     ``sqrt(2)``   ``z / sqrt(rest)``
     (b) ``Z_t = sum a_i c_i^T``, ``t < T``      ``2 R``       ``z / sqrt(rest w_t)``
     ==========================================  ============  ===============================
 
-    with ``rest = 1 - init_share - probe_share`` and ``sum_t w_t = 1``. Noise stds are
+    with ``rest = 1 - init_share - probe_share`` (``1 - init_share`` without the probe)
+    and ``sum_t w_t = 1``. Noise stds are
     also multiplied by :func:`~dpprecond.pca.rows.noise_inflation` (the floating-point
     excess of block sums, :mod:`dpprecond.pca.rows`).
     """
@@ -851,9 +927,11 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     z = check_positive("noise_multiplier", noise_multiplier) if noise else 0.0
     fp = noise_inflation(rows)
     z1, zc = z / math.sqrt(s1), z / math.sqrt(sc)
-    z_ag = z / math.sqrt(s1 + rest)  # the inverse-variance average of M1 and M2
     # The probe's vector (counts and rest energies) has sensitivity 2 (see probe).
-    std1, std_ag, std_c = SQRT2 * z1 * fp, SQRT2 * z_ag * fp, 2.0 * zc * fp
+    std1, std_c = SQRT2 * z1 * fp, 2.0 * zc * fp
+    # The coupled pair's average is Analyze Gauss at the whole precision (multiplier z):
+    # what the Analyze Gauss branch returns when the probe is not released.
+    std_ag = SQRT2 * z * fp
     # The noise the releases actually carry, for the rule and the floors: federated PCA
     # without a trusted party (LocalNoise) adds every client's noise, sqrt(K) times std.
     amp = float(getattr(gen, "noise_amplification", 1.0))
@@ -871,22 +949,41 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     floor = opts["floor_factor"] * std1 * amp if noise else 1e-12 * max(float(np.trace(S)), 1e-300)
     B0 = _preconditioner(X0.T @ M1 @ X0, floor)
 
-    # -- release 2: the probe (rows and rest energy per bin of preconditioned norm) -------
+    # -- release 2: the probe (rows and rest energy per bin of preconditioned norm), unless
+    # no outcome of it can change the choice (released values only): its share then goes
+    # to Analyze Gauss's second release -------------------------------------------------
+    iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]
+    branch = opts["branch"]
     unit = math.sqrt(k / n)
-    counts, energies = probe(rows, X0, B0, unit, HIST_EDGES, std_c, gen)
-
-    events = [gaussian(z1), gaussian(zc)]
-    info: dict[str, Any] = {"noise_multipliers": {"z_pca": z, "z_init": z1, "z_probe": zc},
-                            "probe_counts": counts, "probe_energies": energies,
+    decided = None
+    if branch != "iterate":
+        decided = choice_without_probe(
+            eigvals=spectrum, n=n, d=d, k=k, init_std=std1 * amp,
+            full_std=SQRT2 * z / math.sqrt(s1 + rest) * fp * amp,
+            rest_multiplier=z / math.sqrt(rest) * amp, iter_choices=iter_choices,
+            switch_ratio=opts["switch_ratio"], iter_calibration=opts["iter_calibration"])
+        if decided is None and branch == "analyze_gauss":
+            decided = Prediction(False, math.nan, math.nan, math.nan, 0, None, math.nan,
+                                 math.nan, "Analyze Gauss: forced (branch='analyze_gauss'); "
+                                 "no probe.")
+    events = [gaussian(z1)]
+    info: dict[str, Any] = {"noise_multipliers": {"z_pca": z, "z_init": z1},
+                            "probe_counts": None, "probe_energies": None,
                             "init_eigenvalues": w1, "n_iter": 0, "clip_radius": math.nan,
                             "row_scale": 1.0}
-    left = rest  # precision share not yet spent
+    if decided is None:
+        counts, energies = probe(rows, X0, B0, unit, HIST_EDGES, std_c, gen)
+        events.append(gaussian(zc))
+        info["noise_multipliers"]["z_probe"] = zc
+        info.update(probe_counts=counts, probe_energies=energies)
+        left = rest  # precision share not yet spent
+    else:
+        left = 1.0 - s1
 
     # -- release 3, only when M1 shows none of the top k and the rows lie far below their
     # bound (released values only): A^T A of the rows clipped at their own scale ---------
-    branch = opts["branch"]
     rescaled = None
-    if branch == "rule" and noise and k < d and \
+    if decided is None and branch == "rule" and noise and k < d and \
             estimate_spectrum(spectrum, k, std1 * amp).n_visible == 0:
         nu = np.maximum(np.linalg.eigvalsh(0.5 * (X0.T @ M1 @ X0 + (X0.T @ M1 @ X0).T)),
                         floor)
@@ -911,15 +1008,12 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
     info["noise_multipliers"]["z_rest"] = z_left
 
     # -- the rule (released values and public parameters only) ---------------------------
-    iter_choices = (opts["n_iter"],) if opts["n_iter"] is not None else opts["iter_choices"]
     std_full = SQRT2 * z / math.sqrt(s1 + left) * fp  # Analyze Gauss completed now
-    pred = predict_errors(eigvals=spectrum, counts=counts, energies=energies, n=n, d=d, k=k,
-                          init_std=std1 * amp, full_std=std_full * amp,
-                          rest_multiplier=z_left * amp, iter_choices=iter_choices,
-                          count_std=std_c * amp,
-                          switch_ratio=opts["switch_ratio"],
-                          iter_calibration=opts["iter_calibration"],
-                          count_threshold=opts["count_threshold"])
+    pred = decided if decided is not None else predict_errors(
+        eigvals=spectrum, counts=counts, energies=energies, n=n, d=d, k=k,
+        init_std=std1 * amp, full_std=std_full * amp, rest_multiplier=z_left * amp,
+        iter_choices=iter_choices, count_std=std_c * amp, switch_ratio=opts["switch_ratio"],
+        iter_calibration=opts["iter_calibration"], count_threshold=opts["count_threshold"])
     info["prediction"] = asdict(pred)
     if branch == "rule":
         branch = ("analyze_gauss_rescaled" if rescaled is not None else
@@ -946,7 +1040,7 @@ def fit_auto(rows: RowSource, S: np.ndarray, k: int, *, noise_multiplier: float 
             assert coupled is not None
             second = coupled.second
             v2 = coupled.var_second
-            if left < rest:  # less precision left than the coupling assumed: add noise
+            if left < 1.0 - s1:  # the probe (and the diagnostic) spent some: add noise
                 v_left = (SQRT2 * z_left * fp) ** 2
                 second = second + symmetric_gaussian(d, math.sqrt(v_left - v2), gen)
                 v2 = v_left

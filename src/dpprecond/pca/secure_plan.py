@@ -115,8 +115,9 @@ def secure_release_sums(method: str, plan: BudgetPlan, n_features: int, n_compon
     those :func:`~dpprecond.pca.auto.fit_auto` splits ``z_pca`` into: ``M1`` at ``z /
     sqrt(init_share)``, the probe at ``z / sqrt(probe_share)``, the rescaled diagnostic at
     ``z / sqrt(rescale_share)`` (``branch="rule"``), the completion at ``z / sqrt(rest)``
-    and the iteration's steps at ``z / sqrt(rest w_0)`` (``w_0 = 1 / (2^T - 1)`` the
-    smallest step weight of the most steps ``T`` it may take). ``options`` are the
+    (at ``z / sqrt(1 - init_share)``, smaller, when the fit releases no probe) and the
+    iteration's steps at ``z / sqrt(rest w_0)`` (``w_0 = 1 / (2^T - 1)`` the smallest step
+    weight of the most steps ``T`` it may take). ``options`` are the
     method's (``auto``'s: :data:`~dpprecond.pca.auto.AUTO_DEFAULTS`).
     """
     from dpprecond.pca.auto import AUTO_DEFAULTS, HIST_EDGES, check_auto_options
