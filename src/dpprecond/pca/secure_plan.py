@@ -113,7 +113,8 @@ def secure_release_sums(method: str, plan: BudgetPlan, n_features: int, n_compon
 
     The multipliers are the plan's (``z0``, ``z_power``, ``z_mean``) and, for ``auto``,
     those :func:`~dpprecond.pca.auto.fit_auto` splits ``z_pca`` into: ``M1`` at ``z /
-    sqrt(init_share)``, the probe at ``z / sqrt(probe_share)``, the rescaled diagnostic at
+    sqrt(init_share)``, the probe at ``z / sqrt(probe_share)`` (not with
+    ``branch="analyze_gauss"``, which never releases it), the rescaled diagnostic at
     ``z / sqrt(rescale_share)`` (``branch="rule"``), the completion at ``z / sqrt(rest)``
     (at ``z / sqrt(1 - init_share)``, smaller, when the fit releases no probe) and the
     iteration's steps at ``z / sqrt(rest w_0)`` (``w_0 = 1 / (2^T - 1)`` the smallest step
@@ -134,8 +135,9 @@ def secure_release_sums(method: str, plan: BudgetPlan, n_features: int, n_compon
                                    if key in AUTO_DEFAULTS})
         zp, s1, sc = z["z_pca"], opts["init_share"], opts["probe_share"]
         rest = 1.0 - s1 - sc
-        sums += [("the Gram matrix", gram, zp / math.sqrt(s1)),
-                 ("auto's probe", 2 * (HIST_EDGES.size + 1), zp / math.sqrt(sc))]
+        sums.append(("the Gram matrix", gram, zp / math.sqrt(s1)))
+        if opts["branch"] != "analyze_gauss":  # the forced Analyze Gauss releases no probe
+            sums.append(("auto's probe", 2 * (HIST_EDGES.size + 1), zp / math.sqrt(sc)))
         left = rest
         if opts["branch"] == "rule":
             st = opts["rescale_share"]
